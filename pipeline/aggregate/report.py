@@ -1,0 +1,318 @@
+"""Write a :class:`~pipeline.aggregate.metrics.Metrics` bundle as a browsable report directory.
+
+Role: the presentation half of aggregation; it computes nothing new.  Files written
+into ``report_dir``:
+
+* ``accuracy.csv``: :attr:`Metrics.accuracy` (``classifier, shift, scale, n, accuracy,
+  accuracy_drop``);
+* ``failure_points.csv``: the failure-point *distribution*,
+  :attr:`Metrics.failure_point_table` (``classifier, shift, scale, fp_count, fp_ratio,
+  fp_ratio_cumulative``, including the ``shift == "all"`` rows);
+* ``summary.csv``: :attr:`Metrics.summary`, one row per classifier;
+* ``trajectory_failure_points.csv`` (only with ``per_trajectory=True``): the
+  per-(trajectory, classifier) failure points, large at full benchmark size;
+* ``metrics.json``: :meth:`Metrics.to_json` plus ``title`` and ``config_hash``;
+* ``accuracy_drop.png``, ``fp_cumulative.png``, ``fp_distribution.png`` (unless
+  ``plots=False``), drawn with matplotlib's Agg canvas (no display, no pyplot state);
+* ``index.html``: self-contained page (inline CSS, relative links only) with counts,
+  the summary table and the plots.
+
+Every file is written to a temporary name in ``report_dir`` and moved into place with
+:func:`os.replace`, so a reader never sees a half-written file; ``index.html`` is written
+last, so its presence means the report is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from pipeline.aggregate.metrics import ALL_SHIFTS, Metrics
+from pipeline.plan import scale_tag
+
+PLOT_FILES = ("accuracy_drop.png", "fp_cumulative.png", "fp_distribution.png")
+
+
+# --------------------------------------------------------------------------- writing
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory + os.replace."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp creates 0600; a report is meant to be read by others (web server, team).
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _csv_bytes(df: pd.DataFrame) -> bytes:
+    # Default float repr round-trips exactly; NaN becomes an empty field.
+    return df.to_csv(index=False, lineterminator="\n").encode("utf-8")
+
+
+def _png_bytes(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)  # attach the Agg canvas explicitly: no dependency on the pyplot backend
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- plots
+def _colours(classifiers: Sequence[str]) -> dict[str, Any]:
+    # One colour per classifier shared by every plot, so the legends agree.
+    from matplotlib import colormaps
+
+    n = len(classifiers)
+    if n > 20:
+        # Beyond tab20 qualitative maps repeat colours; sample a continuous map instead.
+        cmap = colormaps["turbo"]
+        return {c: cmap(x) for c, x in zip(classifiers, np.linspace(0.05, 0.95, n))}
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return {c: cmap(i) for i, c in enumerate(classifiers)}
+
+
+def _no_data_figure(title: str, message: str) -> Figure:
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=13, transform=ax.transAxes)
+    return fig
+
+
+def _empty_message(metrics: Metrics) -> str | None:
+    if metrics.n_trajectories_complete == 0:
+        return "no complete trajectories"
+    if not metrics.classifiers:
+        return "no evaluated trajectories (no predictions for the complete trajectories)"
+    return None
+
+
+def _outside_legend(fig: Figure, ax: Any, n: int) -> None:
+    # Outside the axes: with 20+ classifiers a legend inside would cover the curves.
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", ncols=math.ceil(n / 16))
+
+
+def _plot_accuracy_drop(metrics: Metrics) -> Figure:
+    title = "Accuracy drop vs shift scale (mean over shifts)"
+    message = _empty_message(metrics)
+    if message:
+        return _no_data_figure(title, message)
+    colours = _colours(metrics.classifiers)
+    fig = Figure(figsize=(7.5 + 1.6 * math.ceil(len(metrics.classifiers) / 16), 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for _, row in metrics.summary.iterrows():
+        y = [100.0 * row[f"acc_drop_{scale_tag(s)}"] for s in metrics.scales]
+        ax.plot(metrics.scales, y, marker="o", label=str(row["classifier"]), color=colours[row["classifier"]])
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("shift scale")
+    ax.set_ylabel("accuracy drop (percentage points)")
+    ax.set_xticks(metrics.scales)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    _outside_legend(fig, ax, len(metrics.classifiers))
+    return fig
+
+
+def _plot_fp_cumulative(metrics: Metrics) -> Figure:
+    title = "Cumulative failure-point ratio (all shifts)"
+    message = _empty_message(metrics)
+    if message:
+        return _no_data_figure(title, message)
+    colours = _colours(metrics.classifiers)
+    table = metrics.failure_point_table
+    fig = Figure(figsize=(7.5 + 1.6 * math.ceil(len(metrics.classifiers) / 16), 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for clf in metrics.classifiers:
+        rows = table[(table["classifier"] == clf) & (table["shift"] == ALL_SHIFTS)]
+        ax.plot(rows["scale"], rows["fp_ratio_cumulative"], marker="o", label=clf, color=colours[clf])
+    ax.set_xlabel("shift scale")
+    ax.set_ylabel("share of trajectories failed at or before scale")
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xticks(metrics.scales)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    _outside_legend(fig, ax, len(metrics.classifiers))
+    return fig
+
+
+def _plot_fp_distribution(metrics: Metrics) -> Figure:
+    title = "Failure points per scale"
+    message = _empty_message(metrics)
+    if message:
+        return _no_data_figure(title, message)
+    colours = _colours(metrics.classifiers)
+    table = metrics.failure_point_table
+    shifts = [s for s in metrics.shifts if (table["shift"] == s).any()]
+    ncols = min(3, len(shifts))
+    nrows = math.ceil(len(shifts) / ncols)
+    fig = Figure(figsize=(4.8 * ncols, 3.4 * nrows + 0.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    x = np.arange(len(metrics.scales))
+    width = 0.8 / max(1, len(metrics.classifiers))
+    for ax, shift in zip(axes, shifts):
+        for i, clf in enumerate(metrics.classifiers):
+            rows = table[(table["classifier"] == clf) & (table["shift"] == shift)]
+            if rows.empty:
+                continue
+            ax.bar(x - 0.4 + (i + 0.5) * width, rows["fp_count"], width, label=clf, color=colours[clf])
+        ax.set_title(shift)
+        ax.set_xticks(x, [f"{s:g}" for s in metrics.scales])
+        ax.set_xlabel("failure point (scale)")
+        ax.set_ylabel("trajectories")
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    for ax in axes[len(shifts) :]:
+        ax.set_axis_off()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize="small")
+    fig.suptitle(title)
+    return fig
+
+
+# --------------------------------------------------------------------------- html
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return "n/a" if math.isnan(value) else f"{float(value):.4f}"
+    return str(value)
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+        for row in df.itertuples(index=False, name=None)
+    )
+    if not body:
+        body = f'<tr><td colspan="{len(df.columns)}">no rows</td></tr>'
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f2f2f2; }
+td:first-child, th:first-child { text-align: left; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0 1.5em; }
+code { background: #f5f5f5; padding: 0 0.2em; }
+"""
+
+
+def _index_html(metrics: Metrics, title: str, config_hash: str | None, plot_files: list[str], data_files: list[str]) -> str:
+    e = html.escape
+    counts = pd.DataFrame(
+        [
+            ("samples", metrics.n_samples),
+            ("samples kept by the filter", metrics.n_kept),
+            ("trajectories", metrics.n_trajectories_total),
+            ("complete trajectories (evaluated)", metrics.n_trajectories_complete),
+            ("classifiers", len(metrics.classifiers)),
+            ("shifts", len(metrics.shifts)),
+        ],
+        columns=["count", "value"],
+    )
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+    ]
+    if config_hash:
+        parts.append(f"<p>config hash: <code>{e(config_hash)}</code></p>")
+    parts.append(
+        f"<p>scales: {e(', '.join(f'{s:g}' for s in metrics.scales))}; "
+        f"margin max scale: {e(f'{metrics.margin_max_scale:g}')}; "
+        f"fp_std ddof: {e(str(metrics.fp_std_ddof))}</p>"
+    )
+    kept = metrics.kept_by_scale.assign(scale=[f"{s:g}" for s in metrics.kept_by_scale["scale"]])
+    parts += ["<h2>Dataset</h2>", _html_table(counts), _html_table(kept)]
+    parts += [
+        "<h2>Summary</h2>",
+        "<p>acc_drop_*: accuracy(scale) - accuracy(0), mean over shifts (fractions); "
+        "fp_avg / fp_std: failure point over failed trajectories; "
+        "margin_fp_avg: mean of (margin max scale - failure point), never-failed trajectories at the margin max scale.</p>",
+        _html_table(metrics.summary),
+    ]
+    if plot_files:
+        parts.append("<h2>Plots</h2>")
+        for name in plot_files:
+            parts.append(f'<div><img src="{e(name, quote=True)}" alt="{e(name, quote=True)}"></div>')
+    parts.append("<h2>Files</h2><ul>")
+    for name in data_files:
+        parts.append(f'<li><a href="{e(name, quote=True)}">{e(name)}</a></li>')
+    parts += ["</ul>", "</body></html>", ""]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- public API
+def write_report(
+    metrics: Metrics,
+    report_dir: str | os.PathLike[str],
+    title: str,
+    config_hash: str | None = None,
+    *,
+    plots: bool = True,
+    per_trajectory: bool = False,
+) -> dict[str, str]:
+    """Write the report files (see the module docstring) into ``report_dir``.
+
+    Creates ``report_dir`` if needed and overwrites earlier files of the same names, each
+    atomically.  ``plots=False`` skips the PNGs (``AggregateSpec.plots``);
+    ``per_trajectory=True`` also writes ``trajectory_failure_points.csv``.  Metrics
+    without complete trajectories give header-only CSVs and plots that say so.
+
+    Returns ``{file name: absolute path}`` of every file written, e.g.
+    ``{"accuracy.csv": "/.../accuracy.csv", ..., "index.html": "/.../index.html"}``.
+    """
+    out_dir = Path(report_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, str] = {}
+
+    def put(name: str, data: bytes) -> None:
+        path = out_dir / name
+        _atomic_write(path, data)
+        written[name] = str(path)
+
+    put("accuracy.csv", _csv_bytes(metrics.accuracy))
+    put("failure_points.csv", _csv_bytes(metrics.failure_point_table))
+    put("summary.csv", _csv_bytes(metrics.summary))
+    if per_trajectory:
+        put("trajectory_failure_points.csv", _csv_bytes(metrics.failure_points))
+    doc = {"title": title, "config_hash": config_hash, **metrics.to_json()}
+    # allow_nan=False: to_json already maps NaN to null; fail loudly if anything slipped through.
+    put("metrics.json", (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+
+    plot_files: list[str] = []
+    if plots:
+        for name, draw in zip(PLOT_FILES, (_plot_accuracy_drop, _plot_fp_cumulative, _plot_fp_distribution)):
+            put(name, _png_bytes(draw(metrics)))
+            plot_files.append(name)
+
+    data_files = [n for n in written if not n.endswith(".png")]
+    put("index.html", _index_html(metrics, title, config_hash, plot_files, data_files).encode("utf-8"))
+    return written

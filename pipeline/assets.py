@@ -1,0 +1,126 @@
+"""Up-front checks of everything a build will load, before any model or GPU is touched.
+
+``missing_assets`` lists every missing file at once (model directory, class tokens,
+each (class, shift) slider, detector and classifier weights), so a user fixes them in
+one round instead of discovering them one crash at a time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Iterable
+
+import fsspec
+
+from pipeline.config import BuildConfig
+from pipeline.models.diffusion import class_token_files, is_local_path, slider_path
+from pipeline.registry import CLASSIFIERS, FILTERS, GENERATORS
+
+
+class AssetError(FileNotFoundError):
+    """One or more files a build needs are missing; the message lists all of them."""
+
+
+def _exists(path: str) -> bool:
+    if "://" in path:
+        fs, p = fsspec.core.url_to_fs(path)
+        return fs.exists(p)
+    return os.path.exists(path)
+
+
+def _local_file_ref(value: str | None) -> bool:
+    """open_clip ``pretrained`` / timm checkpoints may be tags; treat path-like values as files."""
+    return bool(value) and ("/" in value or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
+
+
+def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] | None = None) -> list[str]:
+    """Human-readable lines, one per missing file, each naming the config key it came from."""
+    missing: list[str] = []
+    gen = cfg.generator
+    if is_local_path(gen.model) and not os.path.isfile(os.path.join(gen.model, "model_index.json")):
+        missing.append(f"generator.model: no diffusers model at {gen.model} (model_index.json missing)")
+    for f in class_token_files(gen.class_tokens, list(cfg.benchmark.classes)):
+        if not os.path.exists(f):
+            missing.append(f"generator.class_tokens: {f}")
+    if gen.kind == "slider":
+        if not gen.slider_store:
+            missing.append("generator.slider_store: not set (the slider generator needs one slider per class/shift)")
+        else:
+            pairs = shifts_by_class
+            if pairs is None:
+                pairs = [(c, s) for c in cfg.benchmark.classes for s in cfg.benchmark.shifts]
+            for class_id, shift in sorted(set(pairs)):
+                p = slider_path(gen, class_id, shift)
+                if not _exists(p):
+                    missing.append(f"generator.slider_store: missing slider for class {class_id}, shift {shift}: {p}")
+    flt = cfg.filter
+    if flt.enabled and flt.kind != "none":
+        for key, value in (
+            ("filter.clip.pretrained", flt.clip.pretrained),
+            ("filter.clip.model_config_file", flt.clip.model_config_file),
+            ("filter.dino.checkpoint", flt.dino.checkpoint),
+        ):
+            if value and (_local_file_ref(value) or key.endswith("model_config_file")) and not _exists(value):
+                missing.append(f"{key}: {value}")
+    for i, clf in enumerate(cfg.classifiers):
+        for key in ("checkpoint", "model_config_file"):
+            value = getattr(clf, key)
+            if value and (_local_file_ref(value) or key == "model_config_file") and not _exists(value):
+                missing.append(f"classifiers[{i}] ({clf.name}).{key}: {value}")
+        if isinstance(clf.label_map, str) and not _exists(clf.label_map):
+            missing.append(f"classifiers[{i}] ({clf.name}).label_map: {clf.label_map}")
+    return missing
+
+
+def check_registry_keys(cfg: BuildConfig) -> list[str]:
+    """Unknown generator/filter/classifier kinds and unknown timm model names."""
+    problems = []
+    for reg, key, where in (
+        (GENERATORS, cfg.generator.kind, "generator.kind"),
+        (FILTERS, cfg.filter.kind, "filter.kind"),
+    ):
+        try:
+            reg.check(key)
+        except KeyError as err:
+            problems.append(f"{where}: {err.args[0]}")
+    for i, clf in enumerate(cfg.classifiers):
+        try:
+            CLASSIFIERS.check(clf.kind)
+        except KeyError as err:
+            problems.append(f"classifiers[{i}] ({clf.name}).kind: {err.args[0]}")
+            continue
+        if clf.kind == "timm":
+            problem = timm_name_problem(clf.model)
+            if problem:
+                problems.append(f"classifiers[{i}] ({clf.name}).model: {problem}")
+    return problems
+
+
+def timm_name_problem(name: str) -> str | None:
+    """None if timm knows the model (arch or arch.tag), else a message with close names."""
+    import timm
+
+    arch = name.split(".", 1)[0]
+    archs = timm.list_models()
+    if "." in name:
+        tagged = timm.list_models(pretrained=True)
+        if name in tagged:
+            return None
+        if arch in archs:
+            close = difflib.get_close_matches(name, [t for t in tagged if t.startswith(arch + ".")], n=5, cutoff=0.0)
+            return f"unknown pretrained tag {name!r}; tags of {arch}: {', '.join(close) or 'none'}"
+    elif arch in archs:
+        return None
+    pool = timm.list_models(pretrained=True) + archs
+    close = difflib.get_close_matches(name, pool, n=5, cutoff=0.6)
+    return f"unknown timm model {name!r}; close names: {', '.join(close) or 'none'}"
+
+
+def check_build(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None) -> None:
+    """Raise :class:`AssetError` listing every problem, or return if the build can start."""
+    problems = check_registry_keys(cfg) + missing_assets(cfg, pairs)
+    if problems:
+        raise AssetError(
+            f"{len(problems)} problem(s) before the build could start:\n" + "\n".join(f"  - {p}" for p in problems)
+        )

@@ -1,0 +1,217 @@
+"""A build from start to finish: check, plan against what is committed, run, aggregate.
+
+What is already done is read from the output itself (the shard manifests), never from
+memory or logs, so running the same build again resumes it, and a config that adds
+classes, seeds or shifts computes only the new trajectories.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from pipeline import __version__, plan
+from pipeline.assets import check_build
+from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
+from pipeline.io.store import OutputStore
+
+log = logging.getLogger(__name__)
+
+# Config sections a build may change on an existing output: they extend the plan or only
+# affect how the work runs.  Any other difference would make old and new rows disagree.
+EXTENSIBLE = {"benchmark.classes", "benchmark.seeds", "benchmark.shifts", "benchmark.name", "output.path", "aggregate"}
+
+
+class IncompatibleOutput(ValueError):
+    """The output was built with settings that would change existing rows."""
+
+
+@dataclass
+class BuildSummary:
+    output: str
+    config_hash: str
+    trajectories_planned: int
+    trajectories_done_before: int
+    trajectories_written: int
+    trajectories_failed: int
+    images_written: int
+    shards_written: int
+    unet_evals_per_image: float | None
+    images_per_s_per_generator: float | None
+    wall_seconds: float
+    failed: dict[str, str] = field(default_factory=dict)
+    report: str | None = None
+
+    def lines(self) -> list[str]:
+        out = [
+            f"output: {self.output}",
+            f"trajectories: {self.trajectories_done_before} already done, {self.trajectories_written} written, "
+            f"{self.trajectories_failed} failed (of {self.trajectories_planned} planned)",
+            f"images written: {self.images_written} in {self.shards_written} shards, {self.wall_seconds:.1f} s",
+        ]
+        if self.unet_evals_per_image is not None:
+            out.append(
+                f"generation: {self.unet_evals_per_image:.1f} UNet sample-evaluations per image, "
+                f"{self.images_per_s_per_generator:.2f} images/s per generation actor"
+            )
+        for tid, err in list(self.failed.items())[:10]:
+            out.append(f"FAILED {tid}: {err.splitlines()[0]}")
+        if self.report:
+            out.append(f"report: {self.report}")
+        return out
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: d}
+
+
+def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Key paths whose values differ, ignoring resources and sections a build may extend."""
+    a, b = _flatten(old), _flatten(new)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+    def allowed(k: str) -> bool:
+        return k.startswith("resources.") or any(k == e or k.startswith(e + ".") for e in EXTENSIBLE)
+
+    # Scales are not extensible: they define every trajectory and its failure point.
+    return [k for k in keys if not allowed(k)]
+
+
+def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | None:
+    """Compare with the config an existing output was built with; raise if incompatible."""
+    if not store.exists("config.json"):
+        return None
+    try:
+        old = json.loads(store.read_text("config.json"))["config"]
+    except (ValueError, KeyError) as err:
+        raise IncompatibleOutput(f"{store.url('config.json')} is malformed: {err}") from None
+    bad = differing_keys(old, resolved_dict(cfg))
+    if bad:
+        flat_old, flat_new = _flatten(old), _flatten(resolved_dict(cfg))
+        detail = "\n".join(f"  {k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in bad[:30])
+        raise IncompatibleOutput(
+            f"{store.uri} was built with a different config; these keys would change existing outputs:\n{detail}\n"
+            "Use a new output directory for a new version of the benchmark."
+        )
+    return old
+
+
+def committed_trajectories(store: OutputStore, repair: bool = True) -> tuple[set[str], dict[str, str]]:
+    """Trajectory ids of verified committed shards, and failures not since redone.
+
+    A shard whose files are missing or have the wrong size (truncated, or a crash between
+    a file and the manifest of a redo) is un-committed by removing its manifest, so its
+    trajectories are planned again.
+    """
+    done: set[str] = set()
+    failed: dict[str, str] = {}
+    for manifest in list(store.manifests()):
+        problems = store.verify_shard(manifest)
+        if problems:
+            log.warning("shard %s is damaged (%s); its trajectories will be regenerated", manifest.shard, problems)
+            if repair:
+                store.remove(f"manifest/{manifest.shard}.json")
+            continue
+        done.update(manifest.trajectories)
+        failed.update(manifest.failed)
+    return done, {k: v for k, v in failed.items() if k not in done}
+
+
+def write_config(store: OutputStore, cfg: BuildConfig) -> str:
+    digest = config_hash(cfg)
+    store.write_text("config.yaml", dump_yaml(cfg))
+    store.write_text(
+        "config.json",
+        json.dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__}, indent=1),
+    )
+    return digest
+
+
+def build(
+    cfg: BuildConfig,
+    output: str,
+    *,
+    address: str | None = None,
+    runner: str = "ray",
+    aggregate: bool = True,
+    echo: Callable[[str], None] = print,
+) -> BuildSummary:
+    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report."""
+    start = time.perf_counter()
+    store = OutputStore(output)
+    check_compatible(store, cfg)
+    done, _ = committed_trajectories(store)
+    units = plan.plan_units(cfg.benchmark, done)
+    summary_plan = plan.summarize(cfg.benchmark)
+    check_build(cfg, {(u.class_id, s) for u in units for s in u.shifts})
+    digest = write_config(store, cfg)
+    todo = sum(len(u.shifts) for u in units)
+    done_before = summary_plan.n_trajectories - todo
+    echo(f"[cnsbench] {summary_plan.n_trajectories} trajectories planned, {done_before} already done, {todo} to make")
+
+    written = {"traj": 0, "images": 0, "shards": 0, "failed": 0, "evals": 0.0, "gen_s": 0.0}
+
+    def on_shard(row: dict) -> None:
+        written["traj"] += row["n_trajectories"]
+        written["images"] += row["n_samples"]
+        written["shards"] += 1
+        written["failed"] += row["n_failed"]
+        written["evals"] += row["unet_evals"]
+        written["gen_s"] += row["gen_seconds"]
+        failed_note = f", {row['n_failed']} failed" if row["n_failed"] else ""
+        progress = done_before + written["traj"] + written["failed"]
+        echo(
+            f"[cnsbench] shard {row['shard']}: {row['n_trajectories']} trajectories{failed_note} "
+            f"({progress}/{summary_plan.n_trajectories})"
+        )
+
+    if units:
+        if runner == "ray":
+            from pipeline.runners.ray_runner import init_ray, run_ray
+
+            init_ray(address, cfg)
+            for _ in run_ray(cfg, units, store.uri, on_shard):
+                pass
+        elif runner == "local":
+            from pipeline.runners.local import run_local
+
+            for _ in run_local(cfg, units, store.uri, on_shard):
+                pass
+        else:
+            raise ValueError(f"unknown runner {runner!r}; choose 'ray' or 'local'")
+
+    _, failed = committed_trajectories(store, repair=False)
+    report = None
+    if aggregate:
+        from pipeline.aggregate.run import aggregate_output
+
+        report = aggregate_output(store, cfg, digest)
+    summary = BuildSummary(
+        output=store.uri,
+        config_hash=digest,
+        trajectories_planned=summary_plan.n_trajectories,
+        trajectories_done_before=done_before,
+        trajectories_written=written["traj"],
+        trajectories_failed=len(failed),
+        images_written=written["images"],
+        shards_written=written["shards"],
+        unet_evals_per_image=written["evals"] / written["images"] if written["images"] else None,
+        images_per_s_per_generator=written["images"] / written["gen_s"] if written["gen_s"] else None,
+        wall_seconds=time.perf_counter() - start,
+        failed=failed,
+        report=report,
+    )
+    store.write_text(
+        f"runs/{time.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}.json",
+        json.dumps({**asdict(summary), "host": platform.node(), "runner": runner}, indent=1),
+    )
+    return summary

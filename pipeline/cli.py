@@ -1,0 +1,162 @@
+"""Command line: ``cnsbench validate|build|aggregate|status|ls|demo|submit|jobs``.
+
+Every command is reachable in-process as ``main(argv) -> exit code`` (tests call it
+that way); errors in the user's input print one clear message and return 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from pipeline.config import ConfigError, load_config
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline import plan
+    from pipeline.assets import check_registry_keys, missing_assets
+    from pipeline.config import config_hash
+
+    cfg = load_config(args.config)
+    summary = plan.summarize(cfg.benchmark)
+    print(f"config {args.config}: valid (hash {config_hash(cfg)[:12]})")
+    for line in summary.lines():
+        print(f"  {line}")
+    print(f"  classifiers: {', '.join(c.name for c in cfg.classifiers)}")
+    problems = check_registry_keys(cfg) + missing_assets(cfg)
+    if problems:
+        print(f"{len(problems)} problem(s):")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("  all assets present")
+    return 0
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from pipeline.build import build
+
+    cfg = load_config(args.config)
+    output = args.output or cfg.output.path
+    if not output:
+        raise ConfigError("no output: pass --output DIR or set output.path in the config")
+    summary = build(cfg, output, address=args.address, runner=args.runner)
+    for line in summary.lines():
+        print(f"[cnsbench] {line}")
+    return 0 if not summary.trajectories_failed else 3
+
+
+def _cmd_aggregate(args: argparse.Namespace) -> int:
+    from pipeline.aggregate.run import aggregate_output, load_output_config
+    from pipeline.config import config_hash
+    from pipeline.io.store import OutputStore
+
+    store = OutputStore(args.output)
+    cfg = load_output_config(store)
+    report = aggregate_output(store, cfg, config_hash(cfg))
+    print(f"[cnsbench] report: {report}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from pipeline import plan
+    from pipeline.aggregate.run import load_output_config
+    from pipeline.build import committed_trajectories
+    from pipeline.io.store import OutputStore
+
+    store = OutputStore(args.output)
+    cfg = load_output_config(store)
+    done, failed = committed_trajectories(store, repair=False)
+    total = plan.summarize(cfg.benchmark).n_trajectories
+    n_scales = len(cfg.benchmark.scales)
+    print(f"{store.uri}")
+    for stage in ("generated", "filtered", "classified"):
+        print(f"  {stage:<11} {len(done) * n_scales}/{total * n_scales} images ({len(done)}/{total} trajectories)")
+    aggregated = store.exists("report/metrics.json")
+    print(f"  {'aggregated':<11} {'yes' if aggregated else 'no'}")
+    if failed:
+        print(f"  failed: {len(failed)}")
+        for tid, err in sorted(failed.items()):
+            print(f"    {tid}: {err.splitlines()[0] if err else ''}")
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from pipeline.registry import CLASSIFIERS, FILTERS, GENERATORS
+
+    for reg in (GENERATORS, FILTERS, CLASSIFIERS):
+        print(f"{reg.kind}s:")
+        for key, doc in reg.describe().items():
+            print(f"  {key:<20} {doc}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.demo.assets import ensure_demo_assets
+
+    ensure_demo_assets()
+    return main(["build", str(DEMO_CONFIG), "--output", args.output, "--runner", args.runner])
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cnsbench", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("validate", help="check a config and print its plan and missing assets")
+    s.add_argument("config")
+    s.set_defaults(func=_cmd_validate)
+
+    s = sub.add_parser("build", help="build (or resume) a benchmark")
+    s.add_argument("config")
+    s.add_argument("--output", help="directory or URI (default: output.path of the config)")
+    s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
+    s.set_defaults(func=_cmd_build)
+
+    s = sub.add_parser("aggregate", help="recompute the report of a build output")
+    s.add_argument("output")
+    s.set_defaults(func=_cmd_aggregate)
+
+    s = sub.add_parser("status", help="done/total per stage and failed items of a build output")
+    s.add_argument("output")
+    s.set_defaults(func=_cmd_status)
+
+    s = sub.add_parser("ls", help="list registered generators, filters and classifiers")
+    s.set_defaults(func=_cmd_ls)
+
+    s = sub.add_parser("demo", help="make the demo assets if needed and build configs/demo.yaml")
+    s.add_argument("--output", default="runs/demo")
+    s.add_argument("--runner", choices=("ray", "local"), default="ray")
+    s.set_defaults(func=_cmd_demo)
+
+    try:
+        from pipeline import jobs
+
+        jobs.add_cli(sub)
+    except ImportError:  # pragma: no cover - jobs needs ray.job_submission
+        pass
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+"""Typed build configuration: loaded from YAML, validated before any model is touched.
+
+Every section is a pydantic model with ``extra="forbid"`` so a misspelt key is an
+error, not a silently ignored setting.  :func:`load_config` turns validation errors
+into messages that name the file, the key path, the bad value and what is allowed.
+
+Relative paths in a config file are resolved against the directory of that file, so
+``configs/demo.yaml`` works from any working directory.  The fully resolved config
+(:func:`resolved_dict`) and its hash (:func:`config_hash`) are written next to the
+outputs of a build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline import imagenet
+
+REFERENCE_SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+REFERENCE_NEGATIVE_PROMPT = "blurry,text,caption,lowquality,lowresolution,low res,grainy,ugly"
+SHIFT_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file, key path and value."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- resources
+class StageResources(Strict):
+    """Ray resources of one stage's actor pool."""
+
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (fractions pack actors on a GPU)")
+    num_cpus: float = Field(1.0, gt=0)
+    batch_size: int = Field(1, ge=1, description="rows per map_batches call")
+    pool_size: int = Field(1, ge=1, description="actors started at once")
+    max_pool_size: int | None = Field(None, ge=1, description="autoscale up to this many actors")
+    max_retries: int = Field(2, ge=0, description="restarts of a crashed actor before items are failed")
+
+    @model_validator(mode="after")
+    def _pool(self) -> "StageResources":
+        if self.max_pool_size is not None and self.max_pool_size < self.pool_size:
+            raise ValueError(f"max_pool_size ({self.max_pool_size}) must be >= pool_size ({self.pool_size})")
+        return self
+
+
+class Resources(Strict):
+    generate: StageResources = StageResources(num_gpus=1.0, batch_size=1)
+    filter: StageResources = StageResources(num_gpus=0.25, batch_size=8)
+    classify: StageResources = StageResources(num_gpus=0.25, batch_size=8)
+    write: StageResources = StageResources(num_cpus=1.0, batch_size=64)
+
+
+# --------------------------------------------------------------------------- benchmark
+class BenchmarkSpec(Strict):
+    """What to build: classes x seeds x shifts x scales."""
+
+    name: str = "cns-bench"
+    classes: list[int | str] = Field(..., min_length=1, description="ImageNet ids (0..999) or class names")
+    seeds: list[int] = Field(..., min_length=1)
+    shifts: list[str] = Field(..., min_length=1)
+    scales: list[float] = Field(default_factory=lambda: list(REFERENCE_SCALES))
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seed_range(cls, value: Any) -> Any:
+        # "1..50" is shorthand for the reference's seeds 1..N.
+        if isinstance(value, str):
+            m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", value)
+            if not m or int(m.group(1)) > int(m.group(2)):
+                raise ValueError(f"seed range must look like '1..50', got {value!r}")
+            return list(range(int(m.group(1)), int(m.group(2)) + 1))
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError("seeds must be unique")
+        if any(s < 0 or s >= 2**63 for s in value):
+            raise ValueError("seeds must be in [0, 2**63)")
+        return value
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, value: list[int | str]) -> list[int]:
+        ids = [imagenet.resolve_class(v) for v in value]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"classes contain duplicates after resolving names: {ids}")
+        return ids
+
+    @field_validator("shifts")
+    @classmethod
+    def _shifts(cls, value: list[str]) -> list[str]:
+        for s in value:
+            if not SHIFT_NAME.match(s):
+                raise ValueError(f"shift {s!r} must match {SHIFT_NAME.pattern} (e.g. 'painting_style')")
+        if len(set(value)) != len(value):
+            raise ValueError("shifts must be unique")
+        return value
+
+    @field_validator("scales")
+    @classmethod
+    def _scales(cls, value: list[float]) -> list[float]:
+        if 0.0 not in value:
+            raise ValueError("scales must include 0 (the unshifted reference image of every trajectory)")
+        if sorted(set(value)) != list(value):
+            raise ValueError(f"scales must be unique and ascending, got {value}")
+        return [float(v) for v in value]
+
+
+# --------------------------------------------------------------------------- generator
+class ClassTokens(Strict):
+    """Where the textual-inversion class tokens come from.
+
+    ``ti_folder``: ``{path}/{i}.bin``, one embedding per ImageNet class, token
+    ``<{class name}-{i}>``.  ``text_encoder_dir``: a directory with ``tokenizer/``,
+    ``text_encoder/`` and ``tokens.pt``.  ``none``: the plain class name is used.
+    """
+
+    kind: Literal["ti_folder", "text_encoder_dir", "none"] = "ti_folder"
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _path(self) -> "ClassTokens":
+        if self.kind != "none" and not self.path:
+            raise ValueError(f"class_tokens.path is required for kind {self.kind!r}")
+        return self
+
+
+class GeneratorSpec(Strict):
+    kind: str = Field("slider", description="registry key, see `cnsbench ls`")
+    model: str = Field("stabilityai/stable-diffusion-2", description="diffusers model dir or hub id")
+    class_tokens: ClassTokens = ClassTokens(kind="none")
+    slider_store: str | None = Field(None, description="directory or URI holding one slider per (class, shift)")
+    slider_pattern: str = Field(
+        "{shift}/{class_id:03d}.safetensors",
+        description="file of a slider inside the store; placeholders {shift}, {class_id}, {class_name}",
+    )
+    prompt: str = "a picture of a {token}"
+    shift_prompt: str = Field("a picture of a {token} in {shift_words}", description="used by the prompt baseline")
+    negative_prompt: str = REFERENCE_NEGATIVE_PROMPT
+    steps: int = Field(50, ge=1, le=1000)
+    guidance_scale: float = Field(7.5, ge=0)
+    lora_timestep_threshold: int = Field(750, ge=0, le=1000, description="slider on while t <= threshold")
+    resolution: int = Field(768, ge=8, description="generated size in pixels (multiple of 8)")
+    image_size: int = Field(256, ge=8, description="saved size in pixels")
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    share_prefix: bool = Field(True, description="compute pre-window steps and scale 0 once per (class, seed)")
+    branch_batch_size: int = Field(16, ge=1, description="(shift, scale) branches per UNet forward")
+    attention: Literal["auto", "sdpa", "xformers"] = "auto"
+    channels_last: bool = False
+    compile: bool = False
+
+    @field_validator("resolution")
+    @classmethod
+    def _res(cls, value: int) -> int:
+        if value % 8:
+            raise ValueError(f"resolution must be a multiple of 8, got {value}")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str) -> str:
+        if "{token}" not in value:
+            raise ValueError("prompt must contain '{token}'")
+        return value
+
+
+# --------------------------------------------------------------------------- filter
+class ClipModelSpec(Strict):
+    model: str = "ViT-B-16"
+    pretrained: str | None = Field("openai", description="open_clip pretrained tag or a local weights file")
+    model_config_file: str | None = Field(None, description="JSON architecture for a custom open_clip model")
+
+
+class DinoModelSpec(Strict):
+    model: str = "vit_large_patch14_reg4_dinov2.lvd142m"
+    checkpoint: str | None = Field(None, description="local weights file; otherwise timm's pretrained tag")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    softmax_cls: bool = Field(True, description="softmax on the class token before the cosine (reference code)")
+
+
+class Thresholds(Strict):
+    """A detector passes when its score is strictly greater than the threshold."""
+
+    clip_text: float = 28.7394449
+    clip_shift_text: float = 35.2928484
+    clip_image: float = 0.805859378
+    dino_image: float = 0.781161878
+
+
+class FilterSpec(Strict):
+    kind: str = Field("ooc4", description="registry key, see `cnsbench ls`")
+    enabled: bool = True
+    clip: ClipModelSpec = ClipModelSpec()
+    dino: DinoModelSpec = DinoModelSpec()
+    thresholds: Thresholds = Thresholds()
+    min_pass: int = Field(2, ge=0, le=4, description="keep a sample when at least this many detectors pass")
+    class_prompt: str = "a photo of a {class_name}"
+    shift_prompt: str = "a photo of a {class_name} in {shift_words}"
+
+
+# --------------------------------------------------------------------------- classifiers
+class ClassifierSpec(Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.\-]+$", description="unique display name")
+    kind: str = Field("timm", description="registry key: timm | open_clip_zeroshot")
+    model: str = Field(..., description="timm model name (arch.tag) or open_clip architecture")
+    checkpoint: str | None = Field(None, description="local weights file (timm) or pretrained tag/file (open_clip)")
+    model_config_file: str | None = Field(None, description="open_clip: JSON architecture of a custom model")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="timm create_model overrides")
+    templates: str | list[str] = Field("openai_imagenet", description="zero-shot prompt templates or a set name")
+    label_map: dict[int, int] | str | None = Field(
+        None, description="output index -> ImageNet id (dict or JSON file); identity over 1000 classes if unset"
+    )
+
+
+# --------------------------------------------------------------------------- output / aggregate
+class OutputSpec(Strict):
+    path: str | None = Field(None, description="directory or URI; `build --output` overrides it")
+    trajectories_per_shard: int = Field(64, ge=1)
+    image_format: Literal["png", "jpg"] = "png"
+    jpeg_quality: int = Field(95, ge=1, le=100)
+
+
+class AggregateSpec(Strict):
+    margin_max_scale: float = Field(3.0, description="failure point given to never-failed trajectories in the margin")
+    fp_std_ddof: int = Field(1, ge=0, le=1, description="1: sample std as the reference code's pandas .std()")
+    plots: bool = True
+
+
+class BuildConfig(Strict):
+    benchmark: BenchmarkSpec
+    generator: GeneratorSpec = GeneratorSpec()
+    filter: FilterSpec = FilterSpec()
+    classifiers: list[ClassifierSpec] = Field(..., min_length=1)
+    output: OutputSpec = OutputSpec()
+    aggregate: AggregateSpec = AggregateSpec()
+    resources: Resources = Resources()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "BuildConfig":
+        names = [c.name for c in self.classifiers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"classifier names must be unique, duplicated: {dup}")
+        if self.aggregate.margin_max_scale < max(self.benchmark.scales):
+            raise ValueError(
+                f"aggregate.margin_max_scale ({self.aggregate.margin_max_scale}) must be >= the largest scale"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+_PATH_KEYS = {
+    ("generator", "model"),
+    ("generator", "class_tokens", "path"),
+    ("generator", "slider_store"),
+    ("filter", "clip", "pretrained"),
+    ("filter", "clip", "model_config_file"),
+    ("filter", "dino", "checkpoint"),
+    ("output", "path"),
+}
+_CLASSIFIER_PATH_KEYS = {"checkpoint", "model_config_file", "label_map"}
+
+
+def _looks_relative_path(value: Any) -> bool:
+    return isinstance(value, str) and (value.startswith("./") or value.startswith("../"))
+
+
+def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
+    """Make ``./`` and ``../`` paths absolute relative to the config's directory."""
+
+    def fix(container: dict[str, Any], key: str) -> None:
+        if key in container and _looks_relative_path(container[key]):
+            container[key] = str((base / container[key]).resolve())
+
+    for path in _PATH_KEYS:
+        node: Any = raw
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            fix(node, path[-1])
+    for clf in raw.get("classifiers") or []:
+        if isinstance(clf, dict):
+            for key in _CLASSIFIER_PATH_KEYS:
+                fix(clf, key)
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Walk a model class along an error location and list the keys allowed there."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ()) or ()
+        candidates = [ann, *args]
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return None
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(BuildConfig, loc)
+            msg = f"unknown key; allowed keys here: {', '.join(allowed) if allowed else '?'}"
+        elif e["type"] == "literal_error":
+            msg = f"{msg}"
+        value = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key or '<root>'}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> BuildConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"invalid config {source}: the top level must be a mapping, got {type(raw).__name__}")
+    raw = json.loads(json.dumps(raw))  # deep copy, and rejects non-JSON values early
+    if base_dir is not None:
+        _resolve_paths(raw, base_dir)
+    try:
+        return BuildConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> BuildConfig:
+    """Load and validate a YAML config file; raises :class:`ConfigError` with a readable message."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"invalid YAML in {p}: {err}") from None
+    if overrides:
+        raw = deep_merge(raw or {}, overrides)
+    return parse_config(raw, source=str(p), base_dir=p.resolve().parent)
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def resolved_dict(cfg: BuildConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def config_hash(cfg: BuildConfig) -> str:
+    """Hash of the resolved config (resources excluded: they never change outputs)."""
+    data = resolved_dict(cfg)
+    data.pop("resources", None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def dump_yaml(cfg: BuildConfig) -> str:
+    return yaml.safe_dump(resolved_dict(cfg), sort_keys=False)

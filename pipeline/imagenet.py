@@ -1,0 +1,54 @@
+"""ImageNet-1k class names (the CLIP-style common names that open_clip ships).
+
+The list is read from ``open_clip/zero_shot_metadata.py`` by parsing, not importing, so
+config validation never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import importlib.util
+from pathlib import Path
+
+
+@functools.lru_cache(maxsize=1)
+def class_names() -> tuple[str, ...]:
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("open_clip_torch is not installed; it provides the ImageNet class names")
+    source = Path(next(iter(spec.submodule_search_locations))) / "zero_shot_metadata.py"
+    tree = ast.parse(source.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "IMAGENET_CLASSNAMES" for t in node.targets
+        ):
+            names = tuple(ast.literal_eval(node.value))
+            if len(names) != 1000:
+                raise RuntimeError(f"{source}: expected 1000 ImageNet class names, found {len(names)}")
+            return names
+    raise RuntimeError(f"{source}: IMAGENET_CLASSNAMES not found")
+
+
+def class_name(class_id: int) -> str:
+    return class_names()[class_id]
+
+
+def resolve_class(value: int | str) -> int:
+    """An ImageNet id (0..999, or its decimal string) or a class name -> the id."""
+    if isinstance(value, bool):
+        raise ValueError(f"class must be an ImageNet id or name, got {value!r}")
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        idx = int(value)
+        if not 0 <= idx < 1000:
+            raise ValueError(f"ImageNet class id must be in 0..999, got {idx}")
+        return idx
+    names = class_names()
+    lowered = {n.lower(): i for i, n in enumerate(names)}
+    key = str(value).strip().lower()
+    if key in lowered:
+        return lowered[key]
+    close = difflib.get_close_matches(key, list(lowered), n=5, cutoff=0.6)
+    hint = f"; close names: {', '.join(repr(c) for c in close)}" if close else ""
+    raise ValueError(f"unknown ImageNet class name {value!r}{hint}")

@@ -1,0 +1,1 @@
+"""Output storage: atomic writes, shard manifests, WebDataset tars."""

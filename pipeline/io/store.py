@@ -1,0 +1,143 @@
+"""The output store: a directory or URI (local, ``s3://``, ``gs://``) with atomic commits.
+
+Layout of a build output::
+
+    config.yaml            resolved config (and config.json with its hash)
+    images/<shard>.tar     WebDataset shard: <sample_id>.<png|jpg> + <sample_id>.json
+    samples/<shard>.parquet
+    predictions/<shard>.parquet
+    manifest/<shard>.json  the shard's done-marker, written last
+    report/                aggregated metrics and plots
+
+A shard counts only once its manifest exists.  The manifest lists the shard's files
+with their sizes and SHA-256, and the trajectories it holds, so a crash mid-write leaves
+files no manifest vouches for (ignored, then overwritten or removed on resume) and a
+truncated or corrupted file is detected by its size or hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import fsspec
+
+MANIFEST_DIR = "manifest"
+
+
+def _join(root: str, rel: str) -> str:
+    return posixpath.join(root, rel) if root else rel
+
+
+@dataclass
+class ShardManifest:
+    shard: str
+    trajectories: list[str]
+    files: dict[str, dict[str, Any]]  # relative path -> {"size": int, "sha256": str}
+    n_samples: int
+    failed: dict[str, str]  # trajectory id -> error message
+    stats: dict[str, float]
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True, indent=1)
+
+    @staticmethod
+    def from_json(text: str, source: str) -> "ShardManifest":
+        try:
+            data = json.loads(text)
+            return ShardManifest(**data)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"malformed manifest {source}: {err}") from None
+
+
+class OutputStore:
+    """Atomic writes and committed-shard listing on any fsspec filesystem."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri.rstrip("/") if "://" in uri else uri
+        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        if self.local:
+            self.fs.makedirs(self.root, exist_ok=True)
+
+    def path(self, rel: str) -> str:
+        return _join(self.root, rel)
+
+    def url(self, rel: str) -> str:
+        return self.fs.unstrip_protocol(self.path(rel)) if not self.local else self.path(rel)
+
+    # ------------------------------------------------------------------ primitives
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(self.path(rel))
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.fs.open(self.path(rel), "rb") as fh:
+            return fh.read()
+
+    def read_text(self, rel: str) -> str:
+        return self.read_bytes(rel).decode("utf-8")
+
+    def write_bytes(self, rel: str, data: bytes) -> dict[str, Any]:
+        """Write ``data`` so that readers see the old file or the whole new one, never a part.
+
+        Locally: a temporary name in the same directory, then a rename.  On object stores a
+        single PUT is already atomic, so the object is written directly.
+        """
+        target = self.path(rel)
+        parent = posixpath.dirname(target)
+        if self.local:
+            self.fs.makedirs(parent, exist_ok=True)
+            tmp = _join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}")
+            with self.fs.open(tmp, "wb") as fh:
+                fh.write(data)
+            self.fs.mv(tmp, target)
+        else:
+            with self.fs.open(target, "wb") as fh:
+                fh.write(data)
+        return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def write_text(self, rel: str, text: str) -> dict[str, Any]:
+        return self.write_bytes(rel, text.encode("utf-8"))
+
+    def list(self, rel_dir: str, suffix: str = "") -> list[str]:
+        """Relative paths of the files directly in ``rel_dir`` ending in ``suffix`` (sorted)."""
+        base = self.path(rel_dir)
+        if not self.fs.exists(base):
+            return []
+        names = []
+        for p in self.fs.ls(base, detail=False):
+            name = posixpath.basename(p.rstrip("/"))
+            if name.endswith(suffix) and not name.startswith(".tmp-"):
+                names.append(f"{rel_dir}/{name}")
+        return sorted(names)
+
+    def remove(self, rel: str) -> None:
+        if self.exists(rel):
+            self.fs.rm(self.path(rel))
+
+    # ------------------------------------------------------------------ shards
+    def manifests(self) -> Iterator[ShardManifest]:
+        for rel in self.list(MANIFEST_DIR, ".json"):
+            yield ShardManifest.from_json(self.read_text(rel), self.url(rel))
+
+    def commit_manifest(self, manifest: ShardManifest) -> None:
+        self.write_text(f"{MANIFEST_DIR}/{manifest.shard}.json", manifest.to_json())
+
+    def verify_shard(self, manifest: ShardManifest, deep: bool = False) -> list[str]:
+        """Problems with a committed shard's files: missing, wrong size, or (deep) wrong hash."""
+        problems = []
+        for rel, meta in manifest.files.items():
+            try:
+                info = self.fs.info(self.path(rel))
+            except FileNotFoundError:
+                problems.append(f"{rel}: missing")
+                continue
+            if int(info.get("size", -1)) != int(meta["size"]):
+                problems.append(f"{rel}: size {info.get('size')} != {meta['size']} (truncated?)")
+            elif deep and hashlib.sha256(self.read_bytes(rel)).hexdigest() != meta["sha256"]:
+                problems.append(f"{rel}: sha256 mismatch (corrupted)")
+        return problems

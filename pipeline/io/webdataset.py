@@ -1,0 +1,57 @@
+"""Deterministic WebDataset tar shards: ``<key>.<ext>`` members grouped by sample key.
+
+Members carry fixed metadata (mtime 0, uid/gid 0, mode 0644) and are written in the
+given order, so the same samples always produce byte-identical shards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from typing import Any, Iterable, Iterator
+
+
+def build_tar(samples: Iterable[tuple[str, dict[str, bytes]]]) -> bytes:
+    """``samples``: (key, {extension: bytes}) pairs -> the tar archive's bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, members in samples:
+            if "." in key.rsplit("/", 1)[-1]:
+                raise ValueError(f"WebDataset key {key!r} must not contain '.' in its last path part")
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                info.mtime = 0
+                info.mode = 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def iter_tar(data: bytes, source: str = "<tar>") -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Yield (key, {extension: bytes}) from tar bytes; raises ValueError naming ``source`` if malformed."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            current, members = None, {}
+            for info in tar:
+                if not info.isfile():
+                    continue
+                base = info.name
+                head, _, tail = base.rpartition("/")
+                stem, _, ext = tail.partition(".")
+                key = f"{head}/{stem}" if head else stem
+                if current is not None and key != current:
+                    yield current, members
+                    members = {}
+                current = key
+                members[ext] = tar.extractfile(info).read()
+            if current is not None:
+                yield current, members
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise ValueError(f"malformed WebDataset shard {source}: {err}") from None
+
+
+def metadata_json(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, sort_keys=True).encode("utf-8")

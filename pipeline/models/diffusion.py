@@ -1,0 +1,114 @@
+"""Loading the text-to-image model: the diffusers pipeline, class tokens and slider files.
+
+The same code loads ``stabilityai/stable-diffusion-2`` from the hub on a cluster and
+the tiny demo model from a local directory: ``from_pretrained`` on either, textual
+inversion through diffusers' ``load_textual_inversion``, sliders through
+:mod:`pipeline.models.lora`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pipeline import imagenet
+from pipeline.config import ClassTokens, GeneratorSpec
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def is_local_path(model: str) -> bool:
+    """A model reference is a local directory unless it looks like ``org/name`` and no such path exists."""
+    return os.path.exists(model) or not HUB_ID.match(model) or model.startswith((".", "/"))
+
+
+def load_pipeline(model: str, dtype, device: str):
+    """A ``StableDiffusionPipeline`` (v-prediction for SD2) from a local directory or hub id."""
+    from diffusers import StableDiffusionPipeline
+
+    local = is_local_path(model)
+    if local and not (Path(model) / "model_index.json").is_file():
+        raise FileNotFoundError(
+            f"generator.model: {model!r} is not a diffusers model directory (no model_index.json); "
+            "give a local directory saved with save_pretrained or a hub id like 'stabilityai/stable-diffusion-2'"
+        )
+    pipe = StableDiffusionPipeline.from_pretrained(
+        model,
+        dtype=dtype,
+        safety_checker=None,
+        requires_safety_checker=False,
+        local_files_only=local or os.environ.get("HF_HUB_OFFLINE") == "1",
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device)
+
+
+def ti_token(class_id: int) -> str:
+    """Dataset-Interfaces token string of an ImageNet class: ``<great white shark-2>``."""
+    return f"<{imagenet.class_name(class_id)}-{class_id}>"
+
+
+def class_token_files(spec: ClassTokens, class_ids: list[int]) -> list[str]:
+    """Files the class-token source needs for these classes (for up-front checks)."""
+    if spec.kind == "ti_folder":
+        return [os.path.join(spec.path, f"{i}.bin") for i in class_ids]
+    if spec.kind == "text_encoder_dir":
+        return [
+            os.path.join(spec.path, "tokens.pt"),
+            os.path.join(spec.path, "tokenizer"),
+            os.path.join(spec.path, "text_encoder"),
+        ]
+    return []
+
+
+def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int]) -> dict[int, str]:
+    """Make each class's token known to the pipeline's tokenizer/text encoder; class id -> token string."""
+    import torch
+
+    if spec.kind == "none":
+        return {i: imagenet.class_name(i) for i in class_ids}
+    if spec.kind == "ti_folder":
+        embeddings, tokens = [], []
+        for i in class_ids:
+            path = os.path.join(spec.path, f"{i}.bin")
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"generator.class_tokens: missing token file {path}")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(state, dict):
+                if len(state) != 1:
+                    raise ValueError(f"{path}: expected one embedding, found keys {list(state)[:5]}")
+                state = next(iter(state.values()))
+            embeddings.append(state.reshape(-1, state.shape[-1]).squeeze(0).to(pipe.text_encoder.dtype))
+            tokens.append(ti_token(i))
+        new = [(t, e) for t, e in zip(tokens, embeddings) if t not in pipe.tokenizer.get_vocab()]
+        if new:
+            pipe.load_textual_inversion([e for _, e in new], token=[t for t, _ in new])
+        return dict(zip(class_ids, tokens))
+    if spec.kind == "text_encoder_dir":
+        from transformers import CLIPTextModel, CLIPTokenizer
+
+        root = Path(spec.path)
+        meta_path = root / "tokens.pt"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"generator.class_tokens: missing {meta_path}")
+        meta = torch.load(meta_path, map_location="cpu", weights_only=True)
+        if not isinstance(meta, dict) or "tokens" not in meta:
+            raise ValueError(f"{meta_path}: expected a dict with 'tokens' (and 'initializer_words')")
+        token_list = list(meta["tokens"])
+        if len(token_list) != 1000:
+            raise ValueError(f"{meta_path}: expected 1000 tokens (one per ImageNet class), found {len(token_list)}")
+        pipe.tokenizer = CLIPTokenizer.from_pretrained(root / "tokenizer")
+        pipe.text_encoder = CLIPTextModel.from_pretrained(root / "text_encoder", dtype=pipe.unet.dtype).to(
+            pipe.unet.device
+        )
+        return {i: token_list[i] for i in class_ids}
+    raise ValueError(f"unknown class token source {spec.kind!r}")
+
+
+def slider_path(spec: GeneratorSpec, class_id: int, shift: str) -> str:
+    """File of the (class, shift) slider in the store, from ``generator.slider_pattern``."""
+    if not spec.slider_store:
+        raise ValueError("generator.slider_store is not set")
+    rel = spec.slider_pattern.format(shift=shift, class_id=class_id, class_name=imagenet.class_name(class_id))
+    return f"{spec.slider_store.rstrip('/')}/{rel}"

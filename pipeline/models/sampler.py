@@ -1,0 +1,285 @@
+"""Continuous-shift sampling: one (class, seed) group -> every (shift, scale) image.
+
+Semantics (the reference): prompt ``a picture of a {class token}``, the reference
+negative prompt, classifier-free guidance, one ``torch.Generator().manual_seed(seed)``
+per image, and the (class, shift) slider at multiplier = scale on both CFG branches
+while the timestep is ``<= lora_timestep_threshold`` and off before.
+
+Two facts make most of the reference's per-image work redundant, and
+:meth:`SliderSampler.generate_group` exploits both:
+
+* every step before the LoRA window is identical for all shifts and scales of a
+  (class, seed), so it runs once (a batch of one, times two for CFG) and every branch
+  continues from that latent;
+* scale 0 is the same image for every shift, so it is one branch, not one per shift.
+
+The remaining branches -- one per (shift, nonzero scale) -- run together, several per
+UNet forward, each row with its own slider and multiplier (``SliderBank.route``).
+:meth:`SliderSampler.reference_image` is the plain per-image diffusers loop with a
+per-step callback that toggles the slider; it is the oracle in tests and the naive
+baseline in ``bench/generation.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.config import BenchmarkSpec, GeneratorSpec
+from pipeline.models import diffusion
+from pipeline.models.lora import SliderBank, load_slider_file
+
+
+@dataclass
+class GroupResult:
+    """Images of one (class, seed) group, keyed by (shift, scale); scale 0 is keyed (None, 0.0)."""
+
+    images: dict[tuple[str | None, float], "object"]  # PIL images at the saved size
+    unet_evals: int = 0  # UNet sample-evaluations (a CFG step on one image counts 2)
+    seconds: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def image(self, shift: str, scale: float):
+        return self.images[(None, 0.0)] if scale == 0 else self.images[(shift, scale)]
+
+
+class SliderSampler:
+    """Generator ``slider``: SD2 + class token + one LoRA slider per (class, shift)."""
+
+    def __init__(self, spec: GeneratorSpec, device: str, dtype) -> None:
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype
+        self.pipe = None
+        self.bank: SliderBank | None = None
+        self.tokens: dict[int, str] = {}
+        self._embeds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, class_ids: list[int]) -> None:
+        self.pipe = diffusion.load_pipeline(self.spec.model, self.dtype, self.device)
+        self._configure_runtime()
+        self.tokens = diffusion.install_class_tokens(self.pipe, self.spec.class_tokens, class_ids)
+        self.bank = SliderBank(self.pipe.unet)
+
+    def _configure_runtime(self) -> None:
+        unet = self.pipe.unet
+        if self.spec.attention in ("auto", "xformers") and self.device.startswith("cuda"):
+            try:
+                self.pipe.enable_xformers_memory_efficient_attention()
+            except Exception as err:  # xformers missing or unsupported: PyTorch SDPA is the default
+                if self.spec.attention == "xformers":
+                    raise RuntimeError(f"generator.attention=xformers but xformers is unusable: {err}") from err
+        if self.spec.channels_last:
+            unet.to(memory_format=torch.channels_last)
+        if self.spec.compile:
+            self.pipe.unet = torch.compile(unet)
+
+    def load_slider(self, class_id: int, shift: str) -> str:
+        """Load the (class, shift) slider into the bank (once); returns its bank name."""
+        name = f"{shift}/{class_id}"
+        if name not in self.bank:
+            path = diffusion.slider_path(self.spec, class_id, shift)
+            self.bank.add(name, load_slider_file(path), source=path)
+        return name
+
+    def prompt_embeds(self, class_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(negative, positive) text embeddings of a class, each [1, L, D]; cached."""
+        if class_id not in self._embeds:
+            prompt = self.spec.prompt.format(token=self.tokens[class_id])
+            pos, neg = self.pipe.encode_prompt(
+                prompt, self.device, 1, True, negative_prompt=self.spec.negative_prompt
+            )
+            self._embeds[class_id] = (neg, pos)
+        return self._embeds[class_id]
+
+    @property
+    def do_cfg(self) -> bool:
+        return self.spec.guidance_scale > 1.0
+
+    def _timesteps(self):
+        sched = copy.deepcopy(self.pipe.scheduler)
+        sched.set_timesteps(self.spec.steps, device=self.device)
+        return sched
+
+    def _initial_latents(self, seed: int) -> torch.Tensor:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        pipe = self.pipe
+        shape = (
+            1,
+            pipe.unet.config.in_channels,
+            self.spec.resolution // pipe.vae_scale_factor,
+            self.spec.resolution // pipe.vae_scale_factor,
+        )
+        gen = torch.Generator().manual_seed(seed)
+        latents = randn_tensor(shape, generator=gen, device=torch.device(self.device), dtype=pipe.unet.dtype)
+        return latents * pipe.scheduler.init_noise_sigma
+
+    def _step(self, sched, latents, t, neg, pos) -> torch.Tensor:
+        """One denoising step for a batch of latents [n, ...] with per-row cond embeds [n, L, D]."""
+        n = latents.shape[0]
+        if self.do_cfg:
+            model_in = torch.cat([latents, latents])
+            embeds = torch.cat([neg.expand(n, -1, -1), pos])
+        else:
+            model_in, embeds = latents, pos
+        model_in = sched.scale_model_input(model_in, t)
+        out = self.pipe.unet(model_in, t, encoder_hidden_states=embeds, return_dict=False)[0]
+        self._evals += model_in.shape[0]
+        if self.do_cfg:
+            uncond, cond = out.chunk(2)
+            out = uncond + self.spec.guidance_scale * (cond - uncond)
+        return sched.step(out, t, latents, return_dict=False)[0]
+
+    # ------------------------------------------------------------------ shared-prefix group
+    @torch.inference_mode()
+    def generate_group(self, class_id: int, seed: int, shifts: list[str], scales: list[float]) -> GroupResult:
+        """All images of (class, seed) for ``shifts`` x ``scales``, sharing prefix and scale 0."""
+        start = time.perf_counter()
+        self._evals = 0
+        neg, pos = self.prompt_embeds(class_id)
+        sliders = {s: self.load_slider(class_id, s) for s in shifts}
+        sched = self._timesteps()
+        timesteps = sched.timesteps
+        threshold = self.spec.lora_timestep_threshold
+        latents = self._initial_latents(seed)
+
+        # Steps before the window: identical for every branch, computed once.
+        self.bank.clear_route()
+        first_window = len(timesteps)
+        for i, t in enumerate(timesteps):
+            if int(t) <= threshold:
+                first_window = i
+                break
+            latents = self._step(sched, latents, t, neg, pos)
+        prefix_evals = self._evals
+
+        branches: list[tuple[str | None, float]] = [(None, 0.0)]
+        branches += [(shift, scale) for shift in shifts for scale in scales if scale != 0]
+        finals: dict[tuple[str | None, float], torch.Tensor] = {}
+        size = self.spec.branch_batch_size
+        for lo in range(0, len(branches), size):
+            chunk = branches[lo : lo + size]
+            n = len(chunk)
+            # Each chunk continues from the shared prefix with its own scheduler copy, since
+            # schedulers keep per-run counters (and multistep ones a history) across steps.
+            csched = copy.deepcopy(sched)
+            lat = latents.expand(n, -1, -1, -1).clone()
+            rows = [sliders[s] if s is not None else None for s, _ in chunk]
+            mults = [m for _, m in chunk]
+            route_rows = rows * 2 if self.do_cfg else rows
+            route_mults = mults * 2 if self.do_cfg else mults
+            self.bank.route(route_rows, route_mults)
+            cond = pos.expand(n, -1, -1)
+            for t in timesteps[first_window:]:
+                lat = self._step(csched, lat, t, neg, cond)
+            self.bank.clear_route()
+            for b, key in enumerate(chunk):
+                finals[key] = lat[b : b + 1]
+
+        images = self._decode(finals)
+        total = self._evals
+        return GroupResult(
+            images=images,
+            unet_evals=total,
+            seconds=time.perf_counter() - start,
+            stats={"prefix_evals": prefix_evals, "branches": len(branches), "window_start": first_window},
+        )
+
+    def _decode(self, finals: dict) -> dict:
+        keys = list(finals)
+        out = {}
+        size = max(1, self.spec.branch_batch_size)
+        for lo in range(0, len(keys), size):
+            part = keys[lo : lo + size]
+            lat = torch.cat([finals[k] for k in part])
+            pil = self.decode_latents(lat)
+            for k, img in zip(part, pil):
+                out[k] = img
+        return out
+
+    def decode_latents(self, latents: torch.Tensor) -> list:
+        """VAE decode with the pipeline's own post-processing, then resize to the saved size."""
+        vae = self.pipe.vae
+        image = vae.decode(latents / vae.config.scaling_factor, return_dict=False)[0]
+        pil = self.pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=[True] * len(image))
+        return [resize(img, self.spec.image_size) for img in pil]
+
+    # ------------------------------------------------------------------ naive reference
+    @torch.inference_mode()
+    def reference_image(self, class_id: int, seed: int, shift: str | None, scale: float):
+        """One image with the plain diffusers pipeline call, toggling the slider per step.
+
+        The callback runs after step ``i`` and sets the multiplier used by step ``i+1``.
+        """
+        pipe = self.pipe
+        threshold = self.spec.lora_timestep_threshold
+        timesteps = self._timesteps().timesteps
+        name = self.load_slider(class_id, shift) if shift is not None and scale != 0 else None
+        batch = 2 if self.do_cfg else 1
+
+        def multiplier_for(t) -> float:
+            return scale if name is not None and int(t) <= threshold else 0.0
+
+        self.bank.route_uniform(name, multiplier_for(timesteps[0]), batch)
+
+        def toggle(_pipe, i, _t, kwargs):
+            if i + 1 < len(timesteps):
+                self.bank.route_uniform(name, multiplier_for(timesteps[i + 1]), batch)
+            return kwargs
+
+        prompt = self.spec.prompt.format(token=self.tokens[class_id])
+        out = pipe(
+            prompt,
+            negative_prompt=self.spec.negative_prompt,
+            num_inference_steps=self.spec.steps,
+            guidance_scale=self.spec.guidance_scale,
+            height=self.spec.resolution,
+            width=self.spec.resolution,
+            generator=torch.Generator().manual_seed(seed),
+            callback_on_step_end=toggle,
+        )
+        self.bank.clear_route()
+        return resize(out.images[0], self.spec.image_size)
+
+    def reference_group(self, class_id: int, seed: int, shifts: list[str], scales: list[float]) -> GroupResult:
+        """The naive baseline: one full pipeline call per (shift, scale) image."""
+        start = time.perf_counter()
+        images = {}
+        for shift in shifts:
+            for scale in scales:
+                images[(shift, scale)] = self.reference_image(class_id, seed, shift, scale)
+        images[(None, 0.0)] = images[(shifts[0], 0.0)]
+        per_image = self.spec.steps * (2 if self.do_cfg else 1)
+        return GroupResult(images, per_image * len(shifts) * len(scales), time.perf_counter() - start)
+
+
+def resize(img, size: int):
+    from PIL import Image
+
+    if img.size == (size, size):
+        return img
+    return img.resize((size, size), Image.BICUBIC)
+
+
+def encode_image(img, fmt: str, quality: int = 95) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "png":
+        img.save(buf, format="PNG")
+    else:
+        img.save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def create_sampler(spec: GeneratorSpec, bench: BenchmarkSpec, device: str, dtype) -> SliderSampler:
+    from pipeline.registry import GENERATORS
+
+    cls = GENERATORS.get(spec.kind)
+    sampler = cls(spec, device, dtype)
+    sampler.setup(list(bench.classes))
+    return sampler

@@ -1,0 +1,1 @@
+"""Executors of the stage chain: ``ray_runner`` (Ray Data actor pools) and ``local`` (in-process)."""

@@ -1,0 +1,102 @@
+"""Ray Data executor: work units stream through one actor pool per stage.
+
+    units --map_batches(GenerateStage)--> trajectories --FilterStage--> --ClassifyStage-->
+          --WriteStage--> one row per committed shard, consumed by the driver
+
+Each stage is a callable class in an ``ActorPoolStrategy`` pool whose size, GPUs, CPUs
+and batch size come from ``resources.<stage>`` in the config; weights load once per
+actor.  The driver only iterates the small per-shard rows, so its memory does not grow
+with the plan.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterator
+
+from pipeline.config import BuildConfig, StageResources
+from pipeline.plan import WorkUnit
+
+
+def init_ray(address: str | None, cfg: BuildConfig) -> None:
+    """Connect to ``address`` or start a local Ray sized for the configured pools."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "0")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    res = cfg.resources
+    pools = (res.generate, res.filter, res.classify, res.write)
+    # Enough logical CPUs for one actor of every pool plus the read tasks; oversubscribing
+    # logical CPUs is harmless, a pool waiting forever for a CPU is not.
+    cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus * p.pool_size for p in pools)) + 1)
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:
+        pass
+    needed_gpus = max(p.num_gpus for p in pools)
+    ray.init(
+        num_cpus=cpus,
+        num_gpus=max(gpus, 1 if needed_gpus > 0 else 0),
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}},
+    )
+
+
+def _pool(stage: StageResources):
+    import ray
+
+    return ray.data.ActorPoolStrategy(min_size=stage.pool_size, max_size=stage.max_pool_size or stage.pool_size)
+
+
+def _remote_args(stage: StageResources) -> dict:
+    # A crashed actor is restarted and its in-flight batch retried, up to max_retries.
+    return {"max_restarts": stage.max_retries, "max_task_retries": stage.max_retries}
+
+
+def run_ray(
+    cfg: BuildConfig, units: list[WorkUnit], output: str, on_shard: Callable[[dict], None] | None = None
+) -> Iterator[dict]:
+    import ray
+
+    from pipeline.stages.classify import ClassifyStage
+    from pipeline.stages.filter import FilterStage
+    from pipeline.stages.generate import GenerateStage
+    from pipeline.stages.write import WriteStage
+
+    cfg_dict = cfg.model_dump(mode="json")
+    res = cfg.resources
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = True
+    # Keep each work unit in its own block so generation parallelises across actors.
+    ds = ray.data.from_items([u.to_row() for u in units], override_num_blocks=max(1, len(units)))
+
+    def stage(ds, cls, r: StageResources, batch_size: int, extra: dict | None = None):
+        return ds.map_batches(
+            cls,
+            fn_constructor_kwargs={"config": cfg_dict, "threads": max(1, int(r.num_cpus)), **(extra or {})},
+            batch_size=batch_size,
+            batch_format="pyarrow",
+            compute=_pool(r),
+            num_gpus=r.num_gpus,
+            num_cpus=r.num_cpus,
+            **_remote_args(r),
+        )
+
+    ds = stage(ds, GenerateStage, res.generate, res.generate.batch_size)
+    ds = stage(ds, FilterStage, res.filter, res.filter.batch_size)
+    ds = stage(ds, ClassifyStage, res.classify, res.classify.batch_size)
+    ds = stage(ds, WriteStage, res.write, cfg.output.trajectories_per_shard, {"output": output})
+    for row in ds.iter_rows():
+        row = dict(row)
+        if on_shard:
+            on_shard(row)
+        yield row
+

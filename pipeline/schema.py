@@ -1,0 +1,109 @@
+"""Arrow schemas of the rows that flow between stages and of the output tables.
+
+Between stages a row is one trajectory (shift, class, seed) carrying all its scales as
+lists: the filter needs each image's scale-0 reference, and a trajectory is the unit the
+metrics use, so keeping it whole avoids any regrouping.  The writer explodes trajectory
+rows into the per-image ``samples`` and per-(image, classifier) ``predictions`` tables.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCORE_COLUMNS = ("clip_text", "clip_shift_text", "clip_image", "dino_image")
+
+# Work units going into generation (see pipeline.plan.WorkUnit.to_row).
+UNIT = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("class_id", pa.int64()),
+        ("class_name", pa.string()),
+        ("seed", pa.int64()),
+        ("shifts", pa.list_(pa.string())),
+    ]
+)
+
+# After generation: one row per trajectory.  `images[i]` is the encoded image at
+# `scales[i]`; a failed trajectory has `error` set and empty lists.
+GENERATED = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("unit_id", pa.string()),
+        ("class_id", pa.int64()),
+        ("class_name", pa.string()),
+        ("seed", pa.int64()),
+        ("shift", pa.string()),
+        ("scales", pa.list_(pa.float64())),
+        ("sample_ids", pa.list_(pa.string())),
+        ("images", pa.list_(pa.binary())),
+        ("unet_evals", pa.float64()),  # UNet sample-evaluations attributed to this trajectory
+        ("gen_seconds", pa.float64()),  # generation wall time attributed to this trajectory
+        ("error", pa.string()),
+    ]
+)
+
+# After the filter: per-image detector scores (NaN when a detector is disabled) and keep flags.
+FILTERED = pa.schema(
+    list(GENERATED)
+    + [pa.field(name, pa.list_(pa.float64())) for name in SCORE_COLUMNS]
+    + [("n_pass", pa.list_(pa.int64())), ("kept", pa.list_(pa.bool_()))]
+)
+
+# After classification: [image][classifier] in the config's classifier order.
+CLASSIFIED = pa.schema(
+    list(FILTERED)
+    + [
+        ("pred_top1", pa.list_(pa.list_(pa.int64()))),
+        ("pred_top5", pa.list_(pa.list_(pa.list_(pa.int64())))),
+        ("pred_p_true", pa.list_(pa.list_(pa.float64()))),
+    ]
+)
+
+# ---- output tables -----------------------------------------------------------------
+SAMPLES = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("class_id", pa.int64()),
+        ("class_name", pa.string()),
+        ("seed", pa.int64()),
+        ("shift", pa.string()),
+        ("scale", pa.float64()),
+        ("shard", pa.string()),
+        ("key", pa.string()),
+    ]
+    + [pa.field(name, pa.float64()) for name in SCORE_COLUMNS]
+    + [("n_pass", pa.int64()), ("kept", pa.bool_())]
+)
+
+PREDICTIONS = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("classifier", pa.string()),
+        ("top1", pa.int64()),
+        ("top5", pa.list_(pa.int64())),
+        ("p_true", pa.float64()),
+        ("correct", pa.bool_()),
+    ]
+)
+
+FAILURES = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("unit_id", pa.string()),
+        ("stage", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+
+# Returned by the write stage to the driver, one row per committed shard.
+WRITTEN = pa.schema(
+    [
+        ("shard", pa.string()),
+        ("n_trajectories", pa.int64()),
+        ("n_samples", pa.int64()),
+        ("n_failed", pa.int64()),
+        ("unet_evals", pa.float64()),
+        ("gen_seconds", pa.float64()),
+    ]
+)

@@ -1,0 +1,133 @@
+"""Write stage: a batch of classified trajectory rows -> one committed output shard.
+
+Per shard it writes the WebDataset tar, the ``samples`` and ``predictions`` Parquet
+files (and ``failures`` when a trajectory failed upstream), then the manifest as the
+done-marker.  The shard name is a hash of the trajectory ids it holds, so a redone
+shard lands on the same file names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import schema
+from pipeline.io.store import OutputStore, ShardManifest
+from pipeline.io.webdataset import build_tar, metadata_json
+from pipeline.stages.base import Stage
+
+
+def shard_name(trajectory_ids: list[str]) -> str:
+    digest = hashlib.sha256("\n".join(sorted(trajectory_ids)).encode()).hexdigest()[:16]
+    return f"shard-{digest}"
+
+
+def _parquet_bytes(rows: list[dict[str, Any]], sch: pa.Schema) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=sch), buf, compression="zstd")
+    return buf.getvalue()
+
+
+def _nan_to_none(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+class WriteStage(Stage):
+    output_schema = schema.WRITTEN
+
+    def __init__(self, config, output: str, device: str | None = None, threads: int | None = None) -> None:
+        super().__init__(config, device, threads)
+        self.output = output
+
+    def setup(self) -> None:
+        self.store = OutputStore(self.output)
+
+    def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not rows:
+            return []
+        return [self.write_shard(rows)]
+
+    def write_shard(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.config
+        ext = cfg.output.image_format
+        classifiers = [c.name for c in cfg.classifiers]
+        ok = [r for r in rows if not r.get("error")]
+        failed = {r["trajectory_id"]: r["error"] for r in rows if r.get("error")}
+        name = shard_name([r["trajectory_id"] for r in rows])
+        tar_rel = f"images/{name}.tar"
+
+        tar_samples, sample_rows, pred_rows = [], [], []
+        for r in sorted(ok, key=lambda r: r["trajectory_id"]):
+            for i, (sid, scale) in enumerate(zip(r["sample_ids"], r["scales"])):
+                scores = {c: _nan_to_none(r[c][i]) for c in schema.SCORE_COLUMNS}
+                sample = {
+                    "sample_id": sid,
+                    "trajectory_id": r["trajectory_id"],
+                    "class_id": r["class_id"],
+                    "class_name": r["class_name"],
+                    "seed": r["seed"],
+                    "shift": r["shift"],
+                    "scale": scale,
+                    "shard": tar_rel,
+                    "key": sid,
+                    **scores,
+                    "n_pass": r["n_pass"][i],
+                    "kept": r["kept"][i],
+                }
+                sample_rows.append(sample)
+                meta = {k: sample[k] for k in sample if k not in ("shard", "key")}
+                meta["label"] = r["class_id"]
+                tar_samples.append((sid, {ext: r["images"][i], "json": metadata_json(meta)}))
+                for j, clf in enumerate(classifiers):
+                    top1 = r["pred_top1"][i][j]
+                    pred_rows.append(
+                        {
+                            "sample_id": sid,
+                            "classifier": clf,
+                            "top1": top1,
+                            "top5": r["pred_top5"][i][j],
+                            "p_true": r["pred_p_true"][i][j],
+                            "correct": top1 == r["class_id"],
+                        }
+                    )
+
+        files: dict[str, dict[str, Any]] = {}
+        if ok:
+            files[tar_rel] = self.store.write_bytes(tar_rel, build_tar(tar_samples))
+            rel = f"samples/{name}.parquet"
+            files[rel] = self.store.write_bytes(rel, _parquet_bytes(sample_rows, schema.SAMPLES))
+            rel = f"predictions/{name}.parquet"
+            files[rel] = self.store.write_bytes(rel, _parquet_bytes(pred_rows, schema.PREDICTIONS))
+        if failed:
+            rel = f"failures/{name}.parquet"
+            fail_rows = [
+                {"trajectory_id": r["trajectory_id"], "unit_id": r["unit_id"], "stage": "generate", "error": r["error"]}
+                for r in rows
+                if r.get("error")
+            ]
+            files[rel] = self.store.write_bytes(rel, _parquet_bytes(fail_rows, schema.FAILURES))
+        stats = {
+            "unet_evals": float(sum(r["unet_evals"] for r in ok)),
+            "gen_seconds": float(sum(r["gen_seconds"] for r in ok)),
+        }
+        manifest = ShardManifest(
+            shard=name,
+            trajectories=sorted(r["trajectory_id"] for r in ok),
+            files=files,
+            n_samples=len(sample_rows),
+            failed=failed,
+            stats=stats,
+        )
+        self.store.commit_manifest(manifest)  # the done-marker: written last
+        return {
+            "shard": name,
+            "n_trajectories": len(ok),
+            "n_samples": len(sample_rows),
+            "n_failed": len(failed),
+            **stats,
+        }

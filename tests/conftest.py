@@ -1,0 +1,56 @@
+"""Shared fixtures: offline environment, tiny random-weight models built once per session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:
+        has_gpu = False
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd(tmp_path_factory):
+    """A tiny SD2-shaped diffusers model directory with random weights."""
+    from pipeline.demo.tiny_sd import build_sd2
+
+    return str(build_sd2(tmp_path_factory.mktemp("sd2") / "model", size="tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tiny_sd, tmp_path_factory):
+    """Class tokens (ti_folder layout) and random non-zero sliders for classes 1, 22 and shifts a/b."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    from pipeline.models.diffusion import ti_token
+    from pipeline.models.lora import random_slider, save_slider_file
+
+    root = tmp_path_factory.mktemp("world")
+    tokens = root / "tokens"
+    tokens.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    for c in (1, 22):
+        torch.save({ti_token(c): torch.randn(32, generator=gen)}, tokens / f"{c}.bin")
+    unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
+    store = root / "sliders"
+    for i, shift in enumerate(("shift_a", "shift_b")):
+        for c in (1, 22):
+            state = random_slider(unet, seed=100 * i + c, std=0.3)
+            save_slider_file(state, str(store / shift / f"{c:03d}.safetensors"))
+    return {"model": tiny_sd, "tokens": str(tokens), "sliders": str(store), "classes": [1, 22], "shifts": ["shift_a", "shift_b"]}
