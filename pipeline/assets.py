@@ -7,7 +7,6 @@ one round instead of discovering them one crash at a time.
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Iterable
 
@@ -51,7 +50,7 @@ def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] 
             if pairs is None:
                 pairs = [(c, s) for c in cfg.benchmark.classes for s in cfg.benchmark.shifts]
             for class_id, shift in sorted(set(pairs)):
-                p = slider_path(gen, class_id, shift)
+                p = slider_path(gen, class_id, shift, cfg.benchmark.class_name(class_id))
                 if not _exists(p):
                     missing.append(f"generator.slider_store: missing slider for class {class_id}, shift {shift}: {p}")
     flt = cfg.filter
@@ -91,30 +90,12 @@ def check_registry_keys(cfg: BuildConfig) -> list[str]:
             problems.append(f"classifiers[{i}] ({clf.name}).kind: {err.args[0]}")
             continue
         if clf.kind == "timm":
-            problem = timm_name_problem(clf.model)
+            from pipeline.models.classifiers import timm_name_problem
+
+            problem = timm_name_problem(clf.model, local_weights=bool(clf.checkpoint))
             if problem:
                 problems.append(f"classifiers[{i}] ({clf.name}).model: {problem}")
     return problems
-
-
-def timm_name_problem(name: str) -> str | None:
-    """None if timm knows the model (arch or arch.tag), else a message with close names."""
-    import timm
-
-    arch = name.split(".", 1)[0]
-    archs = timm.list_models()
-    if "." in name:
-        tagged = timm.list_models(pretrained=True)
-        if name in tagged:
-            return None
-        if arch in archs:
-            close = difflib.get_close_matches(name, [t for t in tagged if t.startswith(arch + ".")], n=5, cutoff=0.0)
-            return f"unknown pretrained tag {name!r}; tags of {arch}: {', '.join(close) or 'none'}"
-    elif arch in archs:
-        return None
-    pool = timm.list_models(pretrained=True) + archs
-    close = difflib.get_close_matches(name, pool, n=5, cutoff=0.6)
-    return f"unknown timm model {name!r}; close names: {', '.join(close) or 'none'}"
 
 
 def check_build(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None) -> None:

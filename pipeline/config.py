@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline import imagenet
+from pipeline.labels import LabelSpace, label_space
 
 REFERENCE_SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
 REFERENCE_NEGATIVE_PROMPT = "blurry,text,caption,lowquality,lowresolution,low res,grainy,ugly"
@@ -67,7 +67,8 @@ class BenchmarkSpec(Strict):
     """What to build: classes x seeds x shifts x scales."""
 
     name: str = "cns-bench"
-    classes: list[int | str] = Field(..., min_length=1, description="ImageNet ids (0..999) or class names")
+    labels: str | list[str] = Field("imagenet", description="'imagenet', a list of class names, or a file of them")
+    classes: list[int | str] = Field(..., min_length=1, description="class ids (ImageNet: 0..999) or class names")
     seeds: list[int] = Field(..., min_length=1)
     shifts: list[str] = Field(..., min_length=1)
     scales: list[float] = Field(default_factory=lambda: list(REFERENCE_SCALES))
@@ -92,13 +93,27 @@ class BenchmarkSpec(Strict):
             raise ValueError("seeds must be in [0, 2**63)")
         return value
 
-    @field_validator("classes")
-    @classmethod
-    def _classes(cls, value: list[int | str]) -> list[int]:
-        ids = [imagenet.resolve_class(v) for v in value]
+    @model_validator(mode="after")
+    def _classes(self) -> "BenchmarkSpec":
+        space = label_space(self.labels)
+        ids = []
+        for i, v in enumerate(self.classes):
+            try:
+                ids.append(space.resolve(v))
+            except ValueError as err:
+                raise ValueError(f"classes[{i}]: {err}") from None
         if len(set(ids)) != len(ids):
             raise ValueError(f"classes contain duplicates after resolving names: {ids}")
-        return ids
+        # Assigning through __dict__ keeps validate_assignment from re-running this validator.
+        self.__dict__["classes"] = ids
+        return self
+
+    @property
+    def label_space(self) -> LabelSpace:
+        return label_space(self.labels)
+
+    def class_name(self, class_id: int) -> str:
+        return self.label_space.name(class_id)
 
     @field_validator("shifts")
     @classmethod
@@ -240,6 +255,24 @@ class AggregateSpec(Strict):
     plots: bool = True
 
 
+class SliderTrainingSpec(Strict):
+    """Concept-slider training (text slider): one LoRA per (class, shift)."""
+
+    rank: int = Field(4, ge=1)
+    alpha: float = Field(1.0, gt=0)
+    targets: Literal["attn", "attn_conv"] = Field("attn", description="attn: attention only; attn_conv: + convs")
+    method: Literal["noxattn", "full", "xattn", "selfattn"] = "noxattn"
+    iterations: int = Field(400, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    eta: float = Field(4.0, description="guidance of the slider target: neutral + eta * (positive - unconditional)")
+    mode: Literal["enhance", "erase"] = Field("enhance", description="erase: neutral - eta * (...)")
+    positive_prompt: str = "{token}, in {shift_words}"
+    max_denoise_steps: int = Field(50, ge=1, description="k ~ U{1..max} partial DDIM steps per iteration")
+    seed: int = 0
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    resources: StageResources = StageResources(num_gpus=1.0)
+
+
 class BuildConfig(Strict):
     benchmark: BenchmarkSpec
     generator: GeneratorSpec = GeneratorSpec()
@@ -248,6 +281,7 @@ class BuildConfig(Strict):
     output: OutputSpec = OutputSpec()
     aggregate: AggregateSpec = AggregateSpec()
     resources: Resources = Resources()
+    slider_training: SliderTrainingSpec = SliderTrainingSpec()
 
     @model_validator(mode="after")
     def _cross(self) -> "BuildConfig":
@@ -264,6 +298,7 @@ class BuildConfig(Strict):
 
 # --------------------------------------------------------------------------- loading
 _PATH_KEYS = {
+    ("benchmark", "labels"),
     ("generator", "model"),
     ("generator", "class_tokens", "path"),
     ("generator", "slider_store"),

@@ -7,7 +7,6 @@ config validation never pays for importing torch.
 from __future__ import annotations
 
 import ast
-import difflib
 import functools
 import importlib.util
 from pathlib import Path
@@ -33,22 +32,3 @@ def class_names() -> tuple[str, ...]:
 
 def class_name(class_id: int) -> str:
     return class_names()[class_id]
-
-
-def resolve_class(value: int | str) -> int:
-    """An ImageNet id (0..999, or its decimal string) or a class name -> the id."""
-    if isinstance(value, bool):
-        raise ValueError(f"class must be an ImageNet id or name, got {value!r}")
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        idx = int(value)
-        if not 0 <= idx < 1000:
-            raise ValueError(f"ImageNet class id must be in 0..999, got {idx}")
-        return idx
-    names = class_names()
-    lowered = {n.lower(): i for i, n in enumerate(names)}
-    key = str(value).strip().lower()
-    if key in lowered:
-        return lowered[key]
-    close = difflib.get_close_matches(key, list(lowered), n=5, cutoff=0.6)
-    hint = f"; close names: {', '.join(repr(c) for c in close)}" if close else ""
-    raise ValueError(f"unknown ImageNet class name {value!r}{hint}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from pipeline import imagenet
 from pipeline.config import BenchmarkSpec
 
 
@@ -53,6 +52,7 @@ class WorkUnit:
     class_id: int
     seed: int
     shifts: tuple[str, ...]
+    class_name: str = ""
 
     @property
     def id(self) -> str:
@@ -62,14 +62,14 @@ class WorkUnit:
         return {
             "unit_id": self.id,
             "class_id": self.class_id,
-            "class_name": imagenet.class_name(self.class_id),
+            "class_name": self.class_name,
             "seed": self.seed,
             "shifts": list(self.shifts),
         }
 
     @staticmethod
     def from_row(row: dict) -> "WorkUnit":
-        return WorkUnit(int(row["class_id"]), int(row["seed"]), tuple(row["shifts"]))
+        return WorkUnit(int(row["class_id"]), int(row["seed"]), tuple(row["shifts"]), row.get("class_name", ""))
 
 
 def iter_trajectories(spec: BenchmarkSpec) -> Iterator[tuple[int, int, str]]:
@@ -87,7 +87,7 @@ def plan_units(spec: BenchmarkSpec, done: Iterable[str] = ()) -> list[WorkUnit]:
         for seed in spec.seeds:
             todo = tuple(s for s in spec.shifts if trajectory_id(s, int(class_id), seed) not in done_set)
             if todo:
-                units.append(WorkUnit(int(class_id), seed, todo))
+                units.append(WorkUnit(int(class_id), seed, todo, spec.class_name(int(class_id))))
     return units
 
 

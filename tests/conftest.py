@@ -38,6 +38,7 @@ def tiny_world(tiny_sd, tmp_path_factory):
     import torch
     from diffusers import UNet2DConditionModel
 
+    from pipeline.labels import label_space
     from pipeline.models.diffusion import ti_token
     from pipeline.models.lora import random_slider, save_slider_file
 
@@ -46,7 +47,7 @@ def tiny_world(tiny_sd, tmp_path_factory):
     tokens.mkdir()
     gen = torch.Generator().manual_seed(0)
     for c in (1, 22):
-        torch.save({ti_token(c): torch.randn(32, generator=gen)}, tokens / f"{c}.bin")
+        torch.save({ti_token(c, label_space().name(c)): torch.randn(32, generator=gen)}, tokens / f"{c}.bin")
     unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
     store = root / "sliders"
     for i, shift in enumerate(("shift_a", "shift_b")):

@@ -52,7 +52,7 @@ def test_benchmark_validation():
     assert "include 0" in _err({**MINIMAL, "benchmark": {**MINIMAL["benchmark"], "scales": [0.5, 1.0]}})
     assert "ascending" in _err({**MINIMAL, "benchmark": {**MINIMAL["benchmark"], "scales": [0, 2, 1]}})
     msg = _err({**MINIMAL, "benchmark": {**MINIMAL["benchmark"], "classes": ["bald eagel"]}})
-    assert "benchmark.classes" in msg and "'bald eagle'" in msg
+    assert "classes[0]" in msg and "'bald eagle'" in msg
     assert "0..999" in _err({**MINIMAL, "benchmark": {**MINIMAL["benchmark"], "classes": [1000]}})
     assert "Painting" in _err({**MINIMAL, "benchmark": {**MINIMAL["benchmark"], "shifts": ["Painting"]}})
 
@@ -92,3 +92,13 @@ def test_load_errors(tmp_path):
     bad.write_text("benchmark: [unclosed")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(bad)
+
+
+def test_custom_label_space(tmp_path):
+    names = tmp_path / "digits.json"
+    names.write_text('["zero", "one", "two"]')
+    raw = {**MINIMAL, "benchmark": {**MINIMAL["benchmark"], "labels": str(names), "classes": ["two", 0]}}
+    cfg = parse_config(raw)
+    assert cfg.benchmark.classes == [2, 0] and cfg.benchmark.class_name(2) == "two"
+    raw["benchmark"]["classes"] = [3]
+    assert "0..2" in _err(raw)

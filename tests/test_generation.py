@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline.config import ClassTokens, GeneratorSpec
+from pipeline.labels import label_space
 from pipeline.models.sampler import SliderSampler
 
 SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
@@ -23,7 +24,7 @@ def make_sampler(world, **kw) -> SliderSampler:
         **kw,
     )
     s = SliderSampler(spec, "cpu", torch.float32)
-    s.setup(world["classes"])
+    s.setup(world["classes"], label_space())
     return s
 
 

@@ -43,7 +43,7 @@ def test_units_skip_done_trajectories():
 
 
 def test_unit_row_roundtrip():
-    u = plan.WorkUnit(22, 34, ("heavy_snow",))
+    u = plan.plan_units(spec(classes=[22], seeds=[34], shifts=["heavy_snow"]))[0]
     row = u.to_row()
     assert row["class_name"] == "bald eagle" and row["unit_id"] == "022/seed_0034"
     assert plan.WorkUnit.from_row(row) == u

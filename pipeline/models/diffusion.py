@@ -12,8 +12,8 @@ import os
 import re
 from pathlib import Path
 
-from pipeline import imagenet
 from pipeline.config import ClassTokens, GeneratorSpec
+from pipeline.labels import LabelSpace
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
@@ -44,9 +44,9 @@ def load_pipeline(model: str, dtype, device: str):
     return pipe.to(device)
 
 
-def ti_token(class_id: int) -> str:
-    """Dataset-Interfaces token string of an ImageNet class: ``<great white shark-2>``."""
-    return f"<{imagenet.class_name(class_id)}-{class_id}>"
+def ti_token(class_id: int, class_name: str) -> str:
+    """Dataset-Interfaces token string of a class: ``<great white shark-2>``."""
+    return f"<{class_name}-{class_id}>"
 
 
 def class_token_files(spec: ClassTokens, class_ids: list[int]) -> list[str]:
@@ -62,12 +62,12 @@ def class_token_files(spec: ClassTokens, class_ids: list[int]) -> list[str]:
     return []
 
 
-def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int]) -> dict[int, str]:
+def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int], labels: LabelSpace) -> dict[int, str]:
     """Make each class's token known to the pipeline's tokenizer/text encoder; class id -> token string."""
     import torch
 
     if spec.kind == "none":
-        return {i: imagenet.class_name(i) for i in class_ids}
+        return {i: labels.name(i) for i in class_ids}
     if spec.kind == "ti_folder":
         embeddings, tokens = [], []
         for i in class_ids:
@@ -80,7 +80,7 @@ def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int]) -> dict[
                     raise ValueError(f"{path}: expected one embedding, found keys {list(state)[:5]}")
                 state = next(iter(state.values()))
             embeddings.append(state.reshape(-1, state.shape[-1]).squeeze(0).to(pipe.text_encoder.dtype))
-            tokens.append(ti_token(i))
+            tokens.append(ti_token(i, labels.name(i)))
         new = [(t, e) for t, e in zip(tokens, embeddings) if t not in pipe.tokenizer.get_vocab()]
         if new:
             pipe.load_textual_inversion([e for _, e in new], token=[t for t, _ in new])
@@ -96,8 +96,10 @@ def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int]) -> dict[
         if not isinstance(meta, dict) or "tokens" not in meta:
             raise ValueError(f"{meta_path}: expected a dict with 'tokens' (and 'initializer_words')")
         token_list = list(meta["tokens"])
-        if len(token_list) != 1000:
-            raise ValueError(f"{meta_path}: expected 1000 tokens (one per ImageNet class), found {len(token_list)}")
+        if len(token_list) != len(labels):
+            raise ValueError(
+                f"{meta_path}: expected {len(labels)} tokens (one per class of {labels.key!r}), found {len(token_list)}"
+            )
         pipe.tokenizer = CLIPTokenizer.from_pretrained(root / "tokenizer")
         pipe.text_encoder = CLIPTextModel.from_pretrained(root / "text_encoder", dtype=pipe.unet.dtype).to(
             pipe.unet.device
@@ -106,9 +108,9 @@ def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int]) -> dict[
     raise ValueError(f"unknown class token source {spec.kind!r}")
 
 
-def slider_path(spec: GeneratorSpec, class_id: int, shift: str) -> str:
+def slider_path(spec: GeneratorSpec, class_id: int, shift: str, class_name: str) -> str:
     """File of the (class, shift) slider in the store, from ``generator.slider_pattern``."""
     if not spec.slider_store:
         raise ValueError("generator.slider_store is not set")
-    rel = spec.slider_pattern.format(shift=shift, class_id=class_id, class_name=imagenet.class_name(class_id))
+    rel = spec.slider_pattern.format(shift=shift, class_id=class_id, class_name=class_name)
     return f"{spec.slider_store.rstrip('/')}/{rel}"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.config import BenchmarkSpec, GeneratorSpec
+from pipeline.labels import LabelSpace
 from pipeline.models import diffusion
 from pipeline.models.lora import SliderBank, load_slider_file
 
@@ -60,10 +61,11 @@ class SliderSampler:
         self._embeds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ setup
-    def setup(self, class_ids: list[int]) -> None:
+    def setup(self, class_ids: list[int], labels: LabelSpace) -> None:
         self.pipe = diffusion.load_pipeline(self.spec.model, self.dtype, self.device)
         self._configure_runtime()
-        self.tokens = diffusion.install_class_tokens(self.pipe, self.spec.class_tokens, class_ids)
+        self.labels = labels
+        self.tokens = diffusion.install_class_tokens(self.pipe, self.spec.class_tokens, class_ids, labels)
         self.bank = SliderBank(self.pipe.unet)
 
     def _configure_runtime(self) -> None:
@@ -83,7 +85,7 @@ class SliderSampler:
         """Load the (class, shift) slider into the bank (once); returns its bank name."""
         name = f"{shift}/{class_id}"
         if name not in self.bank:
-            path = diffusion.slider_path(self.spec, class_id, shift)
+            path = diffusion.slider_path(self.spec, class_id, shift, self.labels.name(class_id))
             self.bank.add(name, load_slider_file(path), source=path)
         return name
 
@@ -281,5 +283,5 @@ def create_sampler(spec: GeneratorSpec, bench: BenchmarkSpec, device: str, dtype
 
     cls = GENERATORS.get(spec.kind)
     sampler = cls(spec, device, dtype)
-    sampler.setup(list(bench.classes))
+    sampler.setup(list(bench.classes), bench.label_space)
     return sampler

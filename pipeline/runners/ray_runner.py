@@ -12,6 +12,7 @@ with the plan.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Callable, Iterator
 
 from pipeline.config import BuildConfig, StageResources
@@ -79,16 +80,20 @@ def run_ray(
     ds = ray.data.from_items([u.to_row() for u in units], override_num_blocks=max(1, len(units)))
 
     def stage(ds, cls, r: StageResources, batch_size: int, extra: dict | None = None):
-        return ds.map_batches(
-            cls,
-            fn_constructor_kwargs={"config": cfg_dict, "threads": max(1, int(r.num_cpus)), **(extra or {})},
-            batch_size=batch_size,
-            batch_format="pyarrow",
-            compute=_pool(r),
-            num_gpus=r.num_gpus,
-            num_cpus=r.num_cpus,
-            **_remote_args(r),
-        )
+        with warnings.catch_warnings():
+            # Ray 2.60 has no named parameter for bounded actor restarts/retries yet; the
+            # remote-args route it deprecates is still the only way to bound them.
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+            return ds.map_batches(
+                cls,
+                fn_constructor_kwargs={"config": cfg_dict, "threads": max(1, int(r.num_cpus)), **(extra or {})},
+                batch_size=batch_size,
+                batch_format="pyarrow",
+                compute=_pool(r),
+                num_gpus=r.num_gpus,
+                num_cpus=r.num_cpus,
+                **_remote_args(r),
+            )
 
     ds = stage(ds, GenerateStage, res.generate, res.generate.batch_size)
     ds = stage(ds, FilterStage, res.filter, res.filter.batch_size)

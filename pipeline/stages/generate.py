@@ -66,7 +66,7 @@ class GenerateStage(Stage):
                     "trajectory_id": plan.trajectory_id(shift, unit.class_id, unit.seed),
                     "unit_id": unit.id,
                     "class_id": unit.class_id,
-                    "class_name": _class_name(unit.class_id),
+                    "class_name": unit.class_name,
                     "seed": unit.seed,
                     "shift": shift,
                     "scales": scales,
@@ -78,12 +78,6 @@ class GenerateStage(Stage):
                 }
             )
         return rows
-
-
-def _class_name(class_id: int) -> str:
-    from pipeline import imagenet
-
-    return imagenet.class_name(class_id)
 
 
 def failed_rows(unit: plan.WorkUnit, class_name: str, message: str) -> list[dict[str, Any]]:

@@ -1,0 +1,67 @@
+"""Builds the files ``configs/demo.yaml`` points at, under ``assets/demo/`` (not in git).
+
+Everything is random-weight and seeded, made from configs through the same loading code a
+real build uses: a diffusers SD2-architecture model directory, textual-inversion class
+tokens in the Dataset-Interfaces ``{i}.bin`` layout, one non-zero LoRA slider per
+(class, shift) in the published ``lora_unet_*`` layout, a tiny open_clip model and a tiny
+DINOv2-architecture ViT for the filter, and three classifiers (two timm, one open_clip
+zero-shot).  The curves of such a world are noise; they exercise the machinery.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.cli import REPO_ROOT
+
+DEMO_ROOT = REPO_ROOT / "assets" / "demo"
+VERSION = "1"  # bump when the builder changes so stale assets are rebuilt
+CLASSES = (1, 22)
+SHIFTS = ("painting_style", "heavy_snow")
+
+
+def ensure_demo_assets(root: Path = DEMO_ROOT, echo=print) -> Path:
+    """Build the demo assets into ``root`` unless an up-to-date build is already there."""
+    stamp = root / "VERSION"
+    if stamp.is_file() and stamp.read_text().strip() == VERSION:
+        return root
+    echo(f"[cnsbench] building demo assets in {root} (once)")
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    from pipeline.demo import tiny_eval_models as tiny
+    from pipeline.demo.tiny_sd import build_sd2
+    from pipeline.labels import label_space
+    from pipeline.models.diffusion import ti_token
+    from pipeline.models.lora import random_slider, save_slider_file
+
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    build_sd2(root / "sd2-tiny", size="tiny", seed=0)
+
+    names = label_space("imagenet")
+    tokens = root / "tokens"
+    tokens.mkdir()
+    gen = torch.Generator().manual_seed(1)
+    for c in CLASSES:
+        torch.save({ti_token(c, names.name(c)): torch.randn(32, generator=gen)}, tokens / f"{c}.bin")
+
+    unet = UNet2DConditionModel.from_pretrained(root / "sd2-tiny", subfolder="unet")
+    for i, shift in enumerate(SHIFTS):
+        for c in CLASSES:
+            state = random_slider(unet, seed=1000 * (i + 1) + c, std=0.3)
+            save_slider_file(state, str(root / "sliders" / shift / f"{c:03d}.safetensors"))
+
+    specs = {
+        "clip": tiny.make_tiny_clip(root / "clip"),
+        "dino": tiny.make_tiny_dino(root / "dino"),
+        "resnet": tiny.make_tiny_timm_classifier(root / "classifiers", "resnet"),
+        "vit": tiny.make_tiny_timm_classifier(root / "classifiers", "vit"),
+        "clip_zs": tiny.make_tiny_clip_zeroshot(root / "clip-zs"),
+    }
+    (root / "specs.json").write_text(json.dumps(specs, indent=1))
+    stamp.write_text(VERSION)
+    return root

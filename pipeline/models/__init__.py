@@ -1,0 +1,1 @@
+"""Model code: diffusion loading, sliders, sampling, detectors and classifiers."""

@@ -1,0 +1,242 @@
+"""The ImageNet classifiers a benchmark evaluates, behind one interface.
+
+A :class:`Classifier` maps PIL images to logits over its own output space and states how
+each output index maps to an ImageNet-1k id (:attr:`Classifier.out_to_label`, from
+``label_map``; identity over 1000 outputs by default, ``-1`` for an unmapped output).
+:func:`topk_predictions` turns logits into ImageNet-id top-1/top-5 and the probability of
+the true class.  Two kinds are registered: :class:`TimmClassifier` (any timm model, hub tag
+or local weights) and :class:`OpenClipZeroShot` (open_clip with a zero-shot head built
+from the ImageNet class names and prompt templates).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from typing import Any, Sequence
+
+import torch
+
+from pipeline.labels import LabelSpace, label_space
+from pipeline.config import ClassifierSpec
+from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
+
+# Images per forward inside predict(); bounds activation memory of big models.
+PREDICT_CHUNK = 64
+# Prompts per text-encoder forward when building a zero-shot head.
+TEXT_CHUNK = 512
+
+
+def load_label_map(label_map: dict[int, int] | str | None, where: str) -> dict[int, int] | None:
+    """``label_map`` as ``{output index: ImageNet id}``; a string is a JSON file of that mapping."""
+    if label_map is None:
+        return None
+    if isinstance(label_map, str):
+        if not os.path.isfile(label_map):
+            raise FileNotFoundError(f"{where}.label_map: file not found: {label_map}")
+        with open(label_map) as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}.label_map: {label_map} must hold a JSON object {{output index: class id}}")
+    else:
+        raw = label_map
+    try:
+        mapping = {int(k): int(v) for k, v in raw.items()}
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}.label_map: keys and values must be integers ({err})") from None
+    bad = {k: v for k, v in mapping.items() if k < 0 or not 0 <= v < 1000}
+    if bad:
+        raise ValueError(f"{where}.label_map: output indices must be >= 0 and ImageNet ids in 0..999, got {bad}")
+    return mapping
+
+
+def topk_predictions(
+    logits: torch.Tensor, out_to_label: Sequence[int], true_ids: Sequence[int]
+) -> tuple[list[int], list[list[int]], list[float]]:
+    """Logits [N, C] -> (top-1 ImageNet id, top-5 ImageNet ids, p(true class)) per image.
+
+    Softmax is over the classifier's own output space.  Top-5 has min(5, C) entries, best
+    first (ties: lower output index first); two outputs mapped to the same ImageNet id
+    both appear.  ``p_true`` sums the probabilities of every output mapped to the true id
+    and is 0.0 when no output maps to it.  Unmapped outputs appear as ``-1``.
+    """
+    if logits.ndim != 2 or logits.shape[1] != len(out_to_label):
+        raise ValueError(
+            f"logits of shape {tuple(logits.shape)} do not match an output space of {len(out_to_label)} classes"
+        )
+    if logits.shape[0] != len(true_ids):
+        raise ValueError(f"{logits.shape[0]} logit rows but {len(true_ids)} true ids")
+    probs = logits.float().softmax(dim=-1).cpu()
+    mapping = torch.as_tensor(list(out_to_label), dtype=torch.long)
+    k = min(5, probs.shape[1])
+    # A stable sort, not topk: ties (e.g. saturated or constant logits) resolve to the
+    # lowest output index, so results do not depend on the backend's topk kernel.
+    top = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    top5 = mapping[top].tolist()
+    top1 = [row[0] for row in top5]
+    truth = torch.as_tensor(list(true_ids), dtype=torch.long)
+    match = mapping.unsqueeze(0) == truth.unsqueeze(1)  # [N, C]
+    p_true = (probs * match).sum(dim=-1).tolist()
+    return top1, top5, p_true
+
+
+class Classifier:
+    """Base: ``predict(images) -> logits [N, C]`` and ``out_to_label`` (length C)."""
+
+    spec: ClassifierSpec
+    device: str
+
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
+        self.spec = spec
+        self.device = device
+        self.labels = labels or label_space("imagenet")
+        self.where = f"classifiers[{spec.name}]"
+        self._label_map = load_label_map(spec.label_map, self.where)
+        self._out_to_label: list[int] = []
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def out_to_label(self) -> list[int]:
+        """ImageNet id of each output index (-1 where the label map leaves an output unmapped)."""
+        return self._out_to_label
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _preprocess(self, image: Any) -> torch.Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def predict(self, images: Sequence[Any]) -> torch.Tensor:
+        """PIL images -> float32 logits [N, C] on CPU, in chunks of :data:`PREDICT_CHUNK`."""
+        if not images:
+            return torch.empty(0, len(self.out_to_label))
+        outs = []
+        for i in range(0, len(images), PREDICT_CHUNK):
+            x = torch.stack([self._preprocess(im) for im in images[i : i + PREDICT_CHUNK]]).to(self.device)
+            outs.append(self._forward(x).float().cpu())
+        return torch.cat(outs)
+
+
+# --------------------------------------------------------------------------- timm
+def timm_name_problem(name: str, local_weights: bool = False) -> str | None:
+    """None if timm knows the model (an architecture, or ``arch.tag`` with a known tag), else a
+    message listing close names.  With local weights only the architecture must exist."""
+    import timm
+
+    arch = name.split(".", 1)[0]
+    archs = timm.list_models()
+    if "." in name and not local_weights:
+        tagged = timm.list_models(pretrained=True)
+        if name in tagged:
+            return None
+        if arch in archs:
+            tags = [t for t in tagged if t.startswith(arch + ".")]
+            close = difflib.get_close_matches(name, tags, n=5, cutoff=0.0)
+            return f"unknown pretrained tag {name!r}; tags of {arch}: {', '.join(close) or 'none'}"
+    if arch in archs and ("." not in name or local_weights):
+        return None
+    candidates = sorted(set(timm.list_models(pretrained=True)) | set(archs))
+    close = difflib.get_close_matches(name, candidates, n=5, cutoff=0.6)
+    if len(close) < 5 and arch != name:
+        close += [c for c in difflib.get_close_matches(arch, candidates, n=5, cutoff=0.6) if c not in close]
+    return f"unknown timm model {name!r}; close names: {', '.join(close[:5]) or 'none'}"
+
+
+def check_timm_name(name: str, local_weights: bool = False) -> None:
+    """Raise ValueError naming close models unless timm knows ``name``."""
+    problem = timm_name_problem(name, local_weights)
+    if problem:
+        raise ValueError(problem)
+
+
+class TimmClassifier(Classifier):
+    """A timm ImageNet classifier; preprocessing comes from the model's own data config."""
+
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
+        super().__init__(spec, device, labels)
+        check_timm_name(spec.model, local_weights=bool(spec.checkpoint))
+        try:
+            self.model = load_timm(spec.model, spec.checkpoint, spec.model_kwargs, device, f"{self.where}.checkpoint")
+        except FileNotFoundError:
+            raise
+        except Exception as err:
+            raise RuntimeError(f"{self.where}: could not create timm model {spec.model!r}: {err}") from err
+        self.transform = timm_transform(self.model)
+        n_out = self.model.num_classes
+        if not n_out:
+            raise ValueError(f"{self.where}: timm model {spec.model!r} has no classification head (num_classes=0)")
+        if self._label_map is None:
+            if n_out != len(self.labels):
+                raise ValueError(
+                    f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "
+                    f"{len(self.labels)} classes; give a label_map (output index -> class id)"
+                )
+            self._out_to_label = list(range(n_out))
+        else:
+            outside = sorted(k for k in self._label_map if k >= n_out)
+            if outside:
+                raise ValueError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
+            self._out_to_label = [self._label_map.get(i, -1) for i in range(n_out)]
+
+    def _preprocess(self, image: Any) -> torch.Tensor:
+        return self.transform(image)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+# --------------------------------------------------------------------------- open_clip
+def zero_shot_templates(templates: str | list[str], where: str) -> list:
+    """Template set name or list of ``{c}`` format strings -> list of callables ``name -> prompt``."""
+    from open_clip import zero_shot_metadata as meta
+
+    if isinstance(templates, str):
+        sets = {"openai_imagenet": meta.OPENAI_IMAGENET_TEMPLATES, "simple": meta.SIMPLE_IMAGENET_TEMPLATES}
+        if templates not in sets:
+            raise ValueError(f"{where}.templates: unknown set {templates!r}; use one of {sorted(sets)} or a list")
+        return list(sets[templates])
+    if not templates or any("{c}" not in t for t in templates):
+        raise ValueError(f"{where}.templates: every template must contain '{{c}}', got {templates!r}")
+    return [lambda c, t=t: t.format(c=c) for t in templates]
+
+
+class OpenClipZeroShot(Classifier):
+    """open_clip zero-shot classifier over ImageNet class names (all 1000, or the label_map's ids)."""
+
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
+        super().__init__(spec, device, labels)
+        self.model, self.transform, self.tokenizer = load_open_clip(
+            spec.model, spec.checkpoint, spec.model_config_file, device, self.where
+        )
+        if self._label_map is None:
+            ids = list(range(len(self.labels)))
+        else:
+            keys = sorted(self._label_map)
+            if keys != list(range(len(keys))):
+                raise ValueError(f"{self.where}.label_map: zero-shot output indices must be 0..{len(keys) - 1}")
+            ids = [self._label_map[k] for k in keys]
+        self._out_to_label = ids
+        self.head = self._build_head([self.labels.name(i) for i in ids], zero_shot_templates(spec.templates, self.where))
+
+    @torch.inference_mode()
+    def _build_head(self, names: list[str], templates: list) -> torch.Tensor:
+        """[D, C] class embeddings: mean of unit-norm template embeddings, renormalised."""
+        prompts = [t(n) for n in names for t in templates]
+        embs = []
+        for i in range(0, len(prompts), TEXT_CHUNK):
+            tokens = self.tokenizer(prompts[i : i + TEXT_CHUNK]).to(self.device)
+            embs.append(torch.nn.functional.normalize(self.model.encode_text(tokens).float(), dim=-1))
+        emb = torch.cat(embs).view(len(names), len(templates), -1).mean(dim=1)
+        return torch.nn.functional.normalize(emb, dim=-1).T.contiguous()
+
+    def _preprocess(self, image: Any) -> torch.Tensor:
+        return self.transform(image)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        img = torch.nn.functional.normalize(self.model.encode_image(x).float(), dim=-1)
+        return 100.0 * img @ self.head

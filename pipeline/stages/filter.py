@@ -1,0 +1,44 @@
+"""Filter stage: scores every generated image with the out-of-class detectors.
+
+Input rows follow :data:`pipeline.schema.GENERATED` (one trajectory each, ``images``
+aligned with ``scales``); output rows follow :data:`pipeline.schema.FILTERED`, adding one
+score list per detector plus ``n_pass`` and ``kept``.  All trajectories of a batch go
+through each encoder in a single forward.  Rows that failed upstream (``error`` set)
+pass through with empty lists so the writer can record them as failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import registry, schema
+from pipeline.stages.base import Stage, decode_image, pick_device
+
+_ADDED = (*schema.SCORE_COLUMNS, "n_pass", "kept")
+
+
+class FilterStage(Stage):
+    output_schema = schema.FILTERED
+
+    def setup(self) -> None:
+        """Pick the device and build the configured filter (``KeepAll`` when disabled)."""
+        from pipeline.models.detectors import KeepAll
+
+        spec = self.config.filter
+        self.device = pick_device(self.device_override)
+        cls = registry.FILTERS.get(spec.kind) if spec.enabled else KeepAll
+        self.filter = cls(spec, self.device)
+
+    def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """GENERATED rows -> FILTERED rows, same order."""
+        todo = [i for i, r in enumerate(rows) if not r.get("error") and r.get("images")]
+        items = [
+            ([decode_image(b) for b in rows[i]["images"]], rows[i]["scales"], rows[i]["class_name"], rows[i]["shift"])
+            for i in todo
+        ]
+        results = dict(zip(todo, self.filter.evaluate(items))) if items else {}
+        out = []
+        for i, row in enumerate(rows):
+            extra = results.get(i) or {k: [] for k in _ADDED}
+            out.append({**row, **extra})
+        return out

@@ -1,0 +1,144 @@
+"""End to end: the demo config built on a local Ray, checked against the output contract."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from PIL import Image
+
+from pipeline.cli import DEMO_CONFIG, main
+from pipeline.config import load_config
+from pipeline.io.webdataset import iter_tar
+from pipeline.models.detectors import keep_decision
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo_assets():
+    from pipeline.demo.assets import ensure_demo_assets
+
+    return ensure_demo_assets()
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    # A logical GPU lets the GPU scheduling path run here; the models fall back to CPU.
+    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def gpu_config(tmp_path: Path) -> Path:
+    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    raw["resources"]["generate"]["num_gpus"] = 1
+    for key in ("generator", "filter", "classifiers"):
+        pass
+    path = tmp_path / "demo-gpu.yaml"
+    text = yaml.safe_dump(raw).replace("../assets/", str(DEMO_CONFIG.parent.parent / "assets") + "/")
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(demo_assets, ray_session, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    cfg_path = gpu_config(tmp)
+    out = tmp / "out"
+    assert main(["build", str(cfg_path), "--output", str(out)]) == 0
+    return load_config(cfg_path), out
+
+
+def read_dir(out: Path, kind: str) -> pd.DataFrame:
+    return pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / kind).glob("*.parquet"))], ignore_index=True)
+
+
+def test_output_contract(built):
+    cfg, out = built
+    samples, preds = read_dir(out, "samples"), read_dir(out, "predictions")
+    n_images = 2 * 2 * 2 * 6
+    assert len(samples) == n_images and samples["sample_id"].is_unique
+    assert list(samples.columns[:7]) == ["sample_id", "trajectory_id", "class_id", "class_name", "seed", "shift", "scale"]
+    assert set(samples["class_id"]) == {1, 22} and set(samples["class_name"]) == {"goldfish", "bald eagle"}
+    assert samples.groupby("trajectory_id").size().eq(6).all()
+    # one prediction per (sample, classifier)
+    assert len(preds) == n_images * 3
+    assert preds.groupby(["sample_id", "classifier"]).size().eq(1).all()
+    assert set(preds["sample_id"]) == set(samples["sample_id"])
+    merged = preds.merge(samples[["sample_id", "class_id"]], on="sample_id")
+    assert (merged["correct"] == (merged["top1"] == merged["class_id"])).all()
+    assert merged["top5"].map(len).eq(5).all() and merged["p_true"].between(0, 1).all()
+    # keep flags follow the 2-of-4 rule on the stored scores
+    scores = {c: samples[c].tolist() for c in ("clip_text", "clip_shift_text", "clip_image", "dino_image")}
+    n_pass, kept = keep_decision(scores, cfg.filter.thresholds, cfg.filter.min_pass)
+    assert samples["n_pass"].tolist() == n_pass and samples["kept"].tolist() == kept
+    # the scale-0 image is its own reference: image similarities are 1
+    zero = samples[samples["scale"] == 0]
+    assert zero["clip_image"].round(4).eq(1.0).all() and zero["dino_image"].round(4).eq(1.0).all()
+
+
+def test_webdataset_shards(built):
+    cfg, out = built
+    samples = read_dir(out, "samples").set_index("sample_id")
+    seen = {}
+    for tar in sorted((out / "images").glob("*.tar")):
+        for key, members in iter_tar(tar.read_bytes(), str(tar)):
+            assert set(members) == {"png", "json"}
+            img = Image.open(io.BytesIO(members["png"]))
+            assert img.size == (64, 64) and img.mode == "RGB"
+            meta = json.loads(members["json"])
+            row = samples.loc[key]
+            assert row["shard"] == f"images/{tar.name}" and row["key"] == key
+            assert meta["label"] == row["class_id"] and meta["scale"] == row["scale"]
+            seen[key] = members["png"]
+    assert set(seen) == set(samples.index)
+    # scale 0 is the same image for every shift of a (class, seed)
+    assert seen["painting_style/022/seed_0002_scale_0000"] == seen["heavy_snow/022/seed_0002_scale_0000"]
+    assert seen["painting_style/022/seed_0002_scale_2500"] != seen["heavy_snow/022/seed_0002_scale_2500"]
+
+
+def test_report_consistent_with_parquet(built):
+    cfg, out = built
+    report = out / "report"
+    for name in ("accuracy.csv", "failure_points.csv", "summary.csv", "metrics.json", "index.html",
+                 "accuracy_drop.png", "fp_cumulative.png", "fp_distribution.png"):
+        assert (report / name).is_file(), name
+    samples, preds = read_dir(out, "samples"), read_dir(out, "predictions")
+    complete = samples.groupby("trajectory_id")["kept"].all()
+    keep = set(complete[complete].index)
+    m = preds.merge(samples, on="sample_id")
+    m = m[m["trajectory_id"].isin(keep)]
+    expected = m.groupby(["classifier", "shift", "scale"])["correct"].mean()
+    acc = pd.read_csv(report / "accuracy.csv").set_index(["classifier", "shift", "scale"])["accuracy"]
+    assert len(acc) == len(expected)
+    for idx, value in expected.items():
+        assert acc.loc[idx] == pytest.approx(value)
+    html = (report / "index.html").read_text()
+    assert "accuracy_drop.png" in html and "fp_cumulative.png" in html
+    config = json.loads((out / "config.json").read_text())
+    assert len(config["config_hash"]) == 64 and (out / "config.yaml").is_file()
+
+
+def test_rebuild_is_a_no_op(built, capsys):
+    cfg, out = built
+    before = {p: p.read_bytes() for p in sorted(out.glob("*/*")) if p.parent.name in ("images", "samples")}
+    cfg_path = next(out.parent.glob("demo-gpu.yaml"))
+    assert main(["build", str(cfg_path), "--output", str(out)]) == 0
+    assert "8 already done, 0 to make" in capsys.readouterr().out
+    after = {p: p.read_bytes() for p in sorted(out.glob("*/*")) if p.parent.name in ("images", "samples")}
+    assert before == after
+
+
+def test_status_command(built, capsys):
+    _, out = built
+    assert main(["status", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "48/48 images" in text and "aggregated  yes" in text

@@ -1,0 +1,64 @@
+"""Bad input fails early with a message that names what is wrong and where."""
+
+from __future__ import annotations
+
+import shutil
+
+import yaml
+
+from pipeline.cli import DEMO_CONFIG, main
+
+
+def write(tmp_path, mutate) -> str:
+    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    text = yaml.safe_dump(raw).replace("../assets/", str(DEMO_CONFIG.parent.parent / "assets") + "/")
+    raw = yaml.safe_load(text)
+    mutate(raw)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_unknown_key(tmp_path, capsys):
+    path = write(tmp_path, lambda r: r["generator"].update(stepps=3))
+    assert main(["validate", path]) == 2
+    err = capsys.readouterr().err
+    assert "generator.stepps" in err and "allowed keys" in err
+
+
+def test_unknown_classifier_lists_close_names(tmp_path, capsys):
+    def mutate(r):
+        r["classifiers"] = [{"name": "x", "model": "convnext_tiyn.fb_in1k"}]
+
+    assert main(["validate", write(tmp_path, mutate)]) == 1
+    out = capsys.readouterr().out
+    assert "classifiers[0] (x).model" in out and "convnext_tiny" in out
+
+
+def test_missing_model_and_sliders_listed_before_generation(tmp_path, capsys):
+    from pipeline.demo.assets import ensure_demo_assets
+
+    root = ensure_demo_assets()
+    store = tmp_path / "sliders"
+    shutil.copytree(root / "sliders", store)
+    (store / "heavy_snow" / "001.safetensors").unlink()
+    (store / "painting_style" / "022.safetensors").unlink()
+
+    def mutate(r):
+        r["generator"]["slider_store"] = str(store)
+        r["generator"]["model"] = str(tmp_path / "no-such-model")
+
+    path = write(tmp_path, mutate)
+    out_dir = tmp_path / "out"
+    assert main(["build", path, "--output", str(out_dir), "--runner", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-model" in err
+    assert "heavy_snow/001.safetensors" in err and "painting_style/022.safetensors" in err
+    assert "3 problem(s)" in err
+    assert not (out_dir / "manifest").exists()  # nothing was generated
+
+
+def test_ls_lists_registries(capsys):
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "slider" in out and "ooc4" in out and "open_clip_zeroshot" in out
