@@ -100,30 +100,58 @@ def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | N
         detail = "\n".join(f"  {k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in bad[:30])
         raise IncompatibleOutput(
             f"{store.uri} was built with a different config; these keys would change existing outputs:\n{detail}\n"
-            "Use a new output directory for a new version of the benchmark."
+            "Pass --new-version to archive the existing build under previous/ and start a new one, "
+            "or use a new output directory."
         )
     return old
 
 
-def committed_trajectories(store: OutputStore, repair: bool = True) -> tuple[set[str], dict[str, str]]:
+def archive_previous(store: OutputStore) -> str | None:
+    """Move an existing build's files to ``previous/<old config hash>/`` (nothing is deleted)."""
+    if not store.exists("config.json"):
+        return None
+    old_hash = json.loads(store.read_text("config.json")).get("config_hash", "unknown")[:12]
+    dest = f"previous/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
+    for name in store.top_level():
+        if name != "previous":
+            store.move(name, f"{dest}/{name}")
+    return dest
+
+
+def committed_trajectories(
+    store: OutputStore, repair: bool = True, deep: bool = False, echo: Callable[[str], None] | None = None
+) -> tuple[set[str], dict[str, str]]:
     """Trajectory ids of verified committed shards, and failures not since redone.
 
-    A shard whose files are missing or have the wrong size (truncated, or a crash between
-    a file and the manifest of a redo) is un-committed by removing its manifest, so its
-    trajectories are planned again.
+    A shard whose files are missing, have the wrong size (truncated) or, with ``deep``,
+    the wrong SHA-256 (corrupted) is un-committed when ``repair`` is set: its manifest is
+    removed first, then its files, so its trajectories are planned and written again.
     """
     done: set[str] = set()
     failed: dict[str, str] = {}
     for manifest in list(store.manifests()):
-        problems = store.verify_shard(manifest)
+        problems = store.verify_shard(manifest, deep=deep)
         if problems:
-            log.warning("shard %s is damaged (%s); its trajectories will be regenerated", manifest.shard, problems)
+            if echo:
+                echo(f"[cnsbench] shard {manifest.shard} is damaged ({'; '.join(problems)}); regenerating it")
             if repair:
                 store.remove(f"manifest/{manifest.shard}.json")
+                for rel in manifest.files:
+                    store.remove(rel)
             continue
         done.update(manifest.trajectories)
         failed.update(manifest.failed)
     return done, {k: v for k, v in failed.items() if k not in done}
+
+
+def clean_uncommitted(store: OutputStore, echo: Callable[[str], None]) -> None:
+    """Remove files no manifest vouches for, and the previous run's attempt markers."""
+    orphans = store.orphans(list(store.manifests()))
+    for rel in orphans:
+        store.remove(rel)
+    if orphans:
+        echo(f"[cnsbench] removed {len(orphans)} uncommitted file(s) left by an interrupted run")
+    store.remove_tree("attempts")
 
 
 def write_config(store: OutputStore, cfg: BuildConfig) -> str:
@@ -143,16 +171,28 @@ def build(
     address: str | None = None,
     runner: str = "ray",
     aggregate: bool = True,
+    new_version: bool = False,
+    verify: bool = False,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report."""
+    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report.
+
+    ``new_version`` archives an incompatible existing build instead of refusing it;
+    ``verify`` checks every committed file's SHA-256, not only its size.
+    """
     start = time.perf_counter()
     store = OutputStore(output)
-    check_compatible(store, cfg)
-    done, _ = committed_trajectories(store)
+    try:
+        check_compatible(store, cfg)
+    except IncompatibleOutput:
+        if not new_version:
+            raise
+        echo(f"[cnsbench] archived the previous build under {archive_previous(store)}")
+    done, _ = committed_trajectories(store, deep=verify, echo=echo)
     units = plan.plan_units(cfg.benchmark, done)
     summary_plan = plan.summarize(cfg.benchmark)
     check_build(cfg, {(u.class_id, s) for u in units for s in u.shifts})
+    clean_uncommitted(store, echo)
     digest = write_config(store, cfg)
     todo = sum(len(u.shifts) for u in units)
     done_before = summary_plan.n_trajectories - todo

@@ -47,7 +47,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     output = args.output or cfg.output.path
     if not output:
         raise ConfigError("no output: pass --output DIR or set output.path in the config")
-    summary = build(cfg, output, address=args.address, runner=args.runner)
+    summary = build(
+        cfg, output, address=args.address, runner=args.runner, new_version=args.new_version, verify=args.verify
+    )
     for line in summary.lines():
         print(f"[cnsbench] {line}")
     return 0 if not summary.trajectories_failed else 3
@@ -73,19 +75,29 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     store = OutputStore(args.output)
     cfg = load_output_config(store)
-    done, failed = committed_trajectories(store, repair=False)
+    done, failed = committed_trajectories(store, repair=False, deep=args.verify, echo=print)
     total = plan.summarize(cfg.benchmark).n_trajectories
     n_scales = len(cfg.benchmark.scales)
+    # Stages commit together per shard, so a committed trajectory has passed all three;
+    # a failed one stopped at the stage its error names.
+    failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
     print(f"{store.uri}")
-    for stage in ("generated", "filtered", "classified"):
-        print(f"  {stage:<11} {len(done) * n_scales}/{total * n_scales} images ({len(done)}/{total} trajectories)")
-    aggregated = store.exists("report/metrics.json")
-    print(f"  {'aggregated':<11} {'yes' if aggregated else 'no'}")
+    reached = len(done)
+    for stage, key in (("generated", "generate"), ("filtered", "filter"), ("classified", "classify")):
+        note = f", {failed_at[key]} failed here" if failed_at[key] else ""
+        print(f"  {stage:<11} {reached * n_scales}/{total * n_scales} images ({reached}/{total} trajectories{note})")
+    aggregated = False
+    if store.exists("report/metrics.json"):
+        import json
+
+        metrics = json.loads(store.read_text("report/metrics.json"))
+        aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
+    print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
     if failed:
-        print(f"  failed: {len(failed)}")
+        print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0
+    return 0 if not failed else 3
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -119,6 +131,8 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", help="directory or URI (default: output.path of the config)")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
+    s.add_argument("--new-version", action="store_true", help="archive an incompatible existing build and start anew")
+    s.add_argument("--verify", action="store_true", help="check the SHA-256 of every committed file, not only sizes")
     s.set_defaults(func=_cmd_build)
 
     s = sub.add_parser("aggregate", help="recompute the report of a build output")
@@ -127,6 +141,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="done/total per stage and failed items of a build output")
     s.add_argument("output")
+    s.add_argument("--verify", action="store_true", help="also check every committed file's SHA-256")
     s.set_defaults(func=_cmd_status)
 
     s = sub.add_parser("ls", help="list registered generators, filters and classifiers")

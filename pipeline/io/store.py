@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import fsspec
 
 MANIFEST_DIR = "manifest"
+SHARD_DIRS = {"images": ".tar", "samples": ".parquet", "predictions": ".parquet", "failures": ".parquet"}
 
 
 def _join(root: str, rel: str) -> str:
@@ -106,6 +107,8 @@ class OutputStore:
     def list(self, rel_dir: str, suffix: str = "") -> list[str]:
         """Relative paths of the files directly in ``rel_dir`` ending in ``suffix`` (sorted)."""
         base = self.path(rel_dir)
+        if not self.local:
+            self.fs.invalidate_cache()  # object-store listings are cached; another worker may have written
         if not self.fs.exists(base):
             return []
         names = []
@@ -119,6 +122,25 @@ class OutputStore:
         if self.exists(rel):
             self.fs.rm(self.path(rel))
 
+    def remove_tree(self, rel_dir: str) -> None:
+        if not self.local:
+            self.fs.invalidate_cache()
+        if self.fs.exists(self.path(rel_dir)):
+            self.fs.rm(self.path(rel_dir), recursive=True)
+
+    def move(self, rel_src: str, rel_dst: str) -> None:
+        if self.local:
+            self.fs.makedirs(posixpath.dirname(self.path(rel_dst)), exist_ok=True)
+        self.fs.mv(self.path(rel_src), self.path(rel_dst), recursive=True)
+
+    def top_level(self) -> list[str]:
+        """Names of the entries at the root of the output."""
+        if not self.local:
+            self.fs.invalidate_cache()
+        if not self.fs.exists(self.root):
+            return []
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
+
     # ------------------------------------------------------------------ shards
     def manifests(self) -> Iterator[ShardManifest]:
         for rel in self.list(MANIFEST_DIR, ".json"):
@@ -126,6 +148,27 @@ class OutputStore:
 
     def commit_manifest(self, manifest: ShardManifest) -> None:
         self.write_text(f"{MANIFEST_DIR}/{manifest.shard}.json", manifest.to_json())
+
+    def orphans(self, manifests: list[ShardManifest]) -> list[str]:
+        """Shard files no manifest vouches for (left by a crash between a file and its
+        manifest) and temporary files of interrupted writes."""
+        referenced = {rel for m in manifests for rel in m.files}
+        found = []
+        for kind, suffix in SHARD_DIRS.items():
+            for rel in self.list(kind):
+                name = posixpath.basename(rel)
+                if name.startswith(".tmp-") or (name.endswith(suffix) and rel not in referenced):
+                    found.append(rel)
+        if self.local:
+            for kind in list(SHARD_DIRS) + [MANIFEST_DIR]:
+                base = self.path(kind)
+                if self.fs.exists(base):
+                    found += [
+                        f"{kind}/{posixpath.basename(p)}"
+                        for p in self.fs.ls(base, detail=False)
+                        if posixpath.basename(p).startswith(".tmp-")
+                    ]
+        return sorted(set(found))
 
     def verify_shard(self, manifest: ShardManifest, deep: bool = False) -> list[str]:
         """Problems with a committed shard's files: missing, wrong size, or (deep) wrong hash."""

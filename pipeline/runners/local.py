@@ -23,7 +23,7 @@ def run_local(
     cfg: BuildConfig, units: list[WorkUnit], output: str, on_shard: Callable[[dict], None] | None = None
 ) -> Iterator[dict]:
     """Run generate -> filter -> classify -> write for ``units``; yields one dict per written shard."""
-    gen, flt, clf = GenerateStage(cfg), FilterStage(cfg), ClassifyStage(cfg)
+    gen, flt, clf = GenerateStage(cfg, output), FilterStage(cfg, output), ClassifyStage(cfg, output)
     writer = WriteStage(cfg, output)
     per_shard = cfg.output.trajectories_per_shard
     pending: list[pa.Table] = []

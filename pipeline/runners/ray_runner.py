@@ -58,8 +58,11 @@ def _pool(stage: StageResources):
 
 
 def _remote_args(stage: StageResources) -> dict:
-    # A crashed actor is restarted and its in-flight batch retried, up to max_retries.
-    return {"max_restarts": stage.max_retries, "max_task_retries": stage.max_retries}
+    # A crashed actor is restarted and its batch retried.  After max_retries + 1 attempts
+    # the stage itself gives up on the batch (pipeline.faults), so Ray must allow one
+    # retry more than that for the give-up attempt to run.
+    retries = stage.max_retries + 1
+    return {"max_restarts": -1, "max_task_retries": retries}
 
 
 def run_ray(
@@ -79,14 +82,14 @@ def run_ray(
     # Keep each work unit in its own block so generation parallelises across actors.
     ds = ray.data.from_items([u.to_row() for u in units], override_num_blocks=max(1, len(units)))
 
-    def stage(ds, cls, r: StageResources, batch_size: int, extra: dict | None = None):
+    def stage(ds, cls, r: StageResources, batch_size: int):
         with warnings.catch_warnings():
             # Ray 2.60 has no named parameter for bounded actor restarts/retries yet; the
             # remote-args route it deprecates is still the only way to bound them.
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
             return ds.map_batches(
                 cls,
-                fn_constructor_kwargs={"config": cfg_dict, "threads": max(1, int(r.num_cpus)), **(extra or {})},
+                fn_constructor_kwargs={"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus))},
                 batch_size=batch_size,
                 batch_format="pyarrow",
                 compute=_pool(r),
@@ -98,7 +101,7 @@ def run_ray(
     ds = stage(ds, GenerateStage, res.generate, res.generate.batch_size)
     ds = stage(ds, FilterStage, res.filter, res.filter.batch_size)
     ds = stage(ds, ClassifyStage, res.classify, res.classify.batch_size)
-    ds = stage(ds, WriteStage, res.write, cfg.output.trajectories_per_shard, {"output": output})
+    ds = stage(ds, WriteStage, res.write, cfg.output.trajectories_per_shard)
     for row in ds.iter_rows():
         row = dict(row)
         if on_shard:

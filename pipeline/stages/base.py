@@ -35,17 +35,41 @@ def decode_image(data: bytes):
 
 
 class Stage:
-    """Base class: subclasses set ``output_schema`` and implement ``setup`` and ``process``."""
+    """Base class: subclasses set ``name`` and ``output_schema`` and implement ``setup``,
+    ``process`` and ``batch_keys`` (the ids a batch is known by, for crash bookkeeping)."""
 
+    name: str
     output_schema: pa.Schema
 
     def __init__(
-        self, config: BuildConfig | dict[str, Any], device: str | None = None, threads: int | None = None
+        self,
+        config: BuildConfig | dict[str, Any],
+        output: str | None = None,
+        device: str | None = None,
+        threads: int | None = None,
     ) -> None:
         self.config = config if isinstance(config, BuildConfig) else BuildConfig.model_validate(config)
+        self.output = output  # the build's output store (attempt markers live there)
         self.device_override = device
         self.threads = threads  # torch intra-op threads; set to the actor's CPUs under Ray
         self._ready = False
+        self._attempts = None
+
+    def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [r["trajectory_id"] for r in rows]
+
+    def fail_rows(self, rows: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
+        """Output rows marking every item of the batch failed, without processing it.
+
+        Downstream stages pass failed rows through; the writer records them."""
+        out = []
+        for r in rows:
+            row = {**r, "error": message, "scales": [], "sample_ids": [], "images": []}
+            for field in self.output_schema:
+                if field.name not in row:
+                    row[field.name] = [] if pa.types.is_list(field.type) else None
+            out.append(row)
+        return out
 
     def setup(self) -> None:  # pragma: no cover - overridden
         pass
@@ -62,8 +86,26 @@ class Stage:
             self.setup()
             self._ready = True
 
+    @property
+    def max_attempts(self) -> int:
+        return getattr(self.config.resources, self.name).max_retries + 1
+
     def __call__(self, batch: pa.Table) -> pa.Table:
-        self.ensure_setup()
+        from pipeline import faults
+
         rows = batch.to_pylist() if isinstance(batch, pa.Table) else pa.Table.from_pydict(batch).to_pylist()
+        keys = self.batch_keys(rows)
+        if self.output is not None and keys:
+            if self._attempts is None:
+                from pipeline.io.store import OutputStore
+
+                self._attempts = faults.Attempts(OutputStore(self.output), self.name)
+            before = self._attempts.record(faults.attempt_key(keys))
+            if before >= self.max_attempts:
+                # Earlier attempts at this very batch killed the worker: give up on it.
+                message = f"[{self.name}] worker crashed {before} times while processing this batch"
+                return pa.Table.from_pylist(self.fail_rows(rows, message), schema=self.output_schema)
+        self.ensure_setup()
+        faults.inject(self.name, "start", keys)
         out = self.process(rows)
         return pa.Table.from_pylist(out, schema=self.output_schema)

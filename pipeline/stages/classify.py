@@ -20,6 +20,7 @@ _ADDED = ("pred_top1", "pred_top5", "pred_p_true")
 
 
 class ClassifyStage(Stage):
+    name = "classify"
     output_schema = schema.CLASSIFIED
 
     def setup(self) -> None:

@@ -14,10 +14,11 @@ from typing import Any
 from pipeline import registry, schema
 from pipeline.stages.base import Stage, decode_image, pick_device
 
-_ADDED = (*schema.SCORE_COLUMNS, "n_pass", "kept")
+_ADDED = (*schema.SCORE_COLUMNS, "n_pass", "kept", *schema.REALISATION_COLUMNS)
 
 
 class FilterStage(Stage):
+    name = "filter"
     output_schema = schema.FILTERED
 
     def setup(self) -> None:

@@ -20,7 +20,14 @@ log = logging.getLogger(__name__)
 
 
 class GenerateStage(Stage):
+    name = "generate"
     output_schema = schema.GENERATED
+
+    def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [r["unit_id"] for r in rows]
+
+    def fail_rows(self, rows: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
+        return [f for row in rows for f in failed_rows(plan.WorkUnit.from_row(row), row["class_name"], message)]
 
     def setup(self) -> None:
         from pipeline.models.sampler import create_sampler
@@ -39,7 +46,7 @@ class GenerateStage(Stage):
                 out.extend(self.generate_unit(unit))
             except Exception as err:  # recorded per trajectory; the build goes on
                 log.exception("generation failed for %s", unit.id)
-                message = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+                message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
                 out.extend(failed_rows(unit, row["class_name"], message))
         return out
 

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import schema
+from pipeline import faults, schema
 from pipeline.io.store import OutputStore, ShardManifest
 from pipeline.io.webdataset import build_tar, metadata_json
 from pipeline.stages.base import Stage
@@ -33,16 +33,25 @@ def _parquet_bytes(rows: list[dict[str, Any]], sch: pa.Schema) -> bytes:
     return buf.getvalue()
 
 
+def _stage_of(error: str) -> str:
+    """Errors start with ``[stage]``; older or foreign messages count as generation errors."""
+    if error.startswith("[") and "]" in error:
+        return error[1 : error.index("]")]
+    return "generate"
+
+
 def _nan_to_none(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
 class WriteStage(Stage):
+    name = "write"
     output_schema = schema.WRITTEN
 
-    def __init__(self, config, output: str, device: str | None = None, threads: int | None = None) -> None:
-        super().__init__(config, device, threads)
-        self.output = output
+    def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
+        # No attempt bookkeeping: a write that keeps failing fails the run, and the next
+        # run redoes the uncommitted trajectories.
+        return []
 
     def setup(self) -> None:
         self.store = OutputStore(self.output)
@@ -65,6 +74,11 @@ class WriteStage(Stage):
         for r in sorted(ok, key=lambda r: r["trajectory_id"]):
             for i, (sid, scale) in enumerate(zip(r["sample_ids"], r["scales"])):
                 scores = {c: _nan_to_none(r[c][i]) for c in schema.SCORE_COLUMNS}
+                for c in schema.REALISATION_COLUMNS:
+                    # Optional per-image measures: a filter that does not compute them
+                    # (or rows from an older stage) leave them null, not an error.
+                    values = r.get(c) or []
+                    scores[c] = _nan_to_none(values[i]) if i < len(values) else None
                 sample = {
                     "sample_id": sid,
                     "trajectory_id": r["trajectory_id"],
@@ -106,7 +120,12 @@ class WriteStage(Stage):
         if failed:
             rel = f"failures/{name}.parquet"
             fail_rows = [
-                {"trajectory_id": r["trajectory_id"], "unit_id": r["unit_id"], "stage": "generate", "error": r["error"]}
+                {
+                    "trajectory_id": r["trajectory_id"],
+                    "unit_id": r["unit_id"],
+                    "stage": _stage_of(r["error"]),
+                    "error": r["error"],
+                }
                 for r in rows
                 if r.get("error")
             ]
@@ -123,6 +142,7 @@ class WriteStage(Stage):
             failed=failed,
             stats=stats,
         )
+        faults.inject("write", "before_manifest", manifest.trajectories or list(failed))
         self.store.commit_manifest(manifest)  # the done-marker: written last
         return {
             "shard": name,
