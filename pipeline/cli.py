@@ -152,12 +152,11 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--runner", choices=("ray", "local"), default="ray")
     s.set_defaults(func=_cmd_demo)
 
-    try:
-        from pipeline import jobs
+    from pipeline import jobs
+    from pipeline.train import sliders as train_sliders
 
-        jobs.add_cli(sub)
-    except ImportError:  # pragma: no cover - jobs needs ray.job_submission
-        pass
+    jobs.add_cli(sub)
+    train_sliders.add_cli(sub)
     return p
 
 

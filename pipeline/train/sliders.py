@@ -1,0 +1,726 @@
+"""Concept-slider training: one LoRA per (class, shift), written into a slider store.
+
+Role: produce the ``generator.slider_store`` a build reads -- one file per (class,
+shift) in the published concept-slider layout (see :mod:`pipeline.models.lora`) plus a
+metadata JSON next to it -- so a benchmark over any classes and shifts can be built
+without released sliders.
+
+Objective (the text slider of Gandikota et al. as the CNS-Bench code runs it; see
+``REFERENCE.md`` section 1 "Sliders").  Prompts: target = neutral = unconditional = the
+class token (``<goldfish-1>``), positive = ``slider_training.positive_prompt``
+(``"{token}, in {shift_words}"``).  Each iteration:
+
+1. draw ``k`` and start from pure noise (one seeded generator per slider);
+2. run the first ``k`` of ``max_denoise_steps`` DDIM steps with the LoRA on at
+   multiplier 1 and classifier-free guidance 7.5, without gradients;
+3. at timestep ``t`` predict, LoRA off: neutral, positive, unconditional; LoRA on, with
+   gradients: target;
+4. ``loss = MSE(target, neutral + eta * (positive - unconditional))`` ("enhance"; "erase"
+   uses ``neutral - eta * (...)``), one AdamW step at a constant learning rate.
+
+Two details follow the original code rather than its prose, because the code produced
+the published sliders: ``k`` is ``torch.randint(1, max_denoise_steps)``, i.e. uniform on
+``1..max_denoise_steps-1`` (after all ``max`` steps no noise level is left to predict
+at), and ``t`` is read from the full ``num_train_timesteps`` schedule at index
+``int(k * num_train_timesteps / max_denoise_steps)`` (with SD2's schedule that is the
+timestep of the last step run, minus the step offset, e.g. 980 after one of 50 steps).
+Since the unconditional prompt *is* the target prompt, the guided prediction
+``uncond + 7.5 * (cond - uncond)`` equals the conditional one exactly, so the partial
+denoising runs one UNet row per step instead of two (the original sliders code uses
+guidance 3 there, to the same effect).
+
+Gradients reach the LoRA through :class:`~pipeline.models.lora.SliderBank`: the
+trainable ``lora_down``/``lora_up`` tensors are ``nn.Parameter`` leaves registered with
+``bank.add``, which keeps them by reference (``Tensor.to`` on a tensor that already has
+the UNet's device and dtype returns the tensor itself); the bank's forward hooks add
+``up(down(x)) * multiplier * alpha / rank`` to each frozen layer's output, so autograd
+differentiates the UNet output with respect to those leaves and nothing else.
+
+Public API: :func:`train_slider` (one slider on a loaded pipeline),
+:func:`train_sliders` (every (class, shift) pair of a config, under Ray or in-process,
+resumable), :class:`SliderTrainer` (the per-worker state), :func:`add_cli`
+(``cnsbench train-sliders``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import hashlib
+import json
+import os
+import posixpath
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec, load_config
+from pipeline.models import diffusion
+from pipeline.models.lora import SliderBank, lora_key, save_slider_file, target_modules
+
+if TYPE_CHECKING:
+    import torch
+
+LOG_PREFIX = "[train-sliders]"
+SLIDER_SUFFIXES = (".safetensors", ".pt", ".pth")
+# Guidance of the LoRA-on partial denoising (the reference's CFG scale).
+TRAIN_GUIDANCE = 7.5
+_TRAIN_NAME = "__training__"  # bank name of the slider being trained
+
+
+# --------------------------------------------------------------------------- one slider
+def shift_words(shift: str) -> str:
+    """The words of a shift in prompts: ``heavy_snow`` -> ``heavy snow``."""
+    return shift.replace("_", " ")
+
+
+def positive_prompt(spec: SliderTrainingSpec, token: str, shift: str) -> str:
+    try:
+        return spec.positive_prompt.format(token=token, shift_words=shift_words(shift))
+    except (KeyError, IndexError) as err:
+        raise ValueError(
+            f"slider_training.positive_prompt {spec.positive_prompt!r}: unknown placeholder {err}; "
+            "allowed: {token}, {shift_words}"
+        ) from None
+
+
+def init_slider_params(
+    unet: "torch.nn.Module", spec: SliderTrainingSpec, generator: "torch.Generator", device, dtype
+) -> dict[str, "torch.nn.Parameter"]:
+    """Fresh trainable LoRA tensors keyed like a published slider state dict.
+
+    ``lora_down`` is kaiming-uniform (``a=1``, as the original ``LoRAModule``), ``lora_up``
+    zero, so the slider starts as the identity.  Linear: down ``[rank, in]``, up
+    ``[out, rank]``; Conv2d: down ``[rank, in, kh, kw]`` (applied with the layer's own
+    stride/padding/dilation by the bank), up ``[out, rank, 1, 1]``.  Initialised on the CPU
+    from ``generator`` so a seed gives the same slider on any device.
+    """
+    import torch
+    from torch import nn
+
+    layers = target_modules(unet, spec.targets, spec.method)
+    if not layers:
+        raise ValueError(
+            f"slider_training targets={spec.targets!r} method={spec.method!r} select no layer of this UNet"
+        )
+    params: dict[str, nn.Parameter] = {}
+    for path, layer in layers.items():
+        key = lora_key(path)
+        if isinstance(layer, nn.Linear):
+            down = torch.empty(spec.rank, layer.in_features)
+            up = torch.zeros(layer.out_features, spec.rank)
+        else:
+            if layer.groups != 1:
+                raise ValueError(f"slider training: {path} is a grouped Conv2d (groups={layer.groups}); unsupported")
+            kh, kw = layer.kernel_size
+            down = torch.empty(spec.rank, layer.in_channels, kh, kw)
+            up = torch.zeros(layer.out_channels, spec.rank, 1, 1)
+        nn.init.kaiming_uniform_(down, a=1, generator=generator)
+        params[f"{key}.lora_down.weight"] = nn.Parameter(down.to(device, dtype))
+        params[f"{key}.lora_up.weight"] = nn.Parameter(up.to(device, dtype))
+    return params
+
+
+def train_slider(
+    pipe,
+    class_token: str,
+    shift: str,
+    spec: SliderTrainingSpec,
+    device: "str | torch.device",
+    seed: int,
+    *,
+    resolution: int | None = None,
+    guidance_scale: float = TRAIN_GUIDANCE,
+) -> tuple[dict[str, "torch.Tensor"], list[float]]:
+    """Train one text slider for ``shift`` on ``class_token``; returns (state dict, losses).
+
+    ``pipe`` is a loaded ``StableDiffusionPipeline`` on ``device`` with the class token
+    installed; its dtype is the training dtype (bf16 on GPU, float32 on CPU -- the caller
+    loads it so).  Its UNet is frozen (``requires_grad_(False)``) and left so; the LoRA is
+    attached through hooks that are removed before returning, so the pipeline is otherwise
+    unchanged.  ``resolution`` (pixels) defaults to the UNet's native size.
+
+    The state dict has CPU float32 tensors in the published key layout
+    (``lora_unet_<path>.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha``), loadable by
+    :meth:`SliderBank.add` and, after :func:`save_slider_file`, by ``load_slider_file``.
+    ``losses`` has one value per iteration.  Same seed, same pipeline, same device: same
+    slider.
+    """
+    import torch
+    import torch.nn.functional as F
+    from diffusers import DDIMScheduler
+    from diffusers.utils.torch_utils import randn_tensor
+
+    dev = torch.device(device)
+    unet = pipe.unet
+    if unet.device.type != dev.type:
+        raise ValueError(f"train_slider: the pipeline's UNet is on {unet.device}, training was asked on {dev}")
+    dtype = unet.dtype
+    vae_factor = pipe.vae_scale_factor
+    res = resolution or unet.config.sample_size * vae_factor
+    if res % vae_factor:
+        raise ValueError(f"train_slider: resolution {res} is not a multiple of the VAE factor {vae_factor}")
+    sched_config = pipe.scheduler.config
+    if sched_config.get("prediction_type") not in ("epsilon", "v_prediction"):
+        raise ValueError(f"train_slider: unsupported scheduler prediction_type {sched_config.get('prediction_type')!r}")
+    max_steps = spec.max_denoise_steps
+    num_train = int(sched_config["num_train_timesteps"])
+
+    # Only the LoRA learns; without this autograd would also keep and fill UNet weight grads.
+    unet.requires_grad_(False)
+    unet.eval()
+
+    gen = torch.Generator().manual_seed(seed)
+    params = init_slider_params(unet, spec, gen, dev, dtype)
+    alphas = {
+        f"{k[: -len('.lora_down.weight')]}.alpha": torch.tensor(float(spec.alpha))
+        for k in params
+        if k.endswith(".lora_down.weight")
+    }
+
+    # Prompt embeddings, each distinct prompt encoded once ([1, L, D]).
+    token = class_token
+    prompts = {
+        "target": token,
+        "neutral": token,
+        "unconditional": token,
+        "positive": positive_prompt(spec, token, shift),
+    }
+    with torch.no_grad():
+        encoded = {p: pipe.encode_prompt(p, dev, 1, False)[0] for p in set(prompts.values())}
+    emb = {role: encoded[p] for role, p in prompts.items()}
+    # LoRA-off predictions needed per iteration: distinct prompts among neutral/positive/unconditional.
+    off_prompts = sorted({prompts["neutral"], prompts["positive"], prompts["unconditional"]})
+    off_embeds = torch.cat([encoded[p] for p in off_prompts])
+    # With unconditional == target (the reference's prompts) CFG returns the conditional
+    # prediction exactly -- uncond + g * (cond - uncond) with cond == uncond -- so one
+    # UNet row per denoising step suffices instead of two.
+    cfg_needed = prompts["unconditional"] != prompts["target"] and guidance_scale != 1.0
+    denoise_embeds = torch.cat([emb["unconditional"], emb["target"]]) if cfg_needed else emb["target"]
+
+    sched = DDIMScheduler.from_config(sched_config)
+    full = DDIMScheduler.from_config(sched_config)
+    full.set_timesteps(num_train)  # the reference reads t from the full schedule
+    latent_shape = (1, unet.config.in_channels, res // vae_factor, res // vae_factor)
+
+    bank = SliderBank(unet)
+    try:
+        bank.add(_TRAIN_NAME, {**params, **alphas}, source=f"training {shift}/{class_token}")
+        adapters = bank._sliders[_TRAIN_NAME]
+        # Gradient flow relies on the bank holding the Parameters themselves, not copies.
+        held = {id(a.down) for a in adapters.values()} | {id(a.up) for a in adapters.values()}
+        if held != {id(p) for p in params.values()}:
+            raise RuntimeError(
+                "train_slider: SliderBank copied the trainable LoRA tensors; gradients would not reach them"
+            )
+
+        optimizer = torch.optim.AdamW(list(params.values()), lr=spec.learning_rate)
+        losses: list[float] = []
+        for it in range(spec.iterations):
+            k = int(torch.randint(1, max_steps, (1,), generator=gen)) if max_steps > 1 else 0
+            latents = randn_tensor(latent_shape, generator=gen, device=dev, dtype=dtype)
+            with torch.no_grad():
+                sched.set_timesteps(max_steps, device=dev)
+                latents = latents * sched.init_noise_sigma
+                bank.route_uniform(_TRAIN_NAME, 1.0, denoise_embeds.shape[0])
+                for t in sched.timesteps[:k]:
+                    model_in = sched.scale_model_input(torch.cat([latents] * denoise_embeds.shape[0]), t)
+                    out = unet(model_in, t, encoder_hidden_states=denoise_embeds, return_dict=False)[0]
+                    if cfg_needed:
+                        uncond, cond = out.chunk(2)
+                        out = uncond + guidance_scale * (cond - uncond)
+                    latents = sched.step(out, t, latents, return_dict=False)[0]
+                bank.clear_route()
+
+                t = full.timesteps[min(int(k * num_train / max_steps), len(full.timesteps) - 1)].to(dev)
+                n_off = off_embeds.shape[0]
+                off_in = sched.scale_model_input(latents.expand(n_off, -1, -1, -1), t)
+                off = unet(off_in, t, encoder_hidden_states=off_embeds, return_dict=False)[0]
+                pred = {p: off[i : i + 1] for i, p in enumerate(off_prompts)}
+                neutral = pred[prompts["neutral"]]
+                direction = pred[prompts["positive"]] - pred[prompts["unconditional"]]
+                goal = neutral + spec.eta * direction if spec.mode == "enhance" else neutral - spec.eta * direction
+
+            bank.route_uniform(_TRAIN_NAME, 1.0, 1)
+            target_in = sched.scale_model_input(latents, t)
+            target = unet(target_in, t, encoder_hidden_states=emb["target"], return_dict=False)[0]
+            bank.clear_route()
+            # The loss in float32: a bf16 mean over a 96x96x4 latent loses the small late-training values.
+            loss = F.mse_loss(target.float(), goal.float())
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"train_slider {shift}/{class_token}: loss is {loss.item()} at iteration {it} (k={k}, t={int(t)})"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:
+        bank.clear_route()
+        bank.detach()
+
+    state = {k: v.detach().float().cpu().clone() for k, v in params.items()}
+    state.update(alphas)
+    return state, losses
+
+
+# --------------------------------------------------------------------------- files of a store
+@dataclass(frozen=True)
+class SliderJob:
+    """One (class, shift) slider to train and where it goes."""
+
+    class_id: int
+    class_name: str
+    shift: str
+    path: str  # slider file
+    meta_path: str  # metadata JSON, written last (the done-marker)
+    seed: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.shift}/{self.class_id:03d}_{self.class_name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def metadata_path(slider_file: str) -> str:
+    """``<store>/painting_style/022.safetensors`` -> ``<store>/painting_style/022.json``."""
+    return posixpath.splitext(slider_file)[0] + ".json"
+
+
+def pair_seed(base_seed: int, class_id: int, shift: str) -> int:
+    """Training seed of a (class, shift): a function of its coordinates, never of run order."""
+    digest = hashlib.sha256(f"{base_seed}/{shift}/{class_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (2**63)
+
+
+def plan_slider_jobs(cfg: BuildConfig, store: str) -> list[SliderJob]:
+    """Every (class, shift) pair of ``cfg.benchmark``, shift-major, with its files in ``store``."""
+    pattern = cfg.generator.slider_pattern
+    if not pattern.endswith(SLIDER_SUFFIXES):
+        raise ConfigError(
+            f"generator.slider_pattern {pattern!r} must end with one of {SLIDER_SUFFIXES} to train sliders into it"
+        )
+    spec = cfg.generator.model_copy(update={"slider_store": store})
+    bench = cfg.benchmark
+    jobs = []
+    for shift in bench.shifts:
+        for class_id in bench.classes:
+            name = bench.class_name(class_id)
+            path = diffusion.slider_path(spec, class_id, shift, name)
+            seed = pair_seed(cfg.slider_training.seed, class_id, shift)
+            jobs.append(SliderJob(class_id, name, shift, path, metadata_path(path), seed))
+    return jobs
+
+
+def missing_training_assets(cfg: BuildConfig) -> list[str]:
+    """The files slider training loads that are missing (base model, class tokens), one line each."""
+    gen = cfg.generator
+    missing = []
+    if diffusion.is_local_path(gen.model) and not os.path.isfile(os.path.join(gen.model, "model_index.json")):
+        missing.append(f"generator.model: no diffusers model at {gen.model} (model_index.json missing)")
+    for f in diffusion.class_token_files(gen.class_tokens, list(cfg.benchmark.classes)):
+        if not os.path.exists(f):
+            missing.append(f"generator.class_tokens: {f}")
+    return missing
+
+
+def _fs(path: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _exists(path: str) -> bool:
+    fs, p = _fs(path)
+    return fs.exists(p)
+
+
+def is_done(job: SliderJob) -> bool:
+    """A slider counts as trained once its file and its metadata JSON (written last) exist."""
+    return _exists(job.path) and _exists(job.meta_path)
+
+
+def _write_bytes_atomic(path: str, data: bytes) -> None:
+    if _is_local(path):
+        local = path[len("file://") :] if path.startswith("file://") else path
+        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+        tmp = f"{local}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, local)
+    else:  # an object-store PUT is atomic: readers see the old object or the whole new one
+        fs, p = _fs(path)
+        fs.pipe_file(p, data)
+
+
+def write_slider(state: dict[str, "torch.Tensor"], path: str, header: dict[str, str] | None = None) -> None:
+    """Write a slider file atomically: locally via ``save_slider_file``, else as one object PUT."""
+    if _is_local(path):
+        save_slider_file(state, path[len("file://") :] if path.startswith("file://") else path, metadata=header)
+        return
+    import io
+
+    import torch
+
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    if path.endswith(".safetensors"):
+        from safetensors.torch import save
+
+        data = save(state, metadata=header)
+    else:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+    _write_bytes_atomic(path, data)
+
+
+def _unet_weight_files(unet_dir: Path) -> list[Path]:
+    """The UNet weights ``from_pretrained`` loads without a ``variant``: one file or its shards.
+
+    Variant files (``*.fp16.safetensors``) that a hub cache may also hold are left out, so
+    the hash does not depend on what else happens to be cached.
+    """
+    for ext in (".safetensors", ".bin"):
+        single = unet_dir / f"diffusion_pytorch_model{ext}"
+        if single.is_file():
+            return [single]
+        shards = sorted(unet_dir.glob(f"diffusion_pytorch_model-*-of-*{ext}"))
+        if shards:
+            return shards
+    return []
+
+
+@functools.lru_cache(maxsize=8)
+def base_model_fingerprint(model: str) -> dict[str, str | None]:
+    """Identity of the base model a slider was trained on, for the metadata JSON.
+
+    SHA-256 over the UNet's ``config.json`` and weight file(s) (a slider is a delta on
+    the UNet) of the local model directory, or of the hub snapshot in the local cache
+    (``base_model_revision`` is then the snapshot's commit); when no snapshot is cached,
+    the hash of ``hub id@revision``.  ``hash_of`` says which.  Cached per process:
+    hashing SD2's UNet reads 3.5 GB.
+    """
+    root: Path | None = None
+    revision: str | None = None
+    if diffusion.is_local_path(model):
+        root = Path(model)
+    else:
+        try:
+            from huggingface_hub import snapshot_download
+
+            root = Path(snapshot_download(model, allow_patterns=["unet/*"], local_files_only=True))
+            revision = root.name  # snapshot folders are named by commit hash
+        except Exception:  # not in the local cache: identify by name only
+            root = None
+    config = root / "unet" / "config.json" if root is not None else None
+    weights = _unet_weight_files(root / "unet") if root is not None else []
+    h = hashlib.sha256()
+    if config is not None and config.is_file() and weights:
+        for f in [config, *weights]:
+            h.update(f.name.encode() + b"\0")
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(chunk)
+        hash_of = "unet config + weights"
+    else:
+        h.update(f"{model}@{revision or 'main'}".encode())
+        hash_of = "hub id@revision"
+    return {
+        "base_model": model,
+        "base_model_hash": f"sha256:{h.hexdigest()}",
+        "base_model_revision": revision,
+        "hash_of": hash_of,
+    }
+
+
+# --------------------------------------------------------------------------- worker
+class SliderTrainer:
+    """Per-worker state: loads the pipeline and class tokens once, then trains and writes jobs.
+
+    ``__init__`` only stores the config (cheap to pickle into a Ray actor); the model loads
+    on the first :meth:`train`.  A job is retry-safe: files are written atomically to
+    deterministic paths, the metadata JSON last.
+    """
+
+    def __init__(
+        self, config: BuildConfig | dict[str, Any], store: str, device: str | None = None, threads: int | None = None
+    ) -> None:
+        self.cfg = config if isinstance(config, BuildConfig) else BuildConfig.model_validate(config)
+        self.store = store
+        self.device_override = device
+        self.threads = threads
+        self.pipe = None
+        self.tokens: dict[int, str] = {}
+
+    def setup(self) -> None:
+        import torch
+
+        from pipeline.stages.base import pick_device, pick_dtype
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        cfg = self.cfg
+        self.device = pick_device(self.device_override)
+        dtype = pick_dtype(cfg.slider_training.dtype, self.device)
+        self.pipe = diffusion.load_pipeline(cfg.generator.model, dtype, self.device)
+        bench = cfg.benchmark
+        self.tokens = diffusion.install_class_tokens(
+            self.pipe, cfg.generator.class_tokens, list(bench.classes), bench.label_space
+        )
+        self.fingerprint = base_model_fingerprint(cfg.generator.model)
+
+    def train(self, job: SliderJob | dict[str, Any]) -> dict[str, Any]:
+        """Train one slider and write it plus its metadata; returns a small result record."""
+        if isinstance(job, dict):
+            job = SliderJob(**job)
+        if self.pipe is None:
+            self.setup()
+        spec = self.cfg.slider_training
+        token = self.tokens[job.class_id]
+        start = time.perf_counter()
+        state, losses = train_slider(
+            self.pipe, token, job.shift, spec, self.device, job.seed, resolution=self.cfg.generator.resolution
+        )
+        seconds = time.perf_counter() - start
+        meta: dict[str, Any] = {
+            "class_id": job.class_id,
+            "class_name": job.class_name,
+            "shift": job.shift,
+            "token": token,
+            "positive_prompt": positive_prompt(spec, token, job.shift),
+            "rank": spec.rank,
+            "alpha": spec.alpha,
+            "targets": spec.targets,
+            "method": spec.method,
+            "mode": spec.mode,
+            "eta": spec.eta,
+            "iterations": spec.iterations,
+            "learning_rate": spec.learning_rate,
+            "max_denoise_steps": spec.max_denoise_steps,
+            "guidance_scale": TRAIN_GUIDANCE,
+            "resolution": self.cfg.generator.resolution,
+            "seed": job.seed,
+            "dtype": str(self.pipe.unet.dtype).replace("torch.", ""),
+            "device": self.device,
+            "layers": sum(1 for k in state if k.endswith(".alpha")),
+            "final_loss": losses[-1],
+            "mean_loss_last_10": sum(losses[-10:]) / len(losses[-10:]),
+            "seconds": round(seconds, 3),
+            **self.fingerprint,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "file": posixpath.basename(job.path),
+        }
+        header = {k: str(meta[k]) for k in ("class_id", "shift", "rank", "alpha", "targets", "method", "base_model")}
+        write_slider(state, job.path, header)
+        # Written after the weights: its presence says the slider file is complete.
+        _write_bytes_atomic(job.meta_path, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+        return {"job": job.to_dict(), "final_loss": meta["final_loss"], "seconds": seconds, "path": job.path}
+
+
+# --------------------------------------------------------------------------- all pairs
+@dataclass
+class TrainSummary:
+    total: int
+    trained: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # job labels
+    failed: dict[str, str] = field(default_factory=dict)  # job label -> error
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        out = [
+            f"sliders: {self.total} pairs, {len(self.trained)} trained, {len(self.skipped)} skipped (done), "
+            f"{len(self.failed)} failed in {self.seconds:.1f} s"
+        ]
+        for label, err in sorted(self.failed.items()):
+            out.append(f"failed {label}: {err.strip().splitlines()[0] if err.strip() else err}")
+        return out
+
+
+def train_sliders(
+    cfg: BuildConfig,
+    store: str,
+    *,
+    address: str | None = None,
+    runner: str = "ray",
+    echo: Callable[[str], None] = print,
+) -> TrainSummary:
+    """Train every (class, shift) slider of ``cfg.benchmark`` into ``store``; resumable.
+
+    A pair whose slider file and metadata JSON both exist is skipped.  ``runner="ray"``
+    runs one actor per worker (``slider_training.resources``: GPUs, CPUs, pool size,
+    retries), connecting to ``address`` or starting a local Ray (and stopping it after);
+    ``runner="local"`` trains in this process.  One progress line per pair goes to
+    ``echo``.  A pair that fails is reported in the summary; the others go on.
+    """
+    if runner not in ("ray", "local"):
+        raise ValueError(f"train_sliders: runner must be 'ray' or 'local', got {runner!r}")
+    start = time.perf_counter()
+    positive_prompt(cfg.slider_training, "<token>", "some_shift")  # a bad placeholder fails here, not per pair
+    jobs = plan_slider_jobs(cfg, store)
+    done = [is_done(job) for job in jobs]
+    todo = [job for job, d in zip(jobs, done) if not d]
+    # Check everything training will load before any worker starts or model loads.
+    missing = missing_training_assets(cfg) if todo else []
+    if missing:
+        from pipeline.assets import AssetError
+
+        raise AssetError("slider training needs files that are missing:\n  " + "\n  ".join(missing))
+    summary = TrainSummary(total=len(jobs))
+    counter = iter(range(1, len(jobs) + 1))
+    for job, d in zip(jobs, done):
+        if d:
+            summary.skipped.append(job.label)
+            echo(f"{LOG_PREFIX} {next(counter)}/{len(jobs)} {job.label}: skipped (done: {job.meta_path})")
+
+    def record(job: SliderJob, result: dict[str, Any] | None, error: str | None) -> None:
+        n = next(counter)
+        if error is not None:
+            summary.failed[job.label] = error
+            first = error.strip().splitlines()[0] if error.strip() else error
+            echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: FAILED: {first}")
+        else:
+            summary.trained.append(result)
+            echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: final loss {result['final_loss']:.6g} "
+                 f"({result['seconds']:.1f} s) -> {job.path}")
+
+    if todo:
+        if runner == "local":
+            trainer = SliderTrainer(cfg, store)
+            for job in todo:
+                try:
+                    record(job, trainer.train(job), None)
+                except Exception as err:  # recorded per pair; the others go on
+                    record(job, None, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}")
+        else:
+            _run_ray(cfg, store, todo, address, echo, record)
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def _run_ray(
+    cfg: BuildConfig,
+    store: str,
+    todo: list[SliderJob],
+    address: str | None,
+    echo: Callable[[str], None],
+    record: Callable[[SliderJob, dict[str, Any] | None, str | None], None],
+) -> None:
+    import ray
+
+    res = cfg.slider_training.resources
+    n_actors = min(len(todo), res.max_pool_size or res.pool_size)
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            gpus = _cuda_count()
+            env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME") if k in os.environ}
+            # Workers must import `pipeline` even when the driver runs from another directory.
+            repo = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, int(res.num_cpus * n_actors) + 1),
+                num_gpus=gpus,
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env={"env_vars": env},
+            )
+        started = True
+    actors: list = []
+    try:
+        num_gpus = res.num_gpus
+        cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
+        if num_gpus > 0 and not address and cluster_gpus < num_gpus:
+            # A local Ray without CUDA cannot satisfy a GPU request: train on the CPU
+            # rather than wait forever for a GPU that will never appear.
+            echo(f"{LOG_PREFIX} no GPU in the local Ray cluster: training on CPU (slider_training.resources.num_gpus "
+                 f"{num_gpus} -> 0)")
+            num_gpus = 0.0
+        if num_gpus > 0 and not address:
+            n_actors = max(1, min(n_actors, int(cluster_gpus // num_gpus)))
+        actor_cls = ray.remote(SliderTrainer).options(
+            num_gpus=num_gpus,
+            num_cpus=res.num_cpus,
+            max_restarts=res.max_retries,
+            max_task_retries=res.max_retries,
+        )
+        cfg_dict = cfg.model_dump(mode="json")
+        threads = max(1, int(res.num_cpus))
+        actors = [actor_cls.remote(cfg_dict, store, None, threads) for _ in range(n_actors)]
+        queue = list(todo)
+        idle = list(actors)
+        pending: dict[Any, tuple[Any, SliderJob]] = {}
+        while queue or pending:
+            while idle and queue:
+                actor, job = idle.pop(), queue.pop(0)
+                pending[actor.train.remote(job.to_dict())] = (actor, job)
+            if not pending:  # every actor is gone: nothing can run the rest
+                for job in queue:
+                    record(job, None, "RuntimeError: no training actor left (all died past their max_retries restarts)")
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            actor, job = pending.pop(ready[0])
+            try:
+                record(job, ray.get(ready[0]), None)
+            except ray.exceptions.RayActorError as err:  # died past its restarts: retire it
+                record(job, None, f"{type(err).__name__}: {err}")
+                continue
+            except Exception as err:  # the pair's own error; the actor is fine and takes the next pair
+                cause = getattr(err, "cause", None) or err  # RayTaskError wraps the worker's exception
+                record(job, None, f"{type(cause).__name__}: {cause}")
+            idle.append(actor)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        if started:
+            ray.shutdown()
+
+
+# --------------------------------------------------------------------------- CLI
+def _cmd_train_sliders(args: argparse.Namespace) -> int:
+    overrides = {"slider_training": {"iterations": args.iterations}} if args.iterations is not None else None
+    cfg = load_config(args.config, overrides)
+    store = args.output or cfg.generator.slider_store
+    if not store:
+        raise ConfigError("no slider store: pass --output STORE or set generator.slider_store in the config")
+    summary = train_sliders(cfg, store, address=args.address, runner=args.runner)
+    for line in summary.lines():
+        print(f"{LOG_PREFIX} {line}")
+    return 0 if not summary.failed else 3
+
+
+def add_cli(subparsers: Any) -> None:
+    """Register ``train-sliders CONFIG --output STORE [--address A] [--runner ray|local]
+    [--iterations N]`` on an argparse ``subparsers`` object; sets ``func(args) -> int``."""
+    p = subparsers.add_parser(
+        "train-sliders",
+        help="train the (class, shift) concept sliders of a config into a slider store",
+        description="Train one LoRA concept slider per (class, shift) of the config's benchmark with the "
+        "text-slider objective (slider_training section) and write them as generator.slider_pattern "
+        "files plus a metadata JSON each. Pairs already done are skipped, so rerunning resumes.",
+    )
+    p.add_argument("config")
+    p.add_argument("--output", metavar="STORE", help="slider store directory or URI (default: generator.slider_store)")
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' trains in-process, no Ray")
+    p.add_argument("--iterations", type=int, metavar="N", help="override slider_training.iterations")
+    p.set_defaults(func=_cmd_train_sliders)
