@@ -229,6 +229,7 @@ def build(
         else:
             raise ValueError(f"unknown runner {runner!r}; choose 'ray' or 'local'")
 
+    store.remove_tree("attempts")  # crash bookkeeping is per run
     _, failed = committed_trajectories(store, repair=False)
     report = None
     if aggregate:

@@ -43,7 +43,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     from pipeline.build import build
 
-    cfg = load_config(args.config)
+    overrides = None
+    if getattr(args, "filter_thresholds", None):  # a `cnsbench calibrate-filter` result
+        from pipeline.calibrate import threshold_overrides
+
+        overrides = threshold_overrides(args.filter_thresholds)
+    cfg = load_config(args.config, overrides)
     output = args.output or cfg.output.path
     if not output:
         raise ConfigError("no output: pass --output DIR or set output.path in the config")
@@ -118,7 +123,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cnsbench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cnsbench", description="Robustness benchmarks from continuous nuisance shifts.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -133,6 +138,9 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--new-version", action="store_true", help="archive an incompatible existing build and start anew")
     s.add_argument("--verify", action="store_true", help="check the SHA-256 of every committed file, not only sizes")
+    s.add_argument(
+        "--filter-thresholds", metavar="YAML", help="merge filter.thresholds/min_pass from `cnsbench calibrate-filter`"
+    )
     s.set_defaults(func=_cmd_build)
 
     s = sub.add_parser("aggregate", help="recompute the report of a build output")
@@ -152,11 +160,13 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--runner", choices=("ray", "local"), default="ray")
     s.set_defaults(func=_cmd_demo)
 
-    from pipeline import jobs
+    from pipeline import calibrate, evaluate, jobs
     from pipeline.train import sliders as train_sliders
 
-    jobs.add_cli(sub)
+    evaluate.add_cli(sub)
+    calibrate.add_cli(sub)
     train_sliders.add_cli(sub)
+    jobs.add_cli(sub)
     return p
 
 

@@ -58,3 +58,7 @@ CLASSIFIERS.register(
     "open_clip_zeroshot", "pipeline.models.classifiers:OpenClipZeroShot",
     "open_clip zero-shot over the ImageNet class names with prompt templates",
 )
+CLASSIFIERS.register(
+    "torchscript", "pipeline.models.classifiers:TorchScriptClassifier",
+    "a TorchScript file (torch.jit.save) with input size, mean and std; for models timm cannot express",
+)

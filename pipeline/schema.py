@@ -12,6 +12,12 @@ import pyarrow as pa
 
 SCORE_COLUMNS = ("clip_text", "clip_shift_text", "clip_image", "dino_image")
 
+# Per-image measures stored next to the detector scores but never part of the keep rule:
+# ``clip_shift_alignment`` is the CLIPScore of the image to "a picture in {shift words}",
+# the paper's (Fig. 3) measure of how strongly a shift is realised (see
+# pipeline.aggregate.metrics.shift_realisation).  NaN when the filter did not run.
+REALISATION_COLUMNS = ("clip_shift_alignment",)
+
 # Work units going into generation (see pipeline.plan.WorkUnit.to_row).
 UNIT = pa.schema(
     [
@@ -47,6 +53,7 @@ FILTERED = pa.schema(
     list(GENERATED)
     + [pa.field(name, pa.list_(pa.float64())) for name in SCORE_COLUMNS]
     + [("n_pass", pa.list_(pa.int64())), ("kept", pa.list_(pa.bool_()))]
+    + [pa.field(name, pa.list_(pa.float64())) for name in REALISATION_COLUMNS]
 )
 
 # After classification: [image][classifier] in the config's classifier order.
@@ -74,6 +81,8 @@ SAMPLES = pa.schema(
     ]
     + [pa.field(name, pa.float64()) for name in SCORE_COLUMNS]
     + [("n_pass", pa.int64()), ("kept", pa.bool_())]
+    # Appended last so older shards (without it) still read, as nulls, with this schema.
+    + [pa.field(name, pa.float64()) for name in REALISATION_COLUMNS]
 )
 
 PREDICTIONS = pa.schema(

@@ -7,6 +7,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread per process: tests start several processes (Ray workers, builds in
+# subprocesses) on a 2-core machine, and oversubscribed OpenMP threads spin-wait each other
+# into slowdowns of 10x and more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

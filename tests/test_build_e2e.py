@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-import yaml
+from buildproc import demo_config
 from PIL import Image
 
-from pipeline.cli import DEMO_CONFIG, main
+from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.io.webdataset import iter_tar
 from pipeline.models.detectors import keep_decision
@@ -38,14 +38,10 @@ def ray_session():
 
 
 def gpu_config(tmp_path: Path) -> Path:
-    raw = yaml.safe_load(DEMO_CONFIG.read_text())
-    raw["resources"]["generate"]["num_gpus"] = 1
-    for key in ("generator", "filter", "classifiers"):
-        pass
-    path = tmp_path / "demo-gpu.yaml"
-    text = yaml.safe_dump(raw).replace("../assets/", str(DEMO_CONFIG.parent.parent / "assets") + "/")
-    path.write_text(text)
-    return path
+    def on_gpu(raw):
+        raw["resources"]["generate"]["num_gpus"] = 1
+
+    return demo_config(tmp_path, on_gpu, name="demo-gpu.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import shutil
 
-import yaml
+from buildproc import demo_config
 
-from pipeline.cli import DEMO_CONFIG, main
+from pipeline.cli import main
 
 
 def write(tmp_path, mutate) -> str:
-    raw = yaml.safe_load(DEMO_CONFIG.read_text())
-    text = yaml.safe_dump(raw).replace("../assets/", str(DEMO_CONFIG.parent.parent / "assets") + "/")
-    raw = yaml.safe_load(text)
-    mutate(raw)
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
+    return str(demo_config(tmp_path, mutate, name="c.yaml"))
 
 
 def test_unknown_key(tmp_path, capsys):

@@ -9,6 +9,8 @@ Role: the last, pure step of a build.  Given the per-image ``samples`` table
 * the failure point of every (trajectory, classifier) (:func:`failure_points`),
 * the failure-point distribution per scale (:func:`failure_point_table`),
 * one summary row per classifier (:func:`summary_table`),
+* how strongly each shift is realised per scale (:func:`shift_realisation`, Fig. 3 of
+  the paper),
 
 and bundle them with dataset counts in :class:`Metrics` (:func:`compute_metrics`).
 Definitions follow CNS-Bench (REFERENCE.md section 1 "Metrics"); each function's
@@ -35,7 +37,7 @@ Conventions shared by every function:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -53,6 +55,7 @@ FAILURE_POINT_COLUMNS = ["trajectory_id", "shift", "classifier", "failure_point"
 FP_TABLE_COLUMNS = ["classifier", "shift", "scale", "fp_count", "fp_ratio", "fp_ratio_cumulative"]
 KEPT_COLUMNS = ["scale", "n_samples", "n_kept", "kept_share"]
 SUMMARY_TAIL_COLUMNS = ["accuracy_scale0", "fp_avg", "fp_std", "margin_fp_avg", "n_failed", "n_trajectories"]
+REALISATION_TABLE_COLUMNS = ["shift", "scale", "n", "clip_shift_alignment_delta", "dino_similarity"]
 
 _SAMPLE_COLUMNS = ["sample_id", "trajectory_id", "shift", "scale", "kept"]
 _PREDICTION_COLUMNS = ["sample_id", "classifier", "correct"]
@@ -368,6 +371,78 @@ def _empty(columns: list[str], dtypes: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, object)) for c in columns})
 
 
+_REALISATION_DTYPES = {"scale": float, "n": "int64", "clip_shift_alignment_delta": float, "dino_similarity": float}
+
+
+def shift_realisation(samples: pd.DataFrame, scales: Sequence[float], kept_only: bool = False) -> pd.DataFrame:
+    """How strongly each shift is realised at each scale (CNS-Bench Fig. 3).
+
+    Columns ``shift, scale, n, clip_shift_alignment_delta, dino_similarity``, one row per
+    (shift, benchmark scale) that has samples, ordered by shift name then scale:
+
+    * ``n``: number of samples of that shift at that scale (one per trajectory).
+    * ``clip_shift_alignment_delta``: mean over those samples of
+      ``clip_shift_alignment(sample) - clip_shift_alignment(scale-0 sample of the same
+      trajectory)``, i.e. the CLIPScore gain towards ``"a picture in {shift words}"``
+      relative to the unshifted image (0 at scale 0).  Samples whose own or reference
+      value is missing/NaN are left out of the mean.
+    * ``dino_similarity``: mean of the stored ``dino_image`` score, the DINOv2 class-token
+      cosine similarity to the trajectory's scale-0 image (1 at scale 0; with
+      ``filter.dino.softmax_cls`` the cosine of the softmaxed tokens, as the filter
+      computes it).  NaN values are left out.
+
+    A mean over no values is NaN (e.g. an evaluate-only output without ``--filter``).  All
+    samples count, kept by the filter or not (the measure describes the generator, not the
+    filter), unless ``kept_only``.  Scales are matched at 1/1000 like every other metric;
+    samples at other scales are ignored.  Outputs written before the
+    ``clip_shift_alignment`` column existed give NaN deltas.
+    """
+    scale_list = _check_scales(scales)
+    required = ["trajectory_id", "shift", "scale"] + (["kept"] if kept_only else [])
+    missing = [c for c in required if c not in samples.columns]
+    if missing or samples.empty:
+        if missing and len(samples):
+            raise ValueError(f"samples table lacks columns {missing}; has {list(samples.columns)}")
+        return _empty(REALISATION_TABLE_COLUMNS, _REALISATION_DTYPES)
+
+    def score(column: str) -> Any:
+        # Score columns are optional (tables from older outputs or tests may lack them).
+        if column not in samples.columns:
+            return np.nan
+        return pd.to_numeric(samples[column], errors="coerce").astype(float)
+
+    df = pd.DataFrame(
+        {
+            "trajectory_id": samples["trajectory_id"].astype(str),
+            "shift": samples["shift"].astype(str),
+            "milli": _milli(samples["scale"]),
+            "kept": _bool(samples["kept"]) if "kept" in samples.columns else True,
+            "dino": score("dino_image"),
+            "align": score("clip_shift_alignment"),
+        }
+    )
+    canonical = {round(s * 1000): s for s in scale_list}
+    df = df[df["milli"].isin(list(canonical))]
+    if df.duplicated(["trajectory_id", "milli"]).any():
+        row = df.loc[df.duplicated(["trajectory_id", "milli"])].iloc[0]
+        raise ValueError(f"trajectory {row['trajectory_id']!r} has several samples at scale {row['milli'] / 1000}")
+    # The reference is the trajectory's own scale-0 sample, taken before the kept_only
+    # selection: an unkept scale-0 image is still what the shift departs from.
+    ref = df.loc[df["milli"] == 0].set_index("trajectory_id")["align"]
+    df["delta"] = df["align"] - df["trajectory_id"].map(ref).astype(float)
+    if kept_only:
+        df = df[df["kept"]]
+    if df.empty:
+        return _empty(REALISATION_TABLE_COLUMNS, _REALISATION_DTYPES)
+    g = df.groupby(["shift", "milli"], sort=True).agg(
+        n=("trajectory_id", "size"), clip_shift_alignment_delta=("delta", "mean"), dino_similarity=("dino", "mean")
+    )
+    out = g.reset_index()
+    out["scale"] = out["milli"].map(canonical).astype(float)
+    out["n"] = out["n"].astype("int64")
+    return out[REALISATION_TABLE_COLUMNS].reset_index(drop=True)
+
+
 def _jsonable(value: Any) -> Any:
     """Plain JSON types: numpy scalars unwrapped, NaN/inf -> None."""
     if isinstance(value, dict):
@@ -416,6 +491,11 @@ class Metrics:
     n_kept: int
     n_trajectories_complete: int
     n_trajectories_total: int
+    # Per (shift, scale) realisation measures (:func:`shift_realisation`); defaulted so
+    # code constructing Metrics without it keeps working.
+    shift_realisation: pd.DataFrame = field(
+        default_factory=lambda: _empty(REALISATION_TABLE_COLUMNS, _REALISATION_DTYPES)
+    )
 
     @property
     def kept_share(self) -> dict[float, float]:
@@ -426,7 +506,8 @@ class Metrics:
         """JSON-serialisable dict (NaN -> null).
 
         Holds the scales, settings, counts and the ``kept_by_scale``, ``summary``,
-        ``accuracy`` and ``failure_point_table`` tables as lists of records.  The
+        ``accuracy``, ``failure_point_table`` and ``shift_realisation`` tables as lists of
+        records.  The
         per-trajectory ``failure_points`` are left out: one row per trajectory and
         classifier is too large for a summary file at full benchmark size.
         """
@@ -448,6 +529,7 @@ class Metrics:
                 "summary": _records(self.summary),
                 "accuracy": _records(self.accuracy),
                 "failure_point_table": _records(self.failure_point_table),
+                "shift_realisation": _records(self.shift_realisation),
             }
         )
 
@@ -488,4 +570,5 @@ def compute_metrics(
         n_kept=int(kept.sum()),
         n_trajectories_complete=len(complete_trajectories(samples, scale_list)),
         n_trajectories_total=int(samples["trajectory_id"].nunique()),
+        shift_realisation=shift_realisation(samples, scale_list),
     )

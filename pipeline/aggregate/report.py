@@ -14,8 +14,11 @@ into ``report_dir``:
 * ``metrics.json``: :meth:`Metrics.to_json` plus ``title`` and ``config_hash``;
 * ``accuracy_drop.png``, ``fp_cumulative.png``, ``fp_distribution.png`` (unless
   ``plots=False``), drawn with matplotlib's Agg canvas (no display, no pyplot state);
+* ``shift_realisation.csv`` and ``shift_realisation.png`` (the PNG unless
+  ``plots=False``): :attr:`Metrics.shift_realisation`, written only when some sample has
+  a realisation measure (i.e. the OOC filter scored the images);
 * ``index.html``: self-contained page (inline CSS, relative links only) with counts,
-  the summary table and the plots.
+  the summary table, the shift-realisation table (when present) and the plots.
 
 Every file is written to a temporary name in ``report_dir`` and moved into place with
 :func:`os.replace`, so a reader never sees a half-written file; ``index.html`` is written
@@ -43,6 +46,8 @@ from pipeline.aggregate.metrics import ALL_SHIFTS, Metrics
 from pipeline.plan import scale_tag
 
 PLOT_FILES = ("accuracy_drop.png", "fp_cumulative.png", "fp_distribution.png")
+REALISATION_CSV = "shift_realisation.csv"
+REALISATION_PLOT = "shift_realisation.png"
 
 
 # --------------------------------------------------------------------------- writing
@@ -188,6 +193,37 @@ def _plot_fp_distribution(metrics: Metrics) -> Figure:
     return fig
 
 
+def has_realisation(metrics: Metrics) -> bool:
+    """Whether any (shift, scale) has a finite realisation measure (the filter ran)."""
+    table = metrics.shift_realisation
+    values = table[["clip_shift_alignment_delta", "dino_similarity"]].to_numpy(dtype=float)
+    return bool(np.isfinite(values).any())
+
+
+def _plot_shift_realisation(metrics: Metrics) -> Figure:
+    """Fig. 3 of CNS-Bench per shift: DINOv2 similarity to scale 0 and CLIP shift gain vs scale."""
+    table = metrics.shift_realisation
+    shifts = sorted(str(s) for s in pd.unique(table["shift"]))
+    colours = _colours(shifts)
+    fig = Figure(figsize=(11.0 + 1.6 * math.ceil(len(shifts) / 16), 4.2), layout="constrained")
+    ax_dino, ax_clip = fig.subplots(1, 2)
+    for shift in shifts:
+        rows = table[table["shift"] == shift]
+        ax_dino.plot(rows["scale"], rows["dino_similarity"], marker="o", label=shift, color=colours[shift])
+        ax_clip.plot(rows["scale"], rows["clip_shift_alignment_delta"], marker="o", label=shift, color=colours[shift])
+    ax_dino.set_ylabel("DINOv2 cosine similarity to scale 0")
+    ax_dino.set_title("Image variation")
+    ax_clip.set_ylabel('CLIPScore gain to "a picture in {shift}"')
+    ax_clip.set_title("Shift realisation")
+    ax_clip.axhline(0.0, color="grey", linewidth=0.8)
+    for ax in (ax_dino, ax_clip):
+        ax.set_xlabel("shift scale")
+        ax.set_xticks(metrics.scales)
+        ax.grid(alpha=0.3)
+    _outside_legend(fig, ax_clip, len(shifts))
+    return fig
+
+
 # --------------------------------------------------------------------------- html
 def _fmt(value: Any) -> str:
     if value is None:
@@ -258,6 +294,15 @@ def _index_html(metrics: Metrics, title: str, config_hash: str | None, plot_file
         "margin_fp_avg: mean of (margin max scale - failure point), never-failed trajectories at the margin max scale.</p>",
         _html_table(metrics.summary),
     ]
+    if has_realisation(metrics):
+        table = metrics.shift_realisation.assign(scale=[f"{s:g}" for s in metrics.shift_realisation["scale"]])
+        parts += [
+            "<h2>Shift realisation</h2>",
+            "<p>Per shift and scale over all generated samples: clip_shift_alignment_delta = mean CLIPScore gain "
+            "of an image to &quot;a picture in {shift}&quot; over its trajectory&#x27;s scale-0 image; "
+            "dino_similarity = mean DINOv2 class-token cosine similarity to the scale-0 image.</p>",
+            _html_table(table),
+        ]
     if plot_files:
         parts.append("<h2>Plots</h2>")
         for name in plot_files:
@@ -312,6 +357,11 @@ def write_report(
         for name, draw in zip(PLOT_FILES, (_plot_accuracy_drop, _plot_fp_cumulative, _plot_fp_distribution)):
             put(name, _png_bytes(draw(metrics)))
             plot_files.append(name)
+    if has_realisation(metrics):
+        put(REALISATION_CSV, _csv_bytes(metrics.shift_realisation))
+        if plots:
+            put(REALISATION_PLOT, _png_bytes(_plot_shift_realisation(metrics)))
+            plot_files.append(REALISATION_PLOT)
 
     data_files = [n for n in written if not n.endswith(".png")]
     put("index.html", _index_html(metrics, title, config_hash, plot_files, data_files).encode("utf-8"))

@@ -129,9 +129,18 @@ class OutputStore:
             self.fs.rm(self.path(rel_dir), recursive=True)
 
     def move(self, rel_src: str, rel_dst: str) -> None:
+        """Move a file or directory: a rename locally, copy-then-delete per object elsewhere."""
+        src, dst = self.path(rel_src), self.path(rel_dst)
         if self.local:
-            self.fs.makedirs(posixpath.dirname(self.path(rel_dst)), exist_ok=True)
-        self.fs.mv(self.path(rel_src), self.path(rel_dst), recursive=True)
+            self.fs.makedirs(posixpath.dirname(dst), exist_ok=True)
+            self.fs.mv(src, dst, recursive=True)
+            return
+        self.fs.invalidate_cache()
+        files = self.fs.find(src) if self.fs.isdir(src) else [src]
+        for f in files:
+            self.fs.copy(f, dst + f[len(src) :])
+        for f in files:
+            self.fs.rm(f)
 
     def top_level(self) -> list[str]:
         """Names of the entries at the root of the output."""

@@ -6,7 +6,9 @@ each output index maps to an ImageNet-1k id (:attr:`Classifier.out_to_label`, fr
 :func:`topk_predictions` turns logits into ImageNet-id top-1/top-5 and the probability of
 the true class.  Two kinds are registered: :class:`TimmClassifier` (any timm model, hub tag
 or local weights) and :class:`OpenClipZeroShot` (open_clip with a zero-shot head built
-from the ImageNet class names and prompt templates).
+from the ImageNet class names and prompt templates).  A third kind,
+:class:`TorchScriptClassifier`, loads any ``torch.jit.save`` file with a stated input
+size and mean/std, for models timm cannot express (e.g. a linear model on pixels).
 """
 
 from __future__ import annotations
@@ -240,3 +242,101 @@ class OpenClipZeroShot(Classifier):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         img = torch.nn.functional.normalize(self.model.encode_image(x).float(), dim=-1)
         return 100.0 * img @ self.head
+
+
+# --------------------------------------------------------------------------- torchscript
+TORCHSCRIPT_PREPROCESS_FILE = "preprocess.json"
+_TORCHSCRIPT_KEYS = {"input_size", "mean", "std", "interpolation"}
+
+
+class TorchScriptClassifier(Classifier):
+    """Any model saved with ``torch.jit.save``: a generic kind for models timm cannot express.
+
+    ``checkpoint`` is the TorchScript file; it maps a float tensor ``[N, C, H, W]`` (resized
+    to ``input_size``, scaled to [0, 1], then normalised with ``mean``/``std``) to logits
+    ``[N, K]``.  Preprocessing comes from a ``preprocess.json`` extra file inside the
+    TorchScript archive (written with ``torch.jit.save(m, path, _extra_files=...)``), and
+    ``model_kwargs`` (``input_size``, ``mean``, ``std``, ``interpolation``) override it;
+    ``input_size`` must come from one of them.  ``model`` is a free-form architecture name.
+    Outputs map to class ids as for timm: identity when K equals the label space's size,
+    else through ``label_map``.
+    """
+
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
+        super().__init__(spec, device, labels)
+        from torchvision import transforms
+
+        if not spec.checkpoint:
+            raise ValueError(f"{self.where}.checkpoint: the torchscript kind needs the TorchScript file")
+        if not os.path.isfile(spec.checkpoint):
+            raise FileNotFoundError(f"{self.where}.checkpoint: checkpoint file not found: {spec.checkpoint}")
+        unknown = sorted(set(spec.model_kwargs) - _TORCHSCRIPT_KEYS)
+        if unknown:
+            raise ValueError(
+                f"{self.where}.model_kwargs: unknown keys {unknown} for kind torchscript; "
+                f"allowed: {sorted(_TORCHSCRIPT_KEYS)}"
+            )
+        extra = {TORCHSCRIPT_PREPROCESS_FILE: ""}
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                # torch >= 2.10 marks TorchScript deprecated; loading a saved file still works.
+                warnings.simplefilter("ignore", FutureWarning)
+                self.model = torch.jit.load(spec.checkpoint, map_location=device, _extra_files=extra)
+        except Exception as err:
+            raise RuntimeError(f"{self.where}: could not load TorchScript file {spec.checkpoint}: {err}") from err
+        self.model.eval()
+        cfg: dict[str, Any] = {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "interpolation": "bilinear"}
+        if extra[TORCHSCRIPT_PREPROCESS_FILE]:
+            try:
+                cfg.update(json.loads(extra[TORCHSCRIPT_PREPROCESS_FILE]))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{self.where}: {TORCHSCRIPT_PREPROCESS_FILE} in {spec.checkpoint} is not JSON: {err}")
+        cfg.update(spec.model_kwargs)
+        if "input_size" not in cfg:
+            raise ValueError(
+                f"{self.where}: no input_size; set model_kwargs.input_size (e.g. [3, 224, 224]) or save the model "
+                f"with a {TORCHSCRIPT_PREPROCESS_FILE} extra file"
+            )
+        size = list(cfg["input_size"])
+        if len(size) != 3 or len(cfg["mean"]) != size[0] or len(cfg["std"]) != size[0]:
+            raise ValueError(
+                f"{self.where}: input_size must be [C, H, W] and mean/std have C entries, got "
+                f"input_size={cfg['input_size']}, mean={cfg['mean']}, std={cfg['std']}"
+            )
+        modes = {"bilinear": transforms.InterpolationMode.BILINEAR, "bicubic": transforms.InterpolationMode.BICUBIC,
+                 "nearest": transforms.InterpolationMode.NEAREST}
+        if cfg["interpolation"] not in modes:
+            raise ValueError(f"{self.where}: interpolation must be one of {sorted(modes)}, got {cfg['interpolation']!r}")
+        self.preprocess_cfg = cfg
+        self._channels = size[0]
+        self.transform = transforms.Compose([
+            transforms.Resize((size[1], size[2]), interpolation=modes[cfg["interpolation"]], antialias=True),
+            transforms.ToTensor(),
+            transforms.Normalize(cfg["mean"], cfg["std"]),
+        ])
+        with torch.inference_mode():
+            probe = self.model(torch.zeros(1, *size, device=device))
+        if probe.ndim != 2:
+            raise ValueError(f"{self.where}: the TorchScript model returns shape {tuple(probe.shape)}, expected [N, K]")
+        n_out = int(probe.shape[1])
+        if self._label_map is None:
+            if n_out != len(self.labels):
+                raise ValueError(
+                    f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "
+                    f"{len(self.labels)} classes; give a label_map (output index -> class id)"
+                )
+            self._out_to_label = list(range(n_out))
+        else:
+            outside = sorted(k for k in self._label_map if k >= n_out)
+            if outside:
+                raise ValueError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
+            self._out_to_label = [self._label_map.get(i, -1) for i in range(n_out)]
+
+    def _preprocess(self, image: Any) -> torch.Tensor:
+        image = image.convert("L" if self._channels == 1 else "RGB")
+        return self.transform(image)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)

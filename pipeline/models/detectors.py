@@ -11,6 +11,11 @@ score every image of a trajectory (shift, class, seed across all scales):
 A detector passes when its score is strictly above its threshold; an image is kept
 when at least ``min_pass`` detectors pass (:func:`keep_decision`).
 
+:meth:`OOCFilter.evaluate` also returns ``clip_shift_alignment``, the CLIPScore of each
+image to ``"a picture in {shift words}"`` (:data:`SHIFT_ALIGNMENT_PROMPT`).  It is not a
+detector and never enters the keep rule: it measures how strongly the shift is realised
+(CNS-Bench Fig. 3), computed here because the CLIP image embeddings already exist.
+
 This module also holds the two model loaders shared with
 :mod:`pipeline.models.classifiers`: :func:`load_open_clip` and :func:`load_timm`.  Both
 accept either a hub tag (real clusters) or a local weights file (offline demo, tests),
@@ -29,7 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from pipeline.config import ClipModelSpec, DinoModelSpec, FilterSpec, Thresholds
-from pipeline.schema import SCORE_COLUMNS
+from pipeline.schema import REALISATION_COLUMNS, SCORE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,11 @@ log = logging.getLogger(__name__)
 # one forward; the cap only bounds memory when a stage is configured with huge batches.
 MAX_FORWARD = 256
 _WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt", ".npz")
+
+# Prompt of the shift-realisation measure (the paper's "A picture in snow").  A module
+# constant rather than a config key: it does not change any build output but this column,
+# and a config key would make every existing output's config differ.
+SHIFT_ALIGNMENT_PROMPT = "a picture in {shift_words}"
 
 # (images, scales, class_name, shift) of one trajectory.
 Trajectory = tuple[Sequence[Any], Sequence[float], str, str]
@@ -266,6 +276,7 @@ class OOCFilter:
         self.clip = ClipEncoder(spec.clip, device)
         self.dino = DinoEncoder(spec.dino, device)
         self._text_cache: dict[tuple[str, str], torch.Tensor] = {}
+        self._shift_text_cache: dict[str, torch.Tensor] = {}  # shift -> [D] alignment prompt embedding
 
     def prompts(self, class_name: str, shift: str) -> tuple[str, str]:
         """The class prompt and the class-in-shift prompt for a (class, shift)."""
@@ -284,20 +295,33 @@ class OOCFilter:
         for i, p in enumerate(todo):
             self._text_cache[p] = emb[2 * i : 2 * i + 2]
 
-    def score_trajectories(self, items: Sequence[Trajectory]) -> list[dict[str, list[float]]]:
+    def _shift_embeddings(self, shifts: list[str]) -> None:
+        todo = [s for s in dict.fromkeys(shifts) if s not in self._shift_text_cache]
+        if todo:
+            texts = [SHIFT_ALIGNMENT_PROMPT.format(shift_words=s.replace("_", " ")) for s in todo]
+            for s, emb in zip(todo, self.clip.encode_texts(texts)):
+                self._shift_text_cache[s] = emb
+
+    def score_trajectories(
+        self, items: Sequence[Trajectory], with_alignment: bool = False
+    ) -> list[dict[str, list[float]]]:
         """Scores of several trajectories with one forward per encoder over all their images.
 
         Each item is ``(images, scales, class_name, shift)``; returns one dict per item with
-        the keys of :data:`pipeline.schema.SCORE_COLUMNS`, one float per image.
+        the keys of :data:`pipeline.schema.SCORE_COLUMNS`, one float per image, plus
+        ``clip_shift_alignment`` (:data:`SHIFT_ALIGNMENT_PROMPT`) when ``with_alignment``.
         """
+        extra = REALISATION_COLUMNS if with_alignment else ()
         refs = [_scale0_index(scales) for _, scales, _, _ in items]
         for (images, scales, _, _) in items:
             if len(images) != len(scales):
                 raise ValueError(f"trajectory has {len(images)} images but {len(scales)} scales")
         flat = [im for images, _, _, _ in items for im in images]
         if not flat:
-            return [{k: [] for k in SCORE_COLUMNS} for _ in items]
+            return [{k: [] for k in (*SCORE_COLUMNS, *extra)} for _ in items]
         self._text_embeddings([(c, s) for _, _, c, s in items])
+        if with_alignment:
+            self._shift_embeddings([s for _, _, _, s in items])
         clip_img = self.clip.encode_images(flat)
         dino_cls = torch.nn.functional.normalize(self.dino.class_tokens(flat), dim=-1)
 
@@ -309,15 +333,16 @@ class OOCFilter:
             ci, di = clip_img[sl], dino_cls[sl]
             text = self._text_cache[(class_name, shift)]  # [2, D]: class prompt, shift prompt
             text_cos = ci @ text.T
-            out.append(
-                {
-                    # CLIPScore as in torchmetrics / the reference: 100 * max(cos, 0).
-                    "clip_text": (100 * text_cos[:, 0].clamp(min=0)).tolist(),
-                    "clip_shift_text": (100 * text_cos[:, 1].clamp(min=0)).tolist(),
-                    "clip_image": (ci @ ci[ref]).tolist(),
-                    "dino_image": (di @ di[ref]).tolist(),
-                }
-            )
+            scores = {
+                # CLIPScore as in torchmetrics / the reference: 100 * max(cos, 0).
+                "clip_text": (100 * text_cos[:, 0].clamp(min=0)).tolist(),
+                "clip_shift_text": (100 * text_cos[:, 1].clamp(min=0)).tolist(),
+                "clip_image": (ci @ ci[ref]).tolist(),
+                "dino_image": (di @ di[ref]).tolist(),
+            }
+            if with_alignment:
+                scores["clip_shift_alignment"] = (100 * (ci @ self._shift_text_cache[shift]).clamp(min=0)).tolist()
+            out.append(scores)
         return out
 
     def score_trajectory(
@@ -327,9 +352,11 @@ class OOCFilter:
         return self.score_trajectories([(images, scales, class_name, shift)])[0]
 
     def evaluate(self, items: Sequence[Trajectory]) -> list[dict[str, list]]:
-        """Scores plus ``n_pass`` and ``kept`` for each trajectory."""
+        """Scores plus ``n_pass``, ``kept`` and ``clip_shift_alignment`` for each trajectory.
+
+        The keep decision uses the four detector scores only."""
         results = []
-        for scores in self.score_trajectories(items):
+        for scores in self.score_trajectories(items, with_alignment=True):
             n_pass, kept = keep_decision(scores, self.spec.thresholds, self.spec.min_pass)
             results.append({**scores, "n_pass": n_pass, "kept": kept})
         return results
@@ -346,5 +373,11 @@ class KeepAll:
         results = []
         for images, _, _, _ in items:
             n = len(images)
-            results.append({**{k: [math.nan] * n for k in SCORE_COLUMNS}, "n_pass": [0] * n, "kept": [True] * n})
+            results.append(
+                {
+                    **{k: [math.nan] * n for k in (*SCORE_COLUMNS, *REALISATION_COLUMNS)},
+                    "n_pass": [0] * n,
+                    "kept": [True] * n,
+                }
+            )
         return results

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from pipeline.config import BuildConfig, StageResources
 from pipeline.plan import WorkUnit
@@ -26,7 +26,9 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "0")
-    if address:
+    if address or os.environ.get("RAY_ADDRESS"):
+        # A Ray job's driver (`cnsbench submit`, KubeRay RayJob) gets the cluster in
+        # $RAY_ADDRESS, and ray.init() refuses num_cpus/num_gpus when it connects to one.
         ray.init(address=address, log_to_driver=True)
         return
     res = cfg.resources
@@ -108,3 +110,45 @@ def run_ray(
             on_shard(row)
         yield row
 
+
+
+def run_ray_rows(
+    cfg: BuildConfig,
+    rows: list[dict],
+    output: str,
+    stages: Sequence[tuple[type, StageResources, int, dict]],
+    on_shard: Callable[[dict], None] | None = None,
+) -> Iterator[dict]:
+    """Like :func:`run_ray`, but the stream starts from ready rows instead of work units.
+
+    ``stages``: ``(stage class, resources, batch size, extra constructor kwargs)`` in
+    order, each run as an actor pool like the build's; the write stage is appended.  Used
+    by ``cnsbench evaluate`` (pointer rows -> load -> [filter ->] classify -> write).
+    """
+    import ray
+
+    from pipeline.stages.write import WriteStage
+
+    cfg_dict = cfg.model_dump(mode="json")
+    ray.data.DataContext.get_current().enable_progress_bars = True
+    # Rows are light pointers; a few per block keeps the load pool busy from the start.
+    ds = ray.data.from_items(list(rows), override_num_blocks=max(1, min(len(rows), 1000)))
+    chain = list(stages) + [(WriteStage, cfg.resources.write, cfg.output.trajectories_per_shard, {})]
+    for cls, r, batch_size, extra in chain:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")  # see run_ray
+            ds = ds.map_batches(
+                cls,
+                fn_constructor_kwargs={"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus)), **extra},
+                batch_size=batch_size,
+                batch_format="pyarrow",
+                compute=_pool(r),
+                num_gpus=r.num_gpus,
+                num_cpus=r.num_cpus,
+                **_remote_args(r),
+            )
+    for row in ds.iter_rows():
+        row = dict(row)
+        if on_shard:
+            on_shard(row)
+        yield row

@@ -1,0 +1,116 @@
+"""Builds in subprocesses inside their own PID namespace, and SIGKILL at chosen points.
+
+Shared by the resume and object-storage tests.  ``unshare -p -f --mount-proc`` gives every
+build its own PID namespace, so killing the namespace's init takes the driver and every
+Ray process of that build with it and leaves the host's other Ray processes alone.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from pipeline.io.webdataset import iter_tar
+
+HAS_UNSHARE = shutil.which("unshare") is not None and subprocess.run(
+    ["unshare", "-p", "-f", "--mount-proc", "true"], capture_output=True
+).returncode == 0
+
+
+def demo_config(directory: Path, mutate=None, name: str = "demo.yaml") -> Path:
+    """configs/demo.yaml with absolute asset paths (so it can live anywhere), optionally changed."""
+    import yaml
+
+    from pipeline.cli import DEMO_CONFIG
+    from pipeline.demo.assets import ensure_demo_assets
+
+    ensure_demo_assets()
+    text = DEMO_CONFIG.read_text().replace("../assets/", str(DEMO_CONFIG.parent.parent / "assets") + "/")
+    raw = yaml.safe_load(text)
+    if mutate:
+        mutate(raw)
+    path = Path(directory) / name
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def build_cmd(cfg: Path, out: Path, runner: str, *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(out), "--runner", runner, *extra]
+    return ["unshare", "-p", "-f", "--mount-proc", *cmd] if HAS_UNSHARE else cmd
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CNSBENCH_FAULT")}
+    env.update(HF_HUB_OFFLINE="1", RAY_DATA_DISABLE_PROGRESS_BARS="1", **extra)
+    return env
+
+
+def run_build(cfg: Path, out: Path, runner: str, env: dict | None = None, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        build_cmd(cfg, out, runner, *extra), env=env or env_with(), capture_output=True, text=True, timeout=600
+    )
+
+
+def kill_at(cfg: Path, out: Path, runner: str, rule: str, fault_dir: Path) -> None:
+    """Start a build that pauses at the fault rule's point, then SIGKILL all of it there."""
+    fault_dir.mkdir(parents=True, exist_ok=True)
+    env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir))
+    proc = subprocess.Popen(build_cmd(cfg, out, runner), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    try:
+        while not list(fault_dir.glob("paused-*")):
+            if proc.poll() is not None:
+                raise AssertionError(f"build ended before reaching {rule}: {proc.stdout.read().decode()[-3000:]}")
+            if time.time() > deadline:
+                raise AssertionError(f"build never reached {rule}")
+            time.sleep(0.2)
+    finally:
+        # The namespace's init is unshare's child: killing it kills the whole namespace.
+        if HAS_UNSHARE:
+            children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            for pid in children:
+                os.kill(int(pid), signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def snapshot(out: Path | str) -> dict:
+    """Per-sample image bytes, samples and predictions of an output (committed shards only)."""
+    from pipeline.io.store import OutputStore
+
+    store = OutputStore(str(out))
+    images, samples, preds = {}, [], []
+    for man in store.manifests():
+        for rel in man.files:
+            data = store.read_bytes(rel)
+            if rel.startswith("images/"):
+                for key, members in iter_tar(data, rel):
+                    assert key not in images, f"duplicate sample {key}"
+                    images[key] = members["png"]
+            elif rel.startswith("samples/"):
+                samples.append(pq.read_table(io.BytesIO(data)).to_pandas())
+            elif rel.startswith("predictions/"):
+                preds.append(pq.read_table(io.BytesIO(data)).to_pandas())
+    s = pd.concat(samples).drop(columns=["shard"]).sort_values("sample_id").reset_index(drop=True)
+    p = pd.concat(preds).sort_values(["sample_id", "classifier"]).reset_index(drop=True)
+    p["top5"] = p["top5"].map(list)
+    return {"images": images, "samples": s, "predictions": p}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert set(a["images"]) == set(b["images"]) and len(a["images"]) == 48
+    assert a["images"] == b["images"]  # byte-identical on CPU
+    assert a["samples"]["sample_id"].is_unique and b["samples"]["sample_id"].is_unique
+    pd.testing.assert_frame_equal(a["samples"], b["samples"])
+    pd.testing.assert_frame_equal(a["predictions"], b["predictions"])
+
+
