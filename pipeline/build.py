@@ -86,24 +86,37 @@ def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [k for k in keys if not allowed(k)]
 
 
+def _by_name(classifiers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {c["name"]: {k: v for k, v in c.items() if k != "name"} for c in classifiers}
+
+
 def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | None:
-    """Compare with the config an existing output was built with; raise if incompatible."""
+    """Compare with the config an existing output was built with; raise if incompatible.
+
+    Classifiers are compared by name: adding or dropping one is fine (only the new ones
+    run, on the committed images), changing the spec behind a name is not.
+    """
     if not store.exists("config.json"):
         return None
     try:
         old = json.loads(store.read_text("config.json"))["config"]
     except (ValueError, KeyError) as err:
         raise IncompatibleOutput(f"{store.url('config.json')} is malformed: {err}") from None
-    bad = differing_keys(old, resolved_dict(cfg))
+    stored = old
+    new = resolved_dict(cfg)
+    old_c, new_c = _by_name(old.get("classifiers", [])), _by_name(new["classifiers"])
+    old = {**old, "classifiers": {n: old_c[n] for n in old_c if n in new_c}}
+    new = {**new, "classifiers": {n: new_c[n] for n in new_c if n in old_c}}
+    bad = differing_keys(old, new)
     if bad:
-        flat_old, flat_new = _flatten(old), _flatten(resolved_dict(cfg))
+        flat_old, flat_new = _flatten(old), _flatten(new)
         detail = "\n".join(f"  {k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in bad[:30])
         raise IncompatibleOutput(
             f"{store.uri} was built with a different config; these keys would change existing outputs:\n{detail}\n"
             "Pass --new-version to archive the existing build under previous/ and start a new one, "
             "or use a new output directory."
         )
-    return old
+    return stored
 
 
 def archive_previous(store: OutputStore) -> str | None:
@@ -154,6 +167,30 @@ def clean_uncommitted(store: OutputStore, echo: Callable[[str], None]) -> None:
     store.remove_tree("attempts")
 
 
+def add_classifiers(
+    store: OutputStore, cfg: BuildConfig, built_with: list[str], runner: str, address: str | None, echo
+) -> None:
+    """Run newly configured classifiers on the images of already committed shards."""
+    import pyarrow as pa
+
+    from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage, missing_classifiers
+
+    rows = missing_classifiers(store, [c.name for c in cfg.classifiers], built_with)
+    if not rows:
+        return
+    names = sorted({n for r in rows for n in r["classifiers"]})
+    echo(f"[cnsbench] adding predictions of {', '.join(names)} to {len(rows)} committed shard(s)")
+    if runner == "ray":
+        from pipeline.runners.ray_runner import init_ray, stream
+
+        init_ray(address, cfg)
+        chain = [(ReclassifyStage, cfg.resources.classify, 1, {"built_with": built_with})]
+        for _ in stream(cfg, rows, store.uri, chain, len(rows), None):
+            pass
+    else:
+        ReclassifyStage(cfg, store.uri, built_with=built_with)(pa.Table.from_pylist(rows, schema=RECLASSIFY))
+
+
 def write_config(store: OutputStore, cfg: BuildConfig) -> str:
     digest = config_hash(cfg)
     store.write_text("config.yaml", dump_yaml(cfg))
@@ -182,13 +219,15 @@ def build(
     """
     start = time.perf_counter()
     store = OutputStore(output)
+    stored = None
     try:
-        check_compatible(store, cfg)
+        stored = check_compatible(store, cfg)
     except IncompatibleOutput:
         if not new_version:
             raise
         echo(f"[cnsbench] archived the previous build under {archive_previous(store)}")
     done, _ = committed_trajectories(store, deep=verify, echo=echo)
+    built_with = [c["name"] for c in stored["classifiers"]] if stored else []
     units = plan.plan_units(cfg.benchmark, done)
     summary_plan = plan.summarize(cfg.benchmark)
     check_build(cfg, {(u.class_id, s) for u in units for s in u.shifts})
@@ -214,6 +253,7 @@ def build(
             f"({progress}/{summary_plan.n_trajectories})"
         )
 
+    add_classifiers(store, cfg, built_with, runner, address, echo)
     if units:
         if runner == "ray":
             from pipeline.runners.ray_runner import init_ray, run_ray

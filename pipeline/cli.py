@@ -161,11 +161,13 @@ def make_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_demo)
 
     from pipeline import calibrate, evaluate, jobs
+    from pipeline.serve import app as serve_app
     from pipeline.train import sliders as train_sliders
 
     evaluate.add_cli(sub)
     calibrate.add_cli(sub)
     train_sliders.add_cli(sub)
+    serve_app.add_cli(sub)
     jobs.add_cli(sub)
     return p
 

@@ -129,3 +129,28 @@ def test_incompatible_config_is_refused_unless_new_version(cfg_path, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     previous = list((out / "previous").iterdir())
     assert len(previous) == 1 and len(list((previous[0] / "manifest").glob("*.json"))) == 4
+
+
+def test_added_classifier_runs_only_on_committed_images(cfg_path, reference_local, tmp_path):
+    raw = yaml.safe_load(cfg_path.read_text())
+    all_classifiers = raw["classifiers"]
+    raw["classifiers"] = all_classifiers[:2]
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    assert run_build(cfg, out, "local").returncode == 0
+    assert set(snapshot(out)["predictions"]["classifier"]) == {c["name"] for c in all_classifiers[:2]}
+    raw["classifiers"] = all_classifiers
+    cfg.write_text(yaml.safe_dump(raw))
+    res = run_build(cfg, out, "local")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "adding predictions of tiny-clip-zs to 4 committed shard(s)" in res.stdout
+    assert "8 already done, 0 to make" in res.stdout
+    snap, ref = snapshot(out), reference_local
+    assert snap["images"] == ref["images"]  # nothing regenerated
+    pd.testing.assert_frame_equal(snap["predictions"], ref["predictions"], check_exact=False, rtol=1e-5)
+    # A changed spec behind an existing name is refused.
+    raw["classifiers"][0]["model_kwargs"]["stem_width"] = 16
+    cfg.write_text(yaml.safe_dump(raw))
+    res = run_build(cfg, out, "local")
+    assert res.returncode == 2 and "classifiers.tiny-resnet.model_kwargs.stem_width" in res.stderr

@@ -31,13 +31,12 @@ def load_output_config(store: OutputStore) -> BuildConfig:
 def _read_tables(store: OutputStore, kind: str, sch: pa.Schema) -> pd.DataFrame:
     tables = []
     for manifest in store.manifests():
-        rel = f"{kind}/{manifest.shard}.parquet"
-        if rel not in manifest.files:
-            continue
-        try:
-            tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch))
-        except (pa.ArrowInvalid, OSError) as err:
-            raise ValueError(f"malformed shard {store.url(rel)}: {err}") from None
+        # A shard may hold several files of a kind (predictions added for new classifiers).
+        for rel in sorted(r for r in manifest.files if r.startswith(f"{kind}/")):
+            try:
+                tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch))
+            except (pa.ArrowInvalid, OSError) as err:
+                raise ValueError(f"malformed shard {store.url(rel)}: {err}") from None
     if not tables:
         return sch.empty_table().to_pandas()
     return pa.concat_tables(tables).to_pandas()
@@ -47,8 +46,10 @@ def load_samples(store: OutputStore) -> pd.DataFrame:
     return _read_tables(store, "samples", schema.SAMPLES)
 
 
-def load_predictions(store: OutputStore) -> pd.DataFrame:
-    return _read_tables(store, "predictions", schema.PREDICTIONS)
+def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -> pd.DataFrame:
+    """Predictions of committed shards, only of ``classifiers`` when given."""
+    preds = _read_tables(store, "predictions", schema.PREDICTIONS)
+    return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
 
 
 def aggregate_output(store: OutputStore, cfg: BuildConfig, digest: str | None = None) -> str:
@@ -57,7 +58,7 @@ def aggregate_output(store: OutputStore, cfg: BuildConfig, digest: str | None = 
     from pipeline.aggregate.report import write_report
 
     samples = load_samples(store)
-    predictions = load_predictions(store)
+    predictions = load_predictions(store, [c.name for c in cfg.classifiers])
     metrics = compute_metrics(
         samples,
         predictions,

@@ -42,6 +42,7 @@ class ShardManifest:
     n_samples: int
     failed: dict[str, str]  # trajectory id -> error message
     stats: dict[str, float]
+    classifiers: list[str] | None = None  # whose predictions it holds (None: the build config's)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True, indent=1)

@@ -23,32 +23,8 @@ def run_local(
     cfg: BuildConfig, units: list[WorkUnit], output: str, on_shard: Callable[[dict], None] | None = None
 ) -> Iterator[dict]:
     """Run generate -> filter -> classify -> write for ``units``; yields one dict per written shard."""
-    gen, flt, clf = GenerateStage(cfg, output), FilterStage(cfg, output), ClassifyStage(cfg, output)
-    writer = WriteStage(cfg, output)
-    per_shard = cfg.output.trajectories_per_shard
-    pending: list[pa.Table] = []
-    n_pending = 0
-
-    def flush() -> Iterator[dict]:
-        nonlocal pending, n_pending
-        if not pending:
-            return
-        table = pa.concat_tables(pending)
-        pending, n_pending = [], 0
-        for lo in range(0, table.num_rows, per_shard):
-            for row in writer(table.slice(lo, per_shard)).to_pylist():
-                if on_shard:
-                    on_shard(row)
-                yield row
-
-    for unit in units:
-        rows = gen(pa.Table.from_pylist([unit.to_row()], schema=schema.UNIT))
-        rows = clf(flt(rows))
-        pending.append(rows)
-        n_pending += rows.num_rows
-        if n_pending >= per_shard:
-            yield from flush()
-    yield from flush()
+    stages = [(GenerateStage, None, 1, {}), (FilterStage, None, 0, {}), (ClassifyStage, None, 0, {})]
+    yield from run_local_rows(cfg, (u.to_row() for u in units), output, stages, on_shard)
 
 
 def run_local_rows(
@@ -62,8 +38,9 @@ def run_local_rows(
 
     ``stages``: ``(stage class, resources, batch size, extra constructor kwargs)`` in
     order (the resources are Ray's and unused here); the write stage is appended.  Rows
-    go through in chunks of the first stage's batch size.  Used by ``cnsbench evaluate``
-    (pointer rows -> load -> [filter ->] classify -> write).
+    go through in chunks of the first stage's batch size, and are written in shards of
+    ``output.trajectories_per_shard`` trajectories.  Used by builds (unit rows) and by
+    ``cnsbench evaluate`` (pointer rows -> load -> [filter ->] classify -> write).
     """
     chain = [cls(cfg, output, **extra) for cls, _, _, extra in stages]
     writer = WriteStage(cfg, output)
@@ -86,7 +63,7 @@ def run_local_rows(
 
     def run(chunk: list[dict]) -> Iterator[dict]:
         nonlocal n_pending
-        table = pa.Table.from_pylist(chunk)
+        table = pa.Table.from_pylist(chunk, schema=schema.UNIT if stages and stages[0][0] is GenerateStage else None)
         for stage in chain:
             table = stage(table)
         pending.append(table)

@@ -67,31 +67,30 @@ def _remote_args(stage: StageResources) -> dict:
     return {"max_restarts": -1, "max_task_retries": retries}
 
 
-def run_ray(
-    cfg: BuildConfig, units: list[WorkUnit], output: str, on_shard: Callable[[dict], None] | None = None
+def stream(
+    cfg: BuildConfig,
+    rows: list[dict],
+    output: str,
+    chain: Sequence[tuple[type, StageResources, int, dict]],
+    num_blocks: int,
+    on_shard: Callable[[dict], None] | None,
 ) -> Iterator[dict]:
+    """Rows through ``chain`` (stage class, resources, batch size, extra kwargs), each an
+    actor pool; yields the write stage's one row per committed shard."""
     import ray
 
-    from pipeline.stages.classify import ClassifyStage
-    from pipeline.stages.filter import FilterStage
-    from pipeline.stages.generate import GenerateStage
-    from pipeline.stages.write import WriteStage
-
     cfg_dict = cfg.model_dump(mode="json")
-    res = cfg.resources
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = True
-    # Keep each work unit in its own block so generation parallelises across actors.
-    ds = ray.data.from_items([u.to_row() for u in units], override_num_blocks=max(1, len(units)))
-
-    def stage(ds, cls, r: StageResources, batch_size: int):
+    ray.data.DataContext.get_current().enable_progress_bars = True
+    ds = ray.data.from_items(list(rows), override_num_blocks=max(1, num_blocks))
+    for cls, r, batch_size, extra in chain:
+        kwargs = {"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus)), **extra}
         with warnings.catch_warnings():
             # Ray 2.60 has no named parameter for bounded actor restarts/retries yet; the
             # remote-args route it deprecates is still the only way to bound them.
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-            return ds.map_batches(
+            ds = ds.map_batches(
                 cls,
-                fn_constructor_kwargs={"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus))},
+                fn_constructor_kwargs=kwargs,
                 batch_size=batch_size,
                 batch_format="pyarrow",
                 compute=_pool(r),
@@ -99,17 +98,31 @@ def run_ray(
                 num_cpus=r.num_cpus,
                 **_remote_args(r),
             )
-
-    ds = stage(ds, GenerateStage, res.generate, res.generate.batch_size)
-    ds = stage(ds, FilterStage, res.filter, res.filter.batch_size)
-    ds = stage(ds, ClassifyStage, res.classify, res.classify.batch_size)
-    ds = stage(ds, WriteStage, res.write, cfg.output.trajectories_per_shard)
     for row in ds.iter_rows():
         row = dict(row)
         if on_shard:
             on_shard(row)
         yield row
 
+
+def run_ray(
+    cfg: BuildConfig, units: list[WorkUnit], output: str, on_shard: Callable[[dict], None] | None = None
+) -> Iterator[dict]:
+    """A build: work units -> generate -> filter -> classify -> write."""
+    from pipeline.stages.classify import ClassifyStage
+    from pipeline.stages.filter import FilterStage
+    from pipeline.stages.generate import GenerateStage
+    from pipeline.stages.write import WriteStage
+
+    res = cfg.resources
+    chain = [
+        (GenerateStage, res.generate, res.generate.batch_size, {}),
+        (FilterStage, res.filter, res.filter.batch_size, {}),
+        (ClassifyStage, res.classify, res.classify.batch_size, {}),
+        (WriteStage, res.write, cfg.output.trajectories_per_shard, {}),
+    ]
+    # One work unit per block, so generation spreads across the actors from the start.
+    yield from stream(cfg, [u.to_row() for u in units], output, chain, len(units), on_shard)
 
 
 def run_ray_rows(
@@ -125,30 +138,8 @@ def run_ray_rows(
     order, each run as an actor pool like the build's; the write stage is appended.  Used
     by ``cnsbench evaluate`` (pointer rows -> load -> [filter ->] classify -> write).
     """
-    import ray
-
     from pipeline.stages.write import WriteStage
 
-    cfg_dict = cfg.model_dump(mode="json")
-    ray.data.DataContext.get_current().enable_progress_bars = True
-    # Rows are light pointers; a few per block keeps the load pool busy from the start.
-    ds = ray.data.from_items(list(rows), override_num_blocks=max(1, min(len(rows), 1000)))
     chain = list(stages) + [(WriteStage, cfg.resources.write, cfg.output.trajectories_per_shard, {})]
-    for cls, r, batch_size, extra in chain:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")  # see run_ray
-            ds = ds.map_batches(
-                cls,
-                fn_constructor_kwargs={"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus)), **extra},
-                batch_size=batch_size,
-                batch_format="pyarrow",
-                compute=_pool(r),
-                num_gpus=r.num_gpus,
-                num_cpus=r.num_cpus,
-                **_remote_args(r),
-            )
-    for row in ds.iter_rows():
-        row = dict(row)
-        if on_shard:
-            on_shard(row)
-        yield row
+    # Rows are light pointers; a few per block keeps the load pool busy from the start.
+    yield from stream(cfg, rows, output, chain, min(len(rows), 1000), on_shard)

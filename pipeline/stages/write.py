@@ -33,6 +33,25 @@ def _parquet_bytes(rows: list[dict[str, Any]], sch: pa.Schema) -> bytes:
     return buf.getvalue()
 
 
+def prediction_rows(row: dict[str, Any], classifiers: list[str]) -> list[dict[str, Any]]:
+    """The ``predictions`` table rows of one classified trajectory row, per image and classifier."""
+    out = []
+    for i, sid in enumerate(row["sample_ids"]):
+        for j, clf in enumerate(classifiers):
+            top1 = row["pred_top1"][i][j]
+            out.append(
+                {
+                    "sample_id": sid,
+                    "classifier": clf,
+                    "top1": top1,
+                    "top5": row["pred_top5"][i][j],
+                    "p_true": row["pred_p_true"][i][j],
+                    "correct": top1 == row["class_id"],
+                }
+            )
+    return out
+
+
 def _stage_of(error: str) -> str:
     """Errors start with ``[stage]``; older or foreign messages count as generation errors."""
     if error.startswith("[") and "]" in error:
@@ -97,18 +116,7 @@ class WriteStage(Stage):
                 meta = {k: sample[k] for k in sample if k not in ("shard", "key")}
                 meta["label"] = r["class_id"]
                 tar_samples.append((sid, {ext: r["images"][i], "json": metadata_json(meta)}))
-                for j, clf in enumerate(classifiers):
-                    top1 = r["pred_top1"][i][j]
-                    pred_rows.append(
-                        {
-                            "sample_id": sid,
-                            "classifier": clf,
-                            "top1": top1,
-                            "top5": r["pred_top5"][i][j],
-                            "p_true": r["pred_p_true"][i][j],
-                            "correct": top1 == r["class_id"],
-                        }
-                    )
+            pred_rows.extend(prediction_rows(r, classifiers))
 
         files: dict[str, dict[str, Any]] = {}
         if ok:
@@ -141,6 +149,7 @@ class WriteStage(Stage):
             n_samples=len(sample_rows),
             failed=failed,
             stats=stats,
+            classifiers=classifiers,
         )
         faults.inject("write", "before_manifest", manifest.trajectories or list(failed))
         self.store.commit_manifest(manifest)  # the done-marker: written last
