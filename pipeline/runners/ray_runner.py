@@ -59,11 +59,13 @@ def _pool(stage: StageResources):
     return ray.data.ActorPoolStrategy(min_size=stage.pool_size, max_size=stage.max_pool_size or stage.pool_size)
 
 
-def _remote_args(stage: StageResources) -> dict:
-    # A crashed actor is restarted and its batch retried.  After max_retries + 1 attempts
-    # the stage itself gives up on the batch (pipeline.faults), so Ray must allow one
-    # retry more than that for the give-up attempt to run.
-    retries = stage.max_retries + 1
+def _remote_args(stage: StageResources, bookkept: bool = True) -> dict:
+    # A crashed actor is restarted and its batch retried.  Stages that keep attempt markers
+    # (pipeline.faults) give up on a batch by themselves after max_retries + 1 attempts, so
+    # Ray may retry them without limit: that also rides out a node that is lost for a while
+    # (its actors are "unavailable" until the node is declared dead and they restart
+    # elsewhere).  The write stage keeps no markers and gets a bounded budget.
+    retries = -1 if bookkept else stage.max_retries + 1
     return {"max_restarts": -1, "max_task_retries": retries}
 
 
@@ -96,7 +98,7 @@ def stream(
                 compute=_pool(r),
                 num_gpus=r.num_gpus,
                 num_cpus=r.num_cpus,
-                **_remote_args(r),
+                **_remote_args(r, bookkept=cls.__name__ != "WriteStage"),
             )
     for row in ds.iter_rows():
         row = dict(row)
