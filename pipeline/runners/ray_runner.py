@@ -59,7 +59,7 @@ def _pool(stage: StageResources):
     return ray.data.ActorPoolStrategy(min_size=stage.pool_size, max_size=stage.max_pool_size or stage.pool_size)
 
 
-def _remote_args(stage: StageResources, bookkept: bool = True) -> dict:
+def _remote_args(stage: StageResources, bookkept: bool) -> dict:
     # A crashed actor is restarted and its batch retried.  Stages that keep attempt markers
     # (pipeline.faults) give up on a batch by themselves after max_retries + 1 attempts, so
     # Ray may retry them without limit: that also rides out a node that is lost for a while
@@ -98,7 +98,7 @@ def stream(
                 compute=_pool(r),
                 num_gpus=r.num_gpus,
                 num_cpus=r.num_cpus,
-                **_remote_args(r, bookkept=cls.__name__ != "WriteStage"),
+                **_remote_args(r, bookkept=cls.keeps_attempts),
             )
     for row in ds.iter_rows():
         row = dict(row)

@@ -40,6 +40,9 @@ class Stage:
 
     name: str
     output_schema: pa.Schema
+    # Whether the stage records attempt markers and gives up on batches that keep killing
+    # their worker (pipeline.faults); the Ray runner retries such stages without limit.
+    keeps_attempts: bool = True
 
     def __init__(
         self,
@@ -95,7 +98,7 @@ class Stage:
 
         rows = batch.to_pylist() if isinstance(batch, pa.Table) else pa.Table.from_pydict(batch).to_pylist()
         keys = self.batch_keys(rows)
-        if self.output is not None and keys:
+        if self.keeps_attempts and self.output is not None and keys:
             if self._attempts is None:
                 from pipeline.io.store import OutputStore
 

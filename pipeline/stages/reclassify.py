@@ -45,12 +45,16 @@ def missing_classifiers(store: OutputStore, names: list[str], built_with: list[s
 class ReclassifyStage(Stage):
     name = "classify"
     output_schema = schema.WRITTEN
+    keeps_attempts = False  # a shard that keeps crashing fails the run; the next run redoes it
 
-    def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
-        return []  # a shard that keeps crashing fails the run; the next run redoes it
-
-    def __init__(self, config, output: str | None = None, device: str | None = None,
-                 threads: int | None = None, built_with: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        output: str | None = None,
+        device: str | None = None,
+        threads: int | None = None,
+        built_with: list[str] | None = None,
+    ) -> None:
         super().__init__(config, output, device, threads)
         self.built_with = list(built_with or [])
 
@@ -111,5 +115,11 @@ class ReclassifyStage(Stage):
         have = manifest.classifiers if manifest.classifiers is not None else list(self.built_with)
         manifest.classifiers = have + [n for n in ordered if n not in have]
         store.commit_manifest(manifest)
-        return {"shard": shard, "n_trajectories": 0, "n_samples": len(preds), "n_failed": 0,
-                "unet_evals": 0.0, "gen_seconds": 0.0}
+        return {
+            "shard": shard,
+            "n_trajectories": 0,
+            "n_samples": len(preds),
+            "n_failed": 0,
+            "unet_evals": 0.0,
+            "gen_seconds": 0.0,
+        }

@@ -66,11 +66,9 @@ def _nan_to_none(x: float) -> float | None:
 class WriteStage(Stage):
     name = "write"
     output_schema = schema.WRITTEN
-
-    def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
-        # No attempt bookkeeping: a write that keeps failing fails the run, and the next
-        # run redoes the uncommitted trajectories.
-        return []
+    # No attempt bookkeeping: a write that keeps failing fails the run, and the next run
+    # redoes the uncommitted trajectories.
+    keeps_attempts = False
 
     def setup(self) -> None:
         self.store = OutputStore(self.output)
