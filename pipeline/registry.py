@@ -45,6 +45,11 @@ GENERATORS.register(
     "SD2 + textual-inversion class token + one LoRA slider per (class, shift), continuous scales",
 )
 
+GENERATORS.register(
+    "prompt", "pipeline.models.sampler:PromptSampler",
+    "prompt-only baseline (2P): 'a picture of a {token}' at scale 0, '... in {shift words}' at every scale > 0",
+)
+
 FILTERS = Registry("filter")
 FILTERS.register(
     "ooc4", "pipeline.models.detectors:OOCFilter",

@@ -108,3 +108,19 @@ def test_results_do_not_depend_on_batch_composition(tiny_world, sampler):
 def test_missing_slider_is_reported(tiny_world, sampler):
     with pytest.raises(FileNotFoundError, match="shift_zzz/001.safetensors"):
         sampler.generate_group(1, 3, ["shift_zzz"], SCALES)
+
+
+def test_prompt_baseline_generator(tiny_world, sampler):
+    """2P: scale 0 is the class prompt (as with sliders), every scale > 0 the shift prompt."""
+    from pipeline.models.sampler import PromptSampler
+
+    spec = sampler.spec.model_copy(update={"kind": "prompt", "slider_store": None})
+    two_p = PromptSampler(spec, "cpu", torch.float32)
+    two_p.setup(tiny_world["classes"], label_space())
+    group = two_p.generate_group(1, 4, ["heavy_snow", "painting_style"], SCALES)
+    assert group.unet_evals == 3 * 50 * 2  # base + one image per shift, all steps
+    assert np.abs(arr(group.image("heavy_snow", 0.0)) - arr(sampler.reference_image(1, 4, None, 0.0))).max() <= 2
+    snow = arr(two_p.reference_image(1, 4, "heavy_snow", 2.5))
+    for scale in SCALES[1:]:
+        assert np.abs(arr(group.image("heavy_snow", scale)) - snow).max() <= 2
+    assert np.abs(snow - arr(group.image("painting_style", 1.0))).mean() > 0.5

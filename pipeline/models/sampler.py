@@ -285,3 +285,73 @@ def create_sampler(spec: GeneratorSpec, bench: BenchmarkSpec, device: str, dtype
     sampler = cls(spec, device, dtype)
     sampler.setup(list(bench.classes), bench.label_space)
     return sampler
+
+
+class PromptSampler(SliderSampler):
+    """Generator ``prompt``: the prompt-only baseline ("2P") for comparison with sliders.
+
+    Scale 0 is ``generator.prompt`` ("a picture of a {token}"); every nonzero scale is the
+    same image generated with ``generator.shift_prompt`` ("a picture of a {token} in
+    {shift_words}") from the same seed, over all steps -- a binary shift, so its
+    trajectories jump at the first nonzero scale.  No sliders are loaded.
+    """
+
+    def load_slider(self, class_id: int, shift: str) -> str:  # pragma: no cover - never used
+        raise RuntimeError("the prompt baseline uses no sliders")
+
+    def _shift_embeds(self, class_id: int, shift: str) -> torch.Tensor:
+        key = (class_id, shift)
+        cache = self.__dict__.setdefault("_shift_cache", {})
+        if key not in cache:
+            prompt = self.spec.shift_prompt.format(
+                token=self.tokens[class_id], shift_words=shift.replace("_", " ")
+            )
+            pos, _ = self.pipe.encode_prompt(prompt, self.device, 1, True, negative_prompt=self.spec.negative_prompt)
+            cache[key] = pos
+        return cache[key]
+
+    @torch.inference_mode()
+    def generate_group(self, class_id: int, seed: int, shifts: list[str], scales: list[float]) -> GroupResult:
+        start = time.perf_counter()
+        self._evals = 0
+        neg, pos = self.prompt_embeds(class_id)
+        sched = self._timesteps()
+        latents = self._initial_latents(seed)
+        branches: list[str | None] = [None] + list(shifts)
+        finals: dict[tuple[str | None, float], torch.Tensor] = {}
+        size = self.spec.branch_batch_size
+        for lo in range(0, len(branches), size):
+            chunk = branches[lo : lo + size]
+            csched = copy.deepcopy(sched)
+            lat = latents.expand(len(chunk), -1, -1, -1).clone()
+            cond = torch.cat([pos if s is None else self._shift_embeds(class_id, s) for s in chunk])
+            for t in sched.timesteps:
+                lat = self._step(csched, lat, t, neg, cond)
+            for b, shift in enumerate(chunk):
+                finals[(None, 0.0) if shift is None else (shift, 1.0)] = lat[b : b + 1]
+        decoded = self._decode(finals)
+        images = {(None, 0.0): decoded[(None, 0.0)]}
+        for shift in shifts:
+            for scale in scales:
+                if scale != 0:
+                    images[(shift, scale)] = decoded[(shift, 1.0)]
+        return GroupResult(images, self._evals, time.perf_counter() - start, {"branches": len(branches)})
+
+    @torch.inference_mode()
+    def reference_image(self, class_id: int, seed: int, shift: str | None, scale: float):
+        """One image with the plain diffusers pipeline call and the prompt of its scale."""
+        token = self.tokens[class_id]
+        if shift is None or scale == 0:
+            prompt = self.spec.prompt.format(token=token)
+        else:
+            prompt = self.spec.shift_prompt.format(token=token, shift_words=shift.replace("_", " "))
+        out = self.pipe(
+            prompt,
+            negative_prompt=self.spec.negative_prompt,
+            num_inference_steps=self.spec.steps,
+            guidance_scale=self.spec.guidance_scale,
+            height=self.spec.resolution,
+            width=self.spec.resolution,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        return resize(out.images[0], self.spec.image_size)
