@@ -23,7 +23,16 @@ log = logging.getLogger(__name__)
 
 # Config sections a build may change on an existing output: they extend the plan or only
 # affect how the work runs.  Any other difference would make old and new rows disagree.
-EXTENSIBLE = {"benchmark.classes", "benchmark.seeds", "benchmark.shifts", "benchmark.name", "output.path", "aggregate"}
+EXTENSIBLE = {
+    "benchmark.classes",
+    "benchmark.seeds",
+    "benchmark.shifts",
+    "benchmark.name",
+    "output.path",
+    "output.trajectories_per_shard",
+    "aggregate",
+    "slider_training",
+}
 
 
 class IncompatibleOutput(ValueError):
@@ -201,6 +210,71 @@ def write_config(store: OutputStore, cfg: BuildConfig) -> str:
     return digest
 
 
+class ShardTally:
+    """Counts the shards a runner reports as committed and prints a progress line for each."""
+
+    def __init__(self, total: int, done_before: int, echo: Callable[[str], None]) -> None:
+        self.total, self.done_before, self.echo = total, done_before, echo
+        self.traj = self.images = self.shards = self.failed = 0
+        self.evals = self.gen_s = 0.0
+
+    def __call__(self, row: dict) -> None:
+        self.traj += row["n_trajectories"]
+        self.images += row["n_samples"]
+        self.shards += 1
+        self.failed += row["n_failed"]
+        self.evals += row["unet_evals"]
+        self.gen_s += row["gen_seconds"]
+        failed_note = f", {row['n_failed']} failed" if row["n_failed"] else ""
+        progress = self.done_before + self.traj + self.failed
+        self.echo(
+            f"[cnsbench] shard {row['shard']}: {row['n_trajectories']} trajectories{failed_note} "
+            f"({progress}/{self.total})"
+        )
+
+
+def finish_run(
+    store: OutputStore,
+    cfg: BuildConfig,
+    digest: str,
+    tally: ShardTally,
+    *,
+    start: float,
+    runner: str,
+    aggregate: bool,
+    run_name: str = "",
+    run_info: dict | None = None,
+) -> BuildSummary:
+    """After a run: drop crash bookkeeping, aggregate, and record the run's summary."""
+    store.remove_tree("attempts")  # crash bookkeeping is per run
+    _, failed = committed_trajectories(store, repair=False)
+    report = None
+    if aggregate:
+        from pipeline.aggregate.run import aggregate_output
+
+        report = aggregate_output(store, cfg, digest)
+    summary = BuildSummary(
+        output=store.uri,
+        config_hash=digest,
+        trajectories_planned=tally.total,
+        trajectories_done_before=tally.done_before,
+        trajectories_written=tally.traj,
+        trajectories_failed=len(failed),
+        images_written=tally.images,
+        shards_written=tally.shards,
+        unet_evals_per_image=tally.evals / tally.images if tally.evals and tally.images else None,
+        images_per_s_per_generator=tally.images / tally.gen_s if tally.gen_s else None,
+        wall_seconds=time.perf_counter() - start,
+        failed=failed,
+        report=report,
+    )
+    store.write_text(
+        f"runs/{time.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}{run_name}.json",
+        json.dumps({**asdict(summary), "host": platform.node(), "runner": runner, **(run_info or {})}, indent=1),
+    )
+    return summary
+
+
 def build(
     cfg: BuildConfig,
     output: str,
@@ -237,21 +311,7 @@ def build(
     done_before = summary_plan.n_trajectories - todo
     echo(f"[cnsbench] {summary_plan.n_trajectories} trajectories planned, {done_before} already done, {todo} to make")
 
-    written = {"traj": 0, "images": 0, "shards": 0, "failed": 0, "evals": 0.0, "gen_s": 0.0}
-
-    def on_shard(row: dict) -> None:
-        written["traj"] += row["n_trajectories"]
-        written["images"] += row["n_samples"]
-        written["shards"] += 1
-        written["failed"] += row["n_failed"]
-        written["evals"] += row["unet_evals"]
-        written["gen_s"] += row["gen_seconds"]
-        failed_note = f", {row['n_failed']} failed" if row["n_failed"] else ""
-        progress = done_before + written["traj"] + written["failed"]
-        echo(
-            f"[cnsbench] shard {row['shard']}: {row['n_trajectories']} trajectories{failed_note} "
-            f"({progress}/{summary_plan.n_trajectories})"
-        )
+    tally = ShardTally(summary_plan.n_trajectories, done_before, echo)
 
     add_classifiers(store, cfg, built_with, runner, address, echo)
     if units:
@@ -259,40 +319,14 @@ def build(
             from pipeline.runners.ray_runner import init_ray, run_ray
 
             init_ray(address, cfg)
-            for _ in run_ray(cfg, units, store.uri, on_shard):
+            for _ in run_ray(cfg, units, store.uri, tally):
                 pass
         elif runner == "local":
             from pipeline.runners.local import run_local
 
-            for _ in run_local(cfg, units, store.uri, on_shard):
+            for _ in run_local(cfg, units, store.uri, tally):
                 pass
         else:
             raise ValueError(f"unknown runner {runner!r}; choose 'ray' or 'local'")
 
-    store.remove_tree("attempts")  # crash bookkeeping is per run
-    _, failed = committed_trajectories(store, repair=False)
-    report = None
-    if aggregate:
-        from pipeline.aggregate.run import aggregate_output
-
-        report = aggregate_output(store, cfg, digest)
-    summary = BuildSummary(
-        output=store.uri,
-        config_hash=digest,
-        trajectories_planned=summary_plan.n_trajectories,
-        trajectories_done_before=done_before,
-        trajectories_written=written["traj"],
-        trajectories_failed=len(failed),
-        images_written=written["images"],
-        shards_written=written["shards"],
-        unet_evals_per_image=written["evals"] / written["images"] if written["images"] else None,
-        images_per_s_per_generator=written["images"] / written["gen_s"] if written["gen_s"] else None,
-        wall_seconds=time.perf_counter() - start,
-        failed=failed,
-        report=report,
-    )
-    store.write_text(
-        f"runs/{time.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}.json",
-        json.dumps({**asdict(summary), "host": platform.node(), "runner": runner}, indent=1),
-    )
-    return summary
+    return finish_run(store, cfg, digest, tally, start=start, runner=runner, aggregate=aggregate)

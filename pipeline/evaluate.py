@@ -25,12 +25,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from dataclasses import asdict
 from typing import Any, Callable
 
-from pipeline.build import BuildSummary, check_compatible, committed_trajectories, write_config
+from pipeline.build import (
+    BuildSummary,
+    ShardTally,
+    check_compatible,
+    clean_uncommitted,
+    committed_trajectories,
+    finish_run,
+    write_config,
+)
 from pipeline.config import (
     BuildConfig,
     ConfigError,
@@ -121,7 +127,6 @@ def evaluate(
     ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
     build (generation fields None).
     """
-    from pipeline.build import clean_uncommitted
 
     start = time.perf_counter()
     store = OutputStore(output)
@@ -141,16 +146,7 @@ def evaluate(
     for note in source.notes:
         echo(f"[cnsbench] note: {note}")
 
-    written = {"traj": 0, "images": 0, "shards": 0, "failed": 0}
-
-    def on_shard(row: dict) -> None:
-        written["traj"] += row["n_trajectories"]
-        written["images"] += row["n_samples"]
-        written["shards"] += 1
-        written["failed"] += row["n_failed"]
-        failed_note = f", {row['n_failed']} failed" if row["n_failed"] else ""
-        progress = done_before + written["traj"] + written["failed"]
-        echo(f"[cnsbench] shard {row['shard']}: {row['n_trajectories']} trajectories{failed_note} ({progress}/{total})")
+    tally = ShardTally(total, done_before, echo)
 
     if todo:
         stages = _stages(cfg)
@@ -158,44 +154,27 @@ def evaluate(
             from pipeline.runners.ray_runner import init_ray, run_ray_rows
 
             init_ray(address, cfg)
-            for _ in run_ray_rows(cfg, todo, store.uri, stages, on_shard):
+            for _ in run_ray_rows(cfg, todo, store.uri, stages, tally):
                 pass
         elif runner == "local":
             from pipeline.runners.local import run_local_rows
 
-            for _ in run_local_rows(cfg, todo, store.uri, stages, on_shard):
+            for _ in run_local_rows(cfg, todo, store.uri, stages, tally):
                 pass
         else:
             raise ValueError(f"unknown runner {runner!r}; choose 'ray' or 'local'")
 
-    _, failed = committed_trajectories(store, repair=False)
-    report = None
-    if aggregate:
-        from pipeline.aggregate.run import aggregate_output
-
-        report = aggregate_output(store, cfg, digest)
-    summary = BuildSummary(
-        output=store.uri,
-        config_hash=digest,
-        trajectories_planned=total,
-        trajectories_done_before=done_before,
-        trajectories_written=written["traj"],
-        trajectories_failed=len(failed),
-        images_written=written["images"],
-        shards_written=written["shards"],
-        unet_evals_per_image=None,
-        images_per_s_per_generator=None,
-        wall_seconds=time.perf_counter() - start,
-        failed=failed,
-        report=report,
+    return finish_run(
+        store,
+        cfg,
+        digest,
+        tally,
+        start=start,
+        runner=runner,
+        aggregate=aggregate,
+        run_name="-evaluate",
+        run_info={"source": source.describe()},
     )
-    store.write_text(
-        f"runs/{time.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}-evaluate.json",
-        json.dumps(
-            {**asdict(summary), "host": platform.node(), "runner": runner, "source": source.describe()}, indent=1
-        ),
-    )
-    return summary
 
 
 # --------------------------------------------------------------------------- CLI
