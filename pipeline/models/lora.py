@@ -14,10 +14,9 @@ one multiplier per pipeline call, which is the special case of a uniform route.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -257,18 +256,3 @@ class SliderBank:
             return output
 
         return hook
-
-
-def slider_summary(state: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Rank, alpha and number of adapted layers of a slider state dict (for metadata)."""
-    downs = [v for k, v in state.items() if k.endswith("lora_down.weight")]
-    alphas = [float(v) for k, v in state.items() if k.endswith(".alpha")]
-    return {
-        "layers": len(downs),
-        "rank": int(downs[0].shape[0]) if downs else 0,
-        "alpha": alphas[0] if alphas else math.nan,
-    }
-
-
-def iter_slider_keys(unet: nn.Module, targets: str, method: str) -> Iterable[str]:
-    return (lora_key(p) for p in target_modules(unet, targets, method))
