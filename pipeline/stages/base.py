@@ -97,8 +97,8 @@ class Stage:
         from pipeline import faults
 
         rows = batch.to_pylist() if isinstance(batch, pa.Table) else pa.Table.from_pydict(batch).to_pylist()
-        keys = self.batch_keys(rows)
-        if self.keeps_attempts and self.output is not None and keys:
+        keys = self.batch_keys(rows) if self.keeps_attempts else []
+        if self.output is not None and keys:
             if self._attempts is None:
                 from pipeline.io.store import OutputStore
 
