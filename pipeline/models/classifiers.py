@@ -106,6 +106,22 @@ class Classifier:
         """ImageNet id of each output index (-1 where the label map leaves an output unmapped)."""
         return self._out_to_label
 
+    def _map_outputs(self, n_out: int) -> None:
+        """Class id of each of ``n_out`` outputs: identity when they match the label space,
+        else through ``label_map`` (unmapped outputs get -1)."""
+        if self._label_map is None:
+            if n_out != len(self.labels):
+                raise ValueError(
+                    f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "
+                    f"{len(self.labels)} classes; give a label_map (output index -> class id)"
+                )
+            self._out_to_label = list(range(n_out))
+        else:
+            outside = sorted(k for k in self._label_map if k >= n_out)
+            if outside:
+                raise ValueError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
+            self._out_to_label = [self._label_map.get(i, -1) for i in range(n_out)]
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
@@ -172,18 +188,7 @@ class TimmClassifier(Classifier):
         n_out = self.model.num_classes
         if not n_out:
             raise ValueError(f"{self.where}: timm model {spec.model!r} has no classification head (num_classes=0)")
-        if self._label_map is None:
-            if n_out != len(self.labels):
-                raise ValueError(
-                    f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "
-                    f"{len(self.labels)} classes; give a label_map (output index -> class id)"
-                )
-            self._out_to_label = list(range(n_out))
-        else:
-            outside = sorted(k for k in self._label_map if k >= n_out)
-            if outside:
-                raise ValueError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
-            self._out_to_label = [self._label_map.get(i, -1) for i in range(n_out)]
+        self._map_outputs(n_out)
 
     def _preprocess(self, image: Any) -> torch.Tensor:
         return self.transform(image)
@@ -321,18 +326,7 @@ class TorchScriptClassifier(Classifier):
         if probe.ndim != 2:
             raise ValueError(f"{self.where}: the TorchScript model returns shape {tuple(probe.shape)}, expected [N, K]")
         n_out = int(probe.shape[1])
-        if self._label_map is None:
-            if n_out != len(self.labels):
-                raise ValueError(
-                    f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "
-                    f"{len(self.labels)} classes; give a label_map (output index -> class id)"
-                )
-            self._out_to_label = list(range(n_out))
-        else:
-            outside = sorted(k for k in self._label_map if k >= n_out)
-            if outside:
-                raise ValueError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
-            self._out_to_label = [self._label_map.get(i, -1) for i in range(n_out)]
+        self._map_outputs(n_out)
 
     def _preprocess(self, image: Any) -> torch.Tensor:
         image = image.convert("L" if self._channels == 1 else "RGB")

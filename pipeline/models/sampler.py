@@ -219,7 +219,6 @@ class SliderSampler:
 
         The callback runs after step ``i`` and sets the multiplier used by step ``i+1``.
         """
-        pipe = self.pipe
         threshold = self.spec.lora_timestep_threshold
         timesteps = self._timesteps().timesteps
         name = self.load_slider(class_id, shift) if shift is not None and scale != 0 else None
@@ -235,8 +234,13 @@ class SliderSampler:
                 self.bank.route_uniform(name, multiplier_for(timesteps[i + 1]), batch)
             return kwargs
 
-        prompt = self.spec.prompt.format(token=self.tokens[class_id])
-        out = pipe(
+        image = self._pipeline_call(self.spec.prompt.format(token=self.tokens[class_id]), seed, toggle)
+        self.bank.clear_route()
+        return image
+
+    def _pipeline_call(self, prompt: str, seed: int, callback=None):
+        """One image from the plain diffusers pipeline call, resized to the saved size."""
+        out = self.pipe(
             prompt,
             negative_prompt=self.spec.negative_prompt,
             num_inference_steps=self.spec.steps,
@@ -244,9 +248,8 @@ class SliderSampler:
             height=self.spec.resolution,
             width=self.spec.resolution,
             generator=torch.Generator().manual_seed(seed),
-            callback_on_step_end=toggle,
+            callback_on_step_end=callback,
         )
-        self.bank.clear_route()
         return resize(out.images[0], self.spec.image_size)
 
     def reference_group(self, class_id: int, seed: int, shifts: list[str], scales: list[float]) -> GroupResult:
@@ -345,13 +348,4 @@ class PromptSampler(SliderSampler):
             prompt = self.spec.prompt.format(token=token)
         else:
             prompt = self.spec.shift_prompt.format(token=token, shift_words=shift.replace("_", " "))
-        out = self.pipe(
-            prompt,
-            negative_prompt=self.spec.negative_prompt,
-            num_inference_steps=self.spec.steps,
-            guidance_scale=self.spec.guidance_scale,
-            height=self.spec.resolution,
-            width=self.spec.resolution,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        return resize(out.images[0], self.spec.image_size)
+        return self._pipeline_call(prompt, seed)
