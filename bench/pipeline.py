@@ -31,13 +31,13 @@ def make_config(tmp: Path, shifts: int, seeds: int, steps: int):
     import yaml
     from diffusers import UNet2DConditionModel
 
-    from pipeline.cli import DEMO_CONFIG
+    from pipeline.cli import TINY_CONFIG
     from pipeline.config import parse_config
-    from pipeline.demo.assets import ensure_demo_assets
+    from pipeline.demo.assets import ensure_tiny_assets
     from pipeline.models.lora import random_slider, save_slider_file
 
-    assets = ensure_demo_assets()
-    raw = yaml.safe_load(DEMO_CONFIG.read_text().replace("../assets/", str(assets.parent) + "/"))
+    assets = ensure_tiny_assets()
+    raw = yaml.safe_load(TINY_CONFIG.read_text().replace("../assets/", str(assets.parent) + "/"))
     names = [f"shift_{i:02d}" for i in range(shifts)]
     store = tmp / "sliders"
     if not store.exists():

@@ -277,18 +277,18 @@ class _Search:
         p = self.passes(idx)
         return self._sweep(p.sum(axis=1) - p[:, j], j)
 
-    def pair(self, idx: list[int], j: int, l: int) -> tuple[tuple[int, int], int, int]:
-        """Best (rank, candidate of j, candidate of l) over all pairs, the other detectors fixed."""
+    def pair(self, idx: list[int], j: int, k: int) -> tuple[tuple[int, int], int, int]:
+        """Best (rank, candidate of j, candidate of k) over all pairs, the other detectors fixed."""
         p = self.passes(idx)
-        rest = p.sum(axis=1) - p[:, j] - p[:, l]
-        sep_rest = sum(int(self.sep[m][i]) for m, i in enumerate(idx) if m not in (j, l))
+        rest = p.sum(axis=1) - p[:, j] - p[:, k]
+        sep_rest = sum(int(self.sep[m][i]) for m, i in enumerate(idx) if m not in (j, k))
         s = self.scores[:, j]
         best: tuple[tuple[int, int], int, int] | None = None
         with np.errstate(invalid="ignore"):
             for a, t in enumerate(self.cands[j]):
-                tp, fp = self._sweep(rest + (s > t), l)
+                tp, fp = self._sweep(rest + (s > t), k)
                 keys = _key(tp, fp, self.need)
-                neg_sep = -(sep_rest + int(self.sep[j][a]) + self.sep[l])
+                neg_sep = -(sep_rest + int(self.sep[j][a]) + self.sep[k])
                 b = int(np.lexsort((neg_sep, keys))[0])  # lexsort is stable: lowest b among equals
                 rank = (int(keys[b]), int(neg_sep[b]))
                 if best is None or rank < best[0]:
@@ -300,13 +300,13 @@ class _Search:
         """Block coordinate descent: each step is exact over one pair of detectors."""
         idx = list(idx)
         current = self.rank(idx)
-        pairs = [(j, l) for j in range(len(idx)) for l in range(j + 1, len(idx))]
+        pairs = [(j, k) for j in range(len(idx)) for k in range(j + 1, len(idx))]
         for _ in range(_MAX_ROUNDS):
             improved = False
-            for j, l in pairs:
-                rank, a, b = self.pair(idx, j, l)
+            for j, k in pairs:
+                rank, a, b = self.pair(idx, j, k)
                 if rank < current:
-                    idx[j], idx[l], current, improved = a, b, rank, True
+                    idx[j], idx[k], current, improved = a, b, rank, True
             if not improved:
                 break
         return idx

@@ -16,7 +16,8 @@ from typing import Sequence
 from pipeline.config import ConfigError, load_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
+DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"  # the trained miniature world (assets/world)
+TINY_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"  # random-weight components made on demand (assets/tiny)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -116,9 +117,15 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pipeline.demo.assets import ensure_demo_assets
-
-    ensure_demo_assets()
+    world = REPO_ROOT / "assets" / "world" / "world.json"
+    if not world.is_file():
+        print(
+            f"error: the demo's trained world is missing ({world} not found); it ships with the "
+            "repository -- restore it with `git checkout -- assets/world` or retrain it with "
+            "`python -m pipeline.demo.train_world --output assets/world`",
+            file=sys.stderr,
+        )
+        return 2
     return main(["build", str(DEMO_CONFIG), "--output", args.output, "--runner", args.runner])
 
 
@@ -155,7 +162,7 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ls", help="list registered generators, filters and classifiers")
     s.set_defaults(func=_cmd_ls)
 
-    s = sub.add_parser("demo", help="make the demo assets if needed and build configs/demo.yaml")
+    s = sub.add_parser("demo", help="build configs/demo.yaml (the shipped miniature world) on a local Ray")
     s.add_argument("--output", default="runs/demo")
     s.add_argument("--runner", choices=("ray", "local"), default="ray")
     s.set_defaults(func=_cmd_demo)

@@ -26,15 +26,15 @@ HAS_UNSHARE = shutil.which("unshare") is not None and subprocess.run(
 ).returncode == 0
 
 
-def demo_config(directory: Path, mutate=None, name: str = "demo.yaml") -> Path:
-    """configs/demo.yaml with absolute asset paths (so it can live anywhere), optionally changed."""
+def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml") -> Path:
+    """configs/tiny.yaml with absolute asset paths (so it can live anywhere), optionally changed."""
     import yaml
 
-    from pipeline.cli import DEMO_CONFIG
-    from pipeline.demo.assets import ensure_demo_assets
+    from pipeline.cli import TINY_CONFIG
+    from pipeline.demo.assets import ensure_tiny_assets
 
-    ensure_demo_assets()
-    text = DEMO_CONFIG.read_text().replace("../assets/", str(DEMO_CONFIG.parent.parent / "assets") + "/")
+    ensure_tiny_assets()
+    text = TINY_CONFIG.read_text().replace("../assets/", str(TINY_CONFIG.parent.parent / "assets") + "/")
     raw = yaml.safe_load(text)
     if mutate:
         mutate(raw)

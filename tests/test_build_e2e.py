@@ -1,4 +1,4 @@
-"""End to end: the demo config built on a local Ray, checked against the output contract."""
+"""End to end: the tiny config built on a local Ray, checked against the output contract."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from buildproc import demo_config
+from buildproc import tiny_config
 from PIL import Image
 
 from pipeline.cli import main
@@ -21,10 +21,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def demo_assets():
-    from pipeline.demo.assets import ensure_demo_assets
+def tiny_assets():
+    from pipeline.demo.assets import ensure_tiny_assets
 
-    return ensure_demo_assets()
+    return ensure_tiny_assets()
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +41,11 @@ def gpu_config(tmp_path: Path) -> Path:
     def on_gpu(raw):
         raw["resources"]["generate"]["num_gpus"] = 1
 
-    return demo_config(tmp_path, on_gpu, name="demo-gpu.yaml")
+    return tiny_config(tmp_path, on_gpu, name="demo-gpu.yaml")
 
 
 @pytest.fixture(scope="module")
-def built(demo_assets, ray_session, tmp_path_factory):
+def built(tiny_assets, ray_session, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     cfg_path = gpu_config(tmp)
     out = tmp / "out"

@@ -19,7 +19,7 @@ from pipeline.calibrate import (
     removed,
     threshold_overrides,
 )
-from pipeline.cli import DEMO_CONFIG
+from pipeline.cli import TINY_CONFIG
 from pipeline.config import ConfigError, Thresholds, load_config
 from pipeline.schema import SCORE_COLUMNS
 
@@ -126,13 +126,13 @@ def test_cli_writes_a_mergeable_partial_config(tmp_path: Path, capsys):
     data = yaml.safe_load(out.read_text())
     assert set(data) == {"filter"} and data["filter"]["min_pass"] == 2
     assert set(data["filter"]["thresholds"]) == set(SCORE_COLUMNS)
-    cfg = load_config(DEMO_CONFIG, threshold_overrides(str(out)))
+    cfg = load_config(TINY_CONFIG, threshold_overrides(str(out)))
     assert cfg.filter.thresholds.model_dump() == data["filter"]["thresholds"] and cfg.filter.min_pass == 2
-    assert cfg.filter.clip.model == load_config(DEMO_CONFIG).filter.clip.model  # the rest is untouched
+    assert cfg.filter.clip.model == load_config(TINY_CONFIG).filter.clip.model  # the rest is untouched
     # `cnsbench build CONFIG --filter-thresholds FILE` is the way in
     from pipeline.cli import make_parser
 
-    args = make_parser().parse_args(["build", str(DEMO_CONFIG), "--filter-thresholds", str(out)])
+    args = make_parser().parse_args(["build", str(TINY_CONFIG), "--filter-thresholds", str(out)])
     assert args.filter_thresholds == str(out)
     # CSV input works the same way
     csv = tmp_path / "labels.csv"
@@ -191,4 +191,4 @@ def test_bad_settings_and_files(tmp_path: Path):
         threshold_overrides(str(bad))
     bad.write_text(yaml.safe_dump({"filter": {"min_pass": 7}}))
     with pytest.raises(ConfigError, match="min_pass"):
-        load_config(DEMO_CONFIG, threshold_overrides(str(bad)))  # the config validates the values
+        load_config(TINY_CONFIG, threshold_overrides(str(bad)))  # the config validates the values

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import shutil
 
-from buildproc import demo_config
+from buildproc import tiny_config
 
 from pipeline.cli import main
 
 
 def write(tmp_path, mutate) -> str:
-    return str(demo_config(tmp_path, mutate, name="c.yaml"))
+    return str(tiny_config(tmp_path, mutate, name="c.yaml"))
 
 
 def test_unknown_key(tmp_path, capsys):
@@ -30,9 +30,9 @@ def test_unknown_classifier_lists_close_names(tmp_path, capsys):
 
 
 def test_missing_model_and_sliders_listed_before_generation(tmp_path, capsys):
-    from pipeline.demo.assets import ensure_demo_assets
+    from pipeline.demo.assets import ensure_tiny_assets
 
-    root = ensure_demo_assets()
+    root = ensure_tiny_assets()
     store = tmp_path / "sliders"
     shutil.copytree(root / "sliders", store)
     (store / "heavy_snow" / "001.safetensors").unlink()

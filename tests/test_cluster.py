@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from buildproc import HAS_UNSHARE, demo_config, snapshot
+from buildproc import HAS_UNSHARE, tiny_config, snapshot
 
 from pipeline import jobs
 from pipeline.cli import main
@@ -308,7 +308,7 @@ def _use_small_pools(raw: dict) -> None:
 def workdir(tmp_path_factory) -> Path:
     """The uploaded working_dir: only the config (absolute asset paths, on this shared disk)."""
     wd = tmp_path_factory.mktemp("submit-wd")
-    demo_config(wd, _use_small_pools)
+    tiny_config(wd, _use_small_pools)
     return wd
 
 
@@ -320,7 +320,7 @@ def _submit(cluster, workdir: Path, out: Path, capsys, *, token: bool = True) ->
     capsys.readouterr()
     conn = _conn(cluster) if token else ["--address", cluster.address]
     # --num-cpus 0: the driver is pinned to the head (as on the deploy/ clusters' on-demand head).
-    rc = main(["submit", str(workdir / "demo.yaml"), "--working-dir", str(workdir), "--output", str(out),
+    rc = main(["submit", str(workdir / "tiny.yaml"), "--working-dir", str(workdir), "--output", str(out),
                "--num-cpus", "0", *conn])
     captured = capsys.readouterr()
     return rc, captured.out.strip(), captured.err

@@ -2,13 +2,12 @@
 
 Sources: a fake published CNS-Bench folder (JPEGs + ``annotations_cns.json``), a
 ``cnsbench build`` output (WebDataset tars + samples Parquet, and the tars alone), and
-class folders with a label map.  Models are the demo world's tiny ones.
+class folders with a label map.  Models are the tiny random-weight ones (configs/tiny.yaml).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import shutil
@@ -21,7 +20,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from pipeline.cli import DEMO_CONFIG
+from pipeline.cli import TINY_CONFIG
 from pipeline.config import load_config
 from pipeline.labels import label_space
 from pipeline.sources import LoadStage, SourceError, detect_kind, open_source
@@ -45,10 +44,10 @@ def _few_threads():
 
 
 @pytest.fixture(scope="module")
-def demo_assets():
-    from pipeline.demo.assets import ensure_demo_assets
+def tiny_assets():
+    from pipeline.demo.assets import ensure_tiny_assets
 
-    return ensure_demo_assets()
+    return ensure_tiny_assets()
 
 
 def evaluate_cli(argv: list[str]) -> int:
@@ -159,7 +158,7 @@ def test_unknown_layout_and_missing_source(tmp_path):
 
 
 def test_load_stage_fails_unreadable_image_as_its_trajectory(cns, tmp_path):
-    cfg = load_config(DEMO_CONFIG)
+    cfg = load_config(TINY_CONFIG)
     src = open_source(str(cns), IMAGENET)
     rows = [dict(r) for r in src.rows[:2]]
     broken = tmp_path / "broken.jpg"
@@ -180,9 +179,9 @@ def test_load_stage_fails_unreadable_image_as_its_trajectory(cns, tmp_path):
 
 
 # --------------------------------------------------------------------------- evaluate
-def test_evaluate_published_layout_local(demo_assets, cns, tmp_path, capsys):
+def test_evaluate_published_layout_local(tiny_assets, cns, tmp_path, capsys):
     out = tmp_path / "eval"
-    argv = [str(cns), "--config", str(DEMO_CONFIG), "--output", str(out), "--runner", "local"]
+    argv = [str(cns), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "local"]
     assert evaluate_cli(argv) == 0
     samples, preds = read_dir(out, "samples"), read_dir(out, "predictions")
     assert len(samples) == 24 and samples["sample_id"].is_unique
@@ -192,7 +191,7 @@ def test_evaluate_published_layout_local(demo_assets, cns, tmp_path, capsys):
     assert samples.groupby("trajectory_id").size().eq(3).all()
     # filter off: NaN scores, nothing removed
     assert samples["clip_text"].isna().all() and samples["kept"].all() and samples["n_pass"].eq(0).all()
-    names = [c.name for c in load_config(DEMO_CONFIG).classifiers]
+    names = [c.name for c in load_config(TINY_CONFIG).classifiers]
     assert preds.groupby("classifier").size().to_dict() == {n: 24 for n in names}
     merged = preds.merge(samples[["sample_id", "class_id"]], on="sample_id")
     assert (merged["correct"] == (merged["top1"] == merged["class_id"])).all()
@@ -217,7 +216,7 @@ def test_evaluate_published_layout_local(demo_assets, cns, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_evaluate_published_layout_ray_with_filter(demo_assets, cns, tmp_path):
+def test_evaluate_published_layout_ray_with_filter(tiny_assets, cns, tmp_path):
     import ray
 
     from pipeline.models.detectors import keep_decision
@@ -225,7 +224,7 @@ def test_evaluate_published_layout_ray_with_filter(demo_assets, cns, tmp_path):
     out = tmp_path / "eval-ray"
     try:
         code = evaluate_cli(
-            [str(cns), "--config", str(DEMO_CONFIG), "--output", str(out), "--runner", "ray", "--filter",
+            [str(cns), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "ray", "--filter",
              "--classifiers", "tiny-resnet"]
         )
     finally:
@@ -233,7 +232,7 @@ def test_evaluate_published_layout_ray_with_filter(demo_assets, cns, tmp_path):
     assert code == 0
     samples, preds = read_dir(out, "samples"), read_dir(out, "predictions")
     assert len(samples) == 24 and len(preds) == 24 and set(preds["classifier"]) == {"tiny-resnet"}
-    cfg = load_config(DEMO_CONFIG)
+    cfg = load_config(TINY_CONFIG)
     scores = {c: samples[c].tolist() for c in ("clip_text", "clip_shift_text", "clip_image", "dino_image")}
     assert samples["dino_image"].notna().all() and samples["clip_shift_alignment"].notna().all()
     assert (samples["n_pass"].tolist(), samples["kept"].tolist()) == keep_decision(
@@ -248,17 +247,17 @@ def test_evaluate_published_layout_ray_with_filter(demo_assets, cns, tmp_path):
 
 
 def small_config(tmp_path: Path) -> Path:
-    """The demo config cut to 2 trajectories of 2 scales, 10 steps and two classifiers (fast on CPU)."""
-    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    """The tiny config cut to 2 trajectories of 2 scales, 10 steps and two classifiers (fast on CPU)."""
+    raw = yaml.safe_load(TINY_CONFIG.read_text())
     raw["benchmark"].update(seeds=[1], shifts=["painting_style"], scales=[0, 2.5])
     raw["generator"]["steps"] = 10
     raw["classifiers"] = raw["classifiers"][:2]
     path = tmp_path / "small.yaml"
-    path.write_text(yaml.safe_dump(raw).replace("../assets/", str(DEMO_CONFIG.parent.parent / "assets") + "/"))
+    path.write_text(yaml.safe_dump(raw).replace("../assets/", str(TINY_CONFIG.parent.parent / "assets") + "/"))
     return path
 
 
-def test_evaluate_build_output_reproduces_its_predictions(demo_assets, tmp_path):
+def test_evaluate_build_output_reproduces_its_predictions(tiny_assets, tmp_path):
     from pipeline.cli import main
 
     cfg_path = small_config(tmp_path)
@@ -300,7 +299,7 @@ def test_evaluate_build_output_reproduces_its_predictions(demo_assets, tmp_path)
     assert src.kind == "webdataset" and strip(src.rows) == strip(ref.rows)
 
 
-def test_class_folders_with_label_map(demo_assets, tmp_path):
+def test_class_folders_with_label_map(tiny_assets, tmp_path):
     rng = np.random.default_rng(1)
     root = tmp_path / "folders"
     for folder, n in (("n01443537", 3), ("eagles", 2)):
@@ -316,7 +315,7 @@ def test_class_folders_with_label_map(demo_assets, tmp_path):
     assert [r["trajectory_id"] for r in src.rows if r["class_id"] == 22] == ["none/022/seed_0000", "none/022/seed_0001"]
 
     out = tmp_path / "eval"
-    argv = [str(root), "--config", str(DEMO_CONFIG), "--output", str(out), "--runner", "local",
+    argv = [str(root), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "local",
             "--label-map", str(label_map), "--classifiers", "tiny-resnet"]
     assert evaluate_cli(argv) == 0
     samples, preds = read_dir(out, "samples"), read_dir(out, "predictions")
@@ -332,5 +331,5 @@ def test_class_folders_with_label_map(demo_assets, tmp_path):
     with pytest.raises(SourceError, match="'eagles'"):
         open_source(str(root), IMAGENET, label_map=str(bad_map))
     with pytest.raises(ValueError, match="not in the config"):
-        evaluate_cli([str(root), "--config", str(DEMO_CONFIG), "--output", str(tmp_path / "x"),
+        evaluate_cli([str(root), "--config", str(TINY_CONFIG), "--output", str(tmp_path / "x"),
                       "--label-map", str(label_map), "--classifiers", "resnet-nope"])

@@ -7,7 +7,7 @@ import os
 import socket
 
 import pytest
-from buildproc import demo_config, env_with, kill_at, run_build, snapshot
+from buildproc import tiny_config, env_with, kill_at, run_build, snapshot
 
 from pipeline.cli import main
 
@@ -58,16 +58,16 @@ def upload_tree(local_dir, uri: str) -> None:
 
 
 def test_build_on_s3_survives_a_kill_and_resumes(s3, tmp_path):
-    from pipeline.demo.assets import ensure_demo_assets
+    from pipeline.demo.assets import ensure_tiny_assets
     from pipeline.io.store import OutputStore
 
     sliders = f"s3://{BUCKET}/sliders"
-    upload_tree(ensure_demo_assets() / "sliders", sliders)
+    upload_tree(ensure_tiny_assets() / "sliders", sliders)
 
     def on_s3(raw):
         raw["generator"]["slider_store"] = sliders
 
-    cfg = demo_config(tmp_path, on_s3)
+    cfg = tiny_config(tmp_path, on_s3)
     out = f"s3://{BUCKET}/builds/demo"
     kill_at(cfg, out, "local", "write:before_manifest:*:pause", tmp_path / "faults")
     store = OutputStore(out)
@@ -94,7 +94,7 @@ def test_missing_slider_on_s3_is_reported(s3, tmp_path, capsys):
     def on_s3(raw):
         raw["generator"]["slider_store"] = f"s3://{BUCKET}/no-sliders-here"
 
-    cfg = demo_config(tmp_path, on_s3)
+    cfg = tiny_config(tmp_path, on_s3)
     assert main(["validate", str(cfg)]) == 1
     out = capsys.readouterr().out
     assert f"s3://{BUCKET}/no-sliders-here/heavy_snow/001.safetensors" in out

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from buildproc import assert_same, demo_config, env_with, kill_at, run_build, snapshot
+from buildproc import assert_same, tiny_config, env_with, kill_at, run_build, snapshot
 
 from pipeline.cli import main
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cfg_path(tmp_path_factory) -> Path:
-    return demo_config(tmp_path_factory.mktemp("cfg"))
+    return tiny_config(tmp_path_factory.mktemp("cfg"))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""The Ray Serve app (pipeline.serve.app) over HTTP, against a demo benchmark built here.
+"""The Ray Serve app (pipeline.serve.app) over HTTP, against a tiny benchmark built here.
 
-One demo build (a variant of configs/demo.yaml whose filter removes some images and with
+One tiny build (a variant of configs/tiny.yaml whose filter removes some images and with
 a fourth, two-way zero-shot classifier, so that kept flags and failure points vary) and
 one Serve app with a token on 127.0.0.1 serve every test of the module.  Responses are
 checked against the build's own Parquet and tar files, and the live preview against the
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from buildproc import demo_config
+from buildproc import tiny_config
 from PIL import Image
 
 from pipeline.cli import main
@@ -40,14 +40,14 @@ pytestmark = pytest.mark.slow
 
 TOKEN = "test-token-0123456789abcdef"
 APP = "cnsbench"
-#: The scores of the demo's tiny detectors lie around this DINOv2 threshold, so the filter
-#: keeps some images and removes others (the demo's own thresholds keep everything).
+#: The scores of the tiny random-weight detectors lie around this DINOv2 threshold, so the filter
+#: keeps some images and removes others (the tiny config's own thresholds keep everything).
 DINO_THRESHOLD = 0.96
 
 
 # =========================================================================== shared helpers
 def serve_config(directory: Path) -> Path:
-    """The demo config with a stricter filter and a two-way zero-shot classifier added."""
+    """The tiny config with a stricter filter and a two-way zero-shot classifier added."""
 
     def mutate(raw: dict[str, Any]) -> None:
         raw["filter"]["thresholds"] = {"dino_image": DINO_THRESHOLD}
@@ -55,14 +55,14 @@ def serve_config(directory: Path) -> Path:
         two_way.update(name="tiny-clip-2way", label_map={0: 1, 1: 22})
         raw["classifiers"].append(two_way)
 
-    return demo_config(directory, mutate, name="serve-demo.yaml")
+    return tiny_config(directory, mutate, name="serve-demo.yaml")
 
 
 def build_benchmark(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(config, output) of the test benchmark, built once per session (later calls resume: no-op)."""
-    from pipeline.demo.assets import ensure_demo_assets
+    from pipeline.demo.assets import ensure_tiny_assets
 
-    ensure_demo_assets()
+    ensure_tiny_assets()
     root = tmp_path_factory.getbasetemp() / "serve-benchmark"
     root.mkdir(exist_ok=True)
     cfg_path = serve_config(root)
@@ -580,7 +580,7 @@ def test_build_app_rejects_bad_args(tmp_path):
         raw["generator"]["slider_store"] = str(tmp_path / "no-sliders")
 
     with pytest.raises(FileNotFoundError, match="no-sliders"):  # checked before any replica starts
-        build_app({"config": str(demo_config(tmp_path, no_sliders))})
+        build_app({"config": str(tiny_config(tmp_path, no_sliders))})
 
 
 def test_index_picks_up_shards_committed_later(tables, tmp_path):

@@ -1,9 +1,10 @@
-"""The miniature trained world (``assets/world``, ``configs/world.yaml``, ``docs/world.md``).
+"""The miniature trained world (``assets/world``, ``configs/demo.yaml``, ``docs/world.md``):
+the embedded default that ``cnsbench demo`` builds.
 
 Fast tests: the ``torchscript`` classifier kind, the world's shift operations, and that
-``configs/world.yaml`` agrees with the shipped assets and the training script's settings.
+``configs/demo.yaml`` agrees with the shipped assets and the training script's settings.
 
-Slow tests (``-m slow``): one ``cnsbench build configs/world.yaml --runner local`` per
+Slow tests (``-m slow``): one ``cnsbench demo`` (configs/demo.yaml on a local Ray) per
 module, then the effects the world exists to show, read from the output's Parquet tables
 and report CSVs: accuracy falls with the shift scale, classifiers fail at different
 points, and the out-of-class filter removes more images at high scales than at low ones.
@@ -26,7 +27,7 @@ from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
 from pipeline.labels import label_space
 
-WORLD_CONFIG = REPO_ROOT / "configs" / "world.yaml"
+WORLD_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 WORLD_ASSETS = REPO_ROOT / "assets" / "world"
 
 
@@ -196,13 +197,28 @@ def test_world_assets_are_small_and_load():
     assert pipe.vae_scale_factor * pipe.unet.config.sample_size == M.RESOLUTION
 
 
+def test_demo_names_the_missing_world(tmp_path, monkeypatch, capsys):
+    import pipeline.cli as cli
+
+    monkeypatch.setattr(cli, "REPO_ROOT", tmp_path)
+    assert main(["demo", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "assets" / "world" / "world.json") in err and "train_world" in err
+    assert not (tmp_path / "out").exists()
+
+
 # --------------------------------------------------------------------------- the build
 @pytest.fixture(scope="module")
 def world_build(tmp_path_factory):
     if not (WORLD_ASSETS / "world.json").is_file():
         pytest.skip("assets/world not trained")
+    import ray
+
     out = tmp_path_factory.mktemp("world") / "out"
-    assert main(["build", str(WORLD_CONFIG), "--output", str(out), "--runner", "local"]) == 0
+    try:
+        assert main(["demo", "--output", str(out)]) == 0
+    finally:
+        ray.shutdown()
     samples = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "samples").glob("*.parquet"))])
     preds = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "predictions").glob("*.parquet"))])
     return {

@@ -1,4 +1,4 @@
-"""Builds the files ``configs/demo.yaml`` points at, under ``assets/demo/`` (not in git).
+"""Builds the files ``configs/tiny.yaml`` points at, under ``assets/tiny/`` (not in git).
 
 Everything is random-weight and seeded, made from configs through the same loading code a
 real build uses: a diffusers SD2-architecture model directory, textual-inversion class
@@ -16,18 +16,18 @@ from pathlib import Path
 
 from pipeline.cli import REPO_ROOT
 
-DEMO_ROOT = REPO_ROOT / "assets" / "demo"
+TINY_ROOT = REPO_ROOT / "assets" / "tiny"
 VERSION = "1"  # bump when the builder changes so stale assets are rebuilt
 CLASSES = (1, 22)
 SHIFTS = ("painting_style", "heavy_snow")
 
 
-def ensure_demo_assets(root: Path = DEMO_ROOT, echo=print) -> Path:
-    """Build the demo assets into ``root`` unless an up-to-date build is already there."""
+def ensure_tiny_assets(root: Path = TINY_ROOT, echo=print) -> Path:
+    """Build the tiny assets into ``root`` unless an up-to-date build is already there."""
     stamp = root / "VERSION"
     if stamp.is_file() and stamp.read_text().strip() == VERSION:
         return root
-    echo(f"[cnsbench] building demo assets in {root} (once)")
+    echo(f"[cnsbench] building the tiny random-weight assets in {root} (once)")
     import torch
     from diffusers import UNet2DConditionModel
 

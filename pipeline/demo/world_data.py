@@ -10,7 +10,7 @@ package.
   :func:`to_rgb` / :func:`to_pil` render them as grey RGB, which is what the pipeline's
   models see.
 * **Labels.**  :data:`DIGIT_NAMES` (``zero`` .. ``nine``) is the label space of the world
-  (``benchmark.labels`` in ``configs/world.yaml``); class id = the digit.
+  (``benchmark.labels`` in ``configs/demo.yaml``); class id = the digit.
 * **Shifts.**  :data:`SHIFTS` maps a shift name (as used in configs and prompts) to an
   image-space operation with a continuous strength ``s`` in ``[0, 1]`` (0 = identity):
   ``thick_strokes`` (grey-level dilation with a soft disk of radius ``2 s`` px),

@@ -15,7 +15,7 @@ config here and loaded back by the pipeline's own loading code:
   CLIP (kind ``open_clip_zeroshot``).
 
 :func:`config_entries` returns the YAML-able config entries (relative to an assets root)
-that ``configs/world.yaml`` uses; a test checks the two agree.
+that ``configs/demo.yaml`` uses; a test checks the two agree.
 """
 
 from __future__ import annotations
