@@ -1,12 +1,14 @@
 """Pipeline overhead: the full Ray build (generate -> filter -> classify -> write) vs the
 bare generation stage on the same work, and the driver's peak memory for two plan sizes.
 
-Both timings include loading the models (the Ray actors load theirs inside the timed
-region too); Ray's own start-up is excluded (``ray.init`` runs before the clock starts).
-The driver-memory measurement runs each plan size in a fresh subprocess and reads that
-process's peak RSS.
+Two baselines for the generation stage alone: in this process (models loaded inside the
+clock, but torch and diffusers already imported), and on Ray (the same actor pool as in the
+build, so a fresh worker that imports torch and loads the model, with the rows drained by
+the driver).  All timings include loading the models; Ray's own start-up is excluded
+(``ray.init`` runs before the clocks start).  The driver-memory measurement runs each plan
+size in a fresh subprocess and reads that process's peak RSS.
 
-    python bench/pipeline.py --json
+    python bench/pipeline.py --json [--seeds 6] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -74,41 +76,57 @@ def driver_peak(shifts: int, seeds: int, steps: int) -> dict:
     }
 
 
-def overhead(shifts: int, seeds: int, steps: int) -> dict:
+def overhead(shifts: int, seeds: int, steps: int, repeats: int = 1) -> dict:
+    """Time the three ways of running the same work ``repeats`` times, interleaved; the
+    minimum of each is reported (the run least disturbed by other load on the machine)."""
     import pyarrow as pa
     import ray
 
     from pipeline import plan, schema
-    from pipeline.runners.ray_runner import init_ray, run_ray
+    from pipeline.runners.ray_runner import init_ray, run_ray, stream
     from pipeline.stages.generate import GenerateStage
 
+    times: dict[str, list[float]] = {"bare_generation_s": [], "ray_generation_s": [], "full_pipeline_s": []}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = make_config(Path(tmp), shifts, seeds, steps)
         units = plan.plan_units(cfg.benchmark)
+        rows = [u.to_row() for u in units]
         n_images = plan.summarize(cfg.benchmark).n_images
-
-        # Bare generation: the same stage class, in this process, with the thread count
-        # the Ray actor gets (its num_cpus).
-        t0 = time.perf_counter()
-        stage = GenerateStage(cfg, threads=max(1, int(cfg.resources.generate.num_cpus)))
-        for u in units:
-            stage(pa.Table.from_pylist([u.to_row()], schema=schema.UNIT))
-        bare = time.perf_counter() - t0
-        del stage
-
+        gen = cfg.resources.generate
         init_ray(None, cfg)
-        t0 = time.perf_counter()
-        for _ in run_ray(cfg, units, str(Path(tmp) / "out")):
-            pass
-        full = time.perf_counter() - t0
+        for i in range(repeats):
+            # Bare generation: the same stage class, in this process, with the thread count
+            # the Ray actor gets (its num_cpus).
+            t0 = time.perf_counter()
+            stage = GenerateStage(cfg, threads=max(1, int(gen.num_cpus)))
+            for row in rows:
+                stage(pa.Table.from_pylist([row], schema=schema.UNIT))
+            times["bare_generation_s"].append(time.perf_counter() - t0)
+            del stage
+            # The generation stage alone on Ray: the same actor pool as in the build (a
+            # fresh worker process that imports torch and loads the model), rows drained here.
+            t0 = time.perf_counter()
+            for _ in stream(cfg, rows, f"{tmp}/gen{i}", [(GenerateStage, gen, gen.batch_size, {})], len(rows), None):
+                pass
+            times["ray_generation_s"].append(time.perf_counter() - t0)
+            # The full build: generate -> filter -> classify -> write.
+            t0 = time.perf_counter()
+            for _ in run_ray(cfg, units, f"{tmp}/out{i}"):
+                pass
+            times["full_pipeline_s"].append(time.perf_counter() - t0)
         ray.shutdown()
+    bare, ray_gen, full = (min(v) for v in times.values())
     return {
         "images": n_images,
+        "repeats": repeats,
         "bare_generation_s": bare,
+        "ray_generation_s": ray_gen,
         "full_pipeline_s": full,
         "overhead": full / bare - 1.0,
+        "overhead_vs_ray_generation": full / ray_gen - 1.0,
         "images_per_s_bare": n_images / bare,
         "images_per_s_full": n_images / full,
+        "all_runs_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
     }
 
 
@@ -117,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shifts", type=int, default=14)
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the minimum of each timing is kept")
     p.add_argument("--memory-seeds", type=int, nargs=2, default=[2, 8], help="two plan sizes (seeds)")
     p.add_argument("--driver-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")
@@ -126,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(driver_peak(args.shifts, args.seeds, args.steps)))
         return {}
 
-    result = overhead(args.shifts, args.seeds, args.steps)
+    result = overhead(args.shifts, args.seeds, args.steps, args.repeats)
     for seeds in args.memory_seeds:
         out = subprocess.run(
             [sys.executable, __file__, "--driver-only", "--shifts", "2", "--steps", "10", "--seeds", str(seeds)],
