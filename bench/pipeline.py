@@ -62,14 +62,14 @@ def driver_peak(shifts: int, seeds: int, steps: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = make_config(Path(tmp), shifts, seeds, steps)
-        units = plan.plan_units(cfg.benchmark)
+        units = plan.plan_units(cfg)
         init_ray(None, cfg)
         t0 = time.perf_counter()
         shards = sum(1 for _ in run_ray(cfg, units, str(Path(tmp) / "out")))
         wall = time.perf_counter() - t0
         ray.shutdown()
     return {
-        "images": plan.summarize(cfg.benchmark).n_images,
+        "images": plan.summarize(cfg).n_images,
         "shards": shards,
         "wall_s": wall,
         "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -89,9 +89,9 @@ def overhead(shifts: int, seeds: int, steps: int, repeats: int = 1) -> dict:
     times: dict[str, list[float]] = {"bare_generation_s": [], "ray_generation_s": [], "full_pipeline_s": []}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = make_config(Path(tmp), shifts, seeds, steps)
-        units = plan.plan_units(cfg.benchmark)
+        units = plan.plan_units(cfg)
         rows = [u.to_row() for u in units]
-        n_images = plan.summarize(cfg.benchmark).n_images
+        n_images = plan.summarize(cfg).n_images
         gen = cfg.resources.generate
         init_ray(None, cfg)
         for i in range(repeats):

@@ -14,7 +14,7 @@ import fsspec
 
 from pipeline.config import BuildConfig
 from pipeline.models.diffusion import class_token_files, is_local_path, slider_path
-from pipeline.registry import CLASSIFIERS, FILTERS, GENERATORS
+from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
 
 class AssetError(FileNotFoundError):
@@ -37,22 +37,23 @@ def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] 
     """Human-readable lines, one per missing file, each naming the config key it came from."""
     missing: list[str] = []
     gen = cfg.generator
-    if is_local_path(gen.model) and not os.path.isfile(os.path.join(gen.model, "model_index.json")):
+    families = [FAMILIES.get(g.kind) for g in cfg.family_groups()]
+    uses_model = any(f.generates_base for f in families) or (
+        cfg.source.kind == "seed" and not all(f.generates_base for f in families)
+    )
+    if uses_model and is_local_path(gen.model) and not os.path.isfile(os.path.join(gen.model, "model_index.json")):
         missing.append(f"generator.model: no diffusers model at {gen.model} (model_index.json missing)")
-    for f in class_token_files(gen.class_tokens, list(cfg.benchmark.classes)):
+    for f in class_token_files(gen.class_tokens, list(cfg.benchmark.classes)) if uses_model else []:
         if not os.path.exists(f):
             missing.append(f"generator.class_tokens: {f}")
-    if gen.kind == "slider":
-        if not gen.slider_store:
-            missing.append("generator.slider_store: not set (the slider generator needs one slider per class/shift)")
-        else:
-            pairs = shifts_by_class
-            if pairs is None:
-                pairs = [(c, s) for c in cfg.benchmark.classes for s in cfg.benchmark.shifts]
-            for class_id, shift in sorted(set(pairs)):
-                p = slider_path(gen, class_id, shift, cfg.benchmark.class_name(class_id))
-                if not _exists(p):
-                    missing.append(f"generator.slider_store: missing slider for class {class_id}, shift {shift}: {p}")
+    for group in cfg.family_groups():
+        family = FAMILIES.get(group.kind)
+        pairs = shifts_by_class
+        if pairs is None:
+            pairs = [(c, s) for c in cfg.benchmark.classes for s in group.shifts]
+        missing.extend(family.missing_files(cfg, group, [(c, s) for c, s in pairs if s in group.shifts]))
+    missing.extend(SOURCES.get(cfg.source.kind).missing_files(cfg))
+    missing.extend(MASKS.get(cfg.source.masks.kind).missing_files(cfg))
     flt = cfg.filter
     if flt.enabled and flt.kind != "none":
         for key, value in (
@@ -72,12 +73,27 @@ def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] 
     return missing
 
 
+def missing_sliders(cfg: BuildConfig, pairs: Iterable[tuple[int, str]]) -> list[str]:
+    """Missing slider files of the (class id, shift) pairs (family ``slider``)."""
+    gen = cfg.generator
+    if not gen.slider_store:
+        return ["generator.slider_store: not set (the slider family needs one slider per class/shift)"]
+    missing = []
+    for class_id, shift in sorted(set(pairs)):
+        p = slider_path(gen, class_id, shift, cfg.benchmark.class_name(class_id))
+        if not _exists(p):
+            missing.append(f"generator.slider_store: missing slider for class {class_id}, shift {shift}: {p}")
+    return missing
+
+
 def check_registry_keys(cfg: BuildConfig) -> list[str]:
     """Unknown generator/filter/classifier kinds and unknown timm model names."""
     problems = []
     for reg, key, where in (
-        (GENERATORS, cfg.generator.kind, "generator.kind"),
+        (FAMILIES, cfg.generator.kind, "generator.kind"),
         (FILTERS, cfg.filter.kind, "filter.kind"),
+        (SOURCES, cfg.source.kind, "source.kind"),
+        (MASKS, cfg.source.masks.kind, "source.masks.kind"),
     ):
         try:
             reg.check(key)

@@ -14,9 +14,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from pipeline import __version__, plan
+from pipeline import __version__, plan, schema
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
+from pipeline.executors import StageSpec, get_executor
 from pipeline.io.store import OutputStore
 
 log = logging.getLogger(__name__)
@@ -180,8 +181,6 @@ def add_classifiers(
     store: OutputStore, cfg: BuildConfig, built_with: list[str], runner: str, address: str | None, echo
 ) -> None:
     """Run newly configured classifiers on the images of already committed shards."""
-    import pyarrow as pa
-
     from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage, missing_classifiers
 
     rows = missing_classifiers(store, [c.name for c in cfg.classifiers], built_with)
@@ -189,15 +188,11 @@ def add_classifiers(
         return
     names = sorted({n for r in rows for n in r["classifiers"]})
     echo(f"[cnsbench] adding predictions of {', '.join(names)} to {len(rows)} committed shard(s)")
-    if runner == "ray":
-        from pipeline.runners.ray_runner import init_ray, stream
-
-        init_ray(address, cfg)
-        chain = [(ReclassifyStage, cfg.resources.classify, 1, {"built_with": built_with})]
-        for _ in stream(cfg, rows, store.uri, chain, len(rows), None):
-            pass
-    else:
-        ReclassifyStage(cfg, store.uri, built_with=built_with)(pa.Table.from_pylist(rows, schema=RECLASSIFY))
+    executor = get_executor(runner, cfg, address)
+    # The reclassify stage commits each shard itself (one shard per batch): no writer after it.
+    chain = [StageSpec(ReclassifyStage, {"built_with": built_with}, batch_size=1)]
+    for _ in executor.run(rows, store.uri, chain, num_blocks=len(rows), first_schema=RECLASSIFY):
+        pass
 
 
 def write_config(store: OutputStore, cfg: BuildConfig) -> str:
@@ -302,8 +297,8 @@ def build(
         echo(f"[cnsbench] archived the previous build under {archive_previous(store)}")
     done, _ = committed_trajectories(store, deep=verify, echo=echo)
     built_with = [c["name"] for c in stored["classifiers"]] if stored else []
-    units = plan.plan_units(cfg.benchmark, done)
-    summary_plan = plan.summarize(cfg.benchmark)
+    units = plan.plan_units(cfg, done)
+    summary_plan = plan.summarize(cfg)
     check_build(cfg, {(u.class_id, s) for u in units for s in u.shifts})
     clean_uncommitted(store, echo)
     digest = write_config(store, cfg)
@@ -315,18 +310,25 @@ def build(
 
     add_classifiers(store, cfg, built_with, runner, address, echo)
     if units:
-        if runner == "ray":
-            from pipeline.runners.ray_runner import init_ray, run_ray
-
-            init_ray(address, cfg)
-            for _ in run_ray(cfg, units, store.uri, tally):
-                pass
-        elif runner == "local":
-            from pipeline.runners.local import run_local
-
-            for _ in run_local(cfg, units, store.uri, tally):
-                pass
-        else:
-            raise ValueError(f"unknown runner {runner!r}; choose 'ray' or 'local'")
+        executor = get_executor(runner, cfg, address)
+        # One work unit per block, so generation spreads across the actors from the start.
+        rows = [u.to_row() for u in units]
+        for _ in executor.run(rows, store.uri, build_chain(cfg), num_blocks=len(rows), first_schema=schema.UNIT, on_shard=tally):
+            pass
 
     return finish_run(store, cfg, digest, tally, start=start, runner=runner, aggregate=aggregate)
+
+
+def build_chain(cfg: BuildConfig) -> list[StageSpec]:
+    """The stages of a build: generate -> filter -> classify -> write."""
+    from pipeline.stages.classify import ClassifyStage
+    from pipeline.stages.filter import FilterStage
+    from pipeline.stages.generate import GenerateStage
+    from pipeline.stages.write import WriteStage
+
+    return [
+        StageSpec(GenerateStage),
+        StageSpec(FilterStage),
+        StageSpec(ClassifyStage),
+        StageSpec(WriteStage, batch_size=cfg.output.trajectories_per_shard),
+    ]

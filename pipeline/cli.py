@@ -26,7 +26,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.config import config_hash
 
     cfg = load_config(args.config)
-    summary = plan.summarize(cfg.benchmark)
+    summary = plan.summarize(cfg)
     print(f"config {args.config}: valid (hash {config_hash(cfg)[:12]})")
     for line in summary.lines():
         print(f"  {line}")
@@ -82,7 +82,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     store = OutputStore(args.output)
     cfg = load_output_config(store)
     done, failed = committed_trajectories(store, repair=False, deep=args.verify, echo=print)
-    total = plan.summarize(cfg.benchmark).n_trajectories
+    total = plan.summarize(cfg).n_trajectories
     n_scales = len(cfg.benchmark.scales)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.

@@ -16,11 +16,12 @@ import hashlib
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from pipeline.labels import LabelSpace, label_space
 
@@ -60,6 +61,10 @@ class Resources(Strict):
     filter: StageResources = StageResources(num_gpus=0.25, batch_size=8)
     classify: StageResources = StageResources(num_gpus=0.25, batch_size=8)
     write: StageResources = StageResources(num_cpus=1.0, batch_size=64)
+    # Reading existing images (evaluate): light I/O, batches the size of the next stage's.
+    load: StageResources = StageResources(num_cpus=1.0, batch_size=8)
+    # Adding predictions of new classifiers to committed shards (one shard per batch).
+    reclassify: StageResources = StageResources(num_gpus=0.25, batch_size=1)
 
 
 # --------------------------------------------------------------------------- benchmark
@@ -70,8 +75,12 @@ class BenchmarkSpec(Strict):
     labels: str | list[str] = Field("imagenet", description="'imagenet', a list of class names, or a file of them")
     classes: list[int | str] = Field(..., min_length=1, description="class ids (ImageNet: 0..999) or class names")
     seeds: list[int] = Field(..., min_length=1)
-    shifts: list[str] = Field(..., min_length=1)
+    shifts: list[str] = Field(..., min_length=1, description="shifts of the primary family (generator.kind)")
     scales: list[float] = Field(default_factory=lambda: list(REFERENCE_SCALES))
+    shift_words: dict[str, str] = Field(
+        default_factory=dict,
+        description="words of a shift in prompts and reports; default: the name with '_' as spaces",
+    )
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -177,6 +186,7 @@ class GeneratorSpec(Strict):
     attention: Literal["auto", "sdpa", "xformers"] = "auto"
     channels_last: bool = False
     compile: bool = False
+    options: dict[str, Any] = Field(default_factory=dict, description="options of the primary family (generator.kind)")
 
     @field_validator("resolution")
     @classmethod
@@ -253,6 +263,28 @@ class AggregateSpec(Strict):
     margin_max_scale: float = Field(3.0, description="failure point given to never-failed trajectories in the margin")
     fp_std_ddof: int = Field(1, ge=0, le=1, description="1: sample std as the reference code's pandas .std()")
     plots: bool = True
+    analyses: list[str | dict[str, Any]] = Field(
+        default_factory=lambda: ["cns"],
+        description="analyses to run (registry keys, or {name: key, ...options}); families add their own",
+    )
+
+    @field_validator("analyses")
+    @classmethod
+    def _analyses(cls, value: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
+        for i, entry in enumerate(value):
+            if isinstance(entry, dict) and not isinstance(entry.get("name"), str):
+                raise ValueError(f"analyses[{i}]: an entry with options needs a 'name' key")
+        return value
+
+    def analysis_entries(self) -> list[tuple[str, dict[str, Any]]]:
+        """(registry key, options) of every configured analysis."""
+        out = []
+        for entry in self.analyses:
+            if isinstance(entry, str):
+                out.append((entry, {}))
+            else:
+                out.append((entry["name"], {k: v for k, v in entry.items() if k != "name"}))
+        return out
 
 
 class SliderTrainingSpec(Strict):
@@ -273,6 +305,48 @@ class SliderTrainingSpec(Strict):
     resources: StageResources = StageResources(num_gpus=1.0)
 
 
+class FamilySpec(Strict):
+    """A further shift family of the build, on the same (class, seed) units as the primary one."""
+
+    kind: str = Field(..., description="registry key, see `cnsbench ls`")
+    shifts: list[str] = Field(..., min_length=1)
+    scales: list[float] | None = Field(None, description="this family's scale grid; default: the family's own")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class MaskSpec(Strict):
+    """Where object masks come from (families with ``needs_mask``)."""
+
+    kind: str = Field("none", description="registry key of a mask provider, see `cnsbench ls`")
+    path: str | None = Field(None, description="mask folder (kind 'folder')")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SourceSpec(Strict):
+    """Where a trajectory's scale-0 image comes from for families that transform images."""
+
+    kind: str = Field("seed", description="registry key: 'seed' (text-to-image from the seed) or a collection")
+    path: str | None = Field(None, description="collection location (folders, WebDataset)")
+    label_map: str | None = Field(None, description="JSON {folder name: class id} for class folders")
+    follow_symlinks: bool = Field(False, description="follow symlinks that leave the collection")
+    masks: MaskSpec = MaskSpec()
+
+
+@dataclass(frozen=True)
+class FamilyGroup:
+    """A resolved family of a build: its kind, shifts, scale grid and validated options."""
+
+    kind: str
+    shifts: tuple[str, ...]
+    scales: tuple[float, ...]
+    options: Any  # the family's Options model instance
+    primary: bool = False
+
+    @property
+    def where(self) -> str:
+        return "generator" if self.primary else f"families[{self.kind}]"
+
+
 class BuildConfig(Strict):
     benchmark: BenchmarkSpec
     generator: GeneratorSpec = GeneratorSpec()
@@ -282,6 +356,35 @@ class BuildConfig(Strict):
     aggregate: AggregateSpec = AggregateSpec()
     resources: Resources = Resources()
     slider_training: SliderTrainingSpec = SliderTrainingSpec()
+    families: list[FamilySpec] = Field(default_factory=list, description="further shift families of the build")
+    source: SourceSpec = SourceSpec()
+    _groups: list[FamilyGroup] | None = PrivateAttr(None)
+
+    # ------------------------------------------------------------ families
+    def family_groups(self) -> list[FamilyGroup]:
+        """The primary family (generator.kind over benchmark.shifts/scales), then ``families``."""
+        if self._groups is None:
+            self._groups = _resolve_groups(self)
+        return self._groups
+
+    def all_shifts(self) -> list[str]:
+        return [s for g in self.family_groups() for s in g.shifts]
+
+    def scales_of(self, shift: str) -> list[float]:
+        for g in self.family_groups():
+            if shift in g.shifts:
+                return list(g.scales)
+        raise KeyError(f"shift {shift!r} is not part of this build")
+
+    def shift_words(self, shift: str) -> str:
+        """Words of a shift in prompts and reports (``benchmark.shift_words``, else '_' -> ' ')."""
+        return self.benchmark.shift_words.get(shift, shift.replace("_", " "))
+
+    @model_validator(mode="after")
+    def _families(self) -> "BuildConfig":
+        self._groups = None
+        self.family_groups()  # raises ValueError naming the family and key
+        return self
 
     @model_validator(mode="after")
     def _cross(self) -> "BuildConfig":
@@ -294,6 +397,52 @@ class BuildConfig(Strict):
                 f"aggregate.margin_max_scale ({self.aggregate.margin_max_scale}) must be >= the largest scale"
             )
         return self
+
+
+def _check_scales(scales: list[float], where: str) -> list[float]:
+    if 0.0 not in scales:
+        raise ValueError(f"{where}: scales must include 0 (the unshifted reference image of every trajectory)")
+    if sorted(set(scales)) != list(scales):
+        raise ValueError(f"{where}: scales must be unique and ascending, got {scales}")
+    return [float(v) for v in scales]
+
+
+def _resolve_groups(cfg: "BuildConfig") -> list[FamilyGroup]:
+    """Validate every family entry against its registered family and return the groups."""
+    from pydantic import ValidationError as _VE
+
+    from pipeline.registry import FAMILIES
+
+    entries = [("generator", cfg.generator.kind, cfg.benchmark.shifts, cfg.benchmark.scales, cfg.generator.options)]
+    for i, fam in enumerate(cfg.families):
+        entries.append((f"families[{i}]", fam.kind, fam.shifts, fam.scales, fam.options))
+    groups, seen = [], {}
+    for n, (where, kind, shifts, scales, options) in enumerate(entries):
+        try:
+            family = FAMILIES.get(kind)
+        except KeyError as err:
+            raise ValueError(f"{where}.kind: {err.args[0]}") from None
+        try:
+            opts = family.Options.model_validate(options)
+        except _VE as err:
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise ValueError(f"{where}.options: {detail}") from None
+        for s in shifts:
+            if not SHIFT_NAME.match(s):
+                raise ValueError(f"{where}.shifts: shift {s!r} must match {SHIFT_NAME.pattern}")
+            if s in seen:
+                raise ValueError(f"{where}.shifts: shift {s!r} is already a shift of {seen[s]}")
+            seen[s] = where
+        problems = family.check_shifts(list(shifts), opts)
+        if problems:
+            raise ValueError(f"{where}.shifts: " + "; ".join(problems))
+        if scales is None:
+            scales = family.default_scales
+            if scales is None:
+                raise ValueError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
+        grid = _check_scales(list(scales), f"{where}.scales")
+        groups.append(FamilyGroup(kind, tuple(shifts), tuple(grid), opts, primary=(n == 0)))
+    return groups
 
 
 # --------------------------------------------------------------------------- loading

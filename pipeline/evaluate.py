@@ -9,8 +9,7 @@ own machinery, so the output has the build's layout and contract (``images/``,
 
     source pointer rows --LoadStage--> [--FilterStage-->] --ClassifyStage--> --WriteStage-->
 
-on the same Ray actor pools as a build (:func:`pipeline.runners.ray_runner.run_ray_rows`)
-or in-process (:func:`pipeline.runners.local.run_local_rows`).
+run by the same executors as a build (:mod:`pipeline.executors`).
 
 The config supplies the classifiers, the filter models and thresholds, output format and
 resources; its ``benchmark`` section is replaced by what the source holds (classes, seeds,
@@ -46,6 +45,7 @@ from pipeline.config import (
     parse_config,
     resolved_dict,
 )
+from pipeline.executors import StageSpec, get_executor
 from pipeline.io.store import OutputStore
 from pipeline.sources import SOURCE_KINDS, LoadStage, Source, open_source
 
@@ -92,24 +92,21 @@ def _check_assets(cfg: BuildConfig) -> None:
         raise AssetError("missing or unknown assets:\n  " + "\n  ".join(problems))
 
 
-def _stages(cfg: BuildConfig) -> list[tuple[type, StageResources, int, dict[str, Any]]]:
+def _stages(cfg: BuildConfig) -> list[StageSpec]:
+    """load -> [filter ->] classify -> write."""
     from pipeline.stages.classify import ClassifyStage
     from pipeline.stages.filter import FilterStage
+    from pipeline.stages.write import WriteStage
 
     res = cfg.resources
-    # Loading is light I/O: the write pool's CPU share, batches the size of the next stage's.
+    # Load batches the size of the next stage's, so each batch feeds one model forward.
     nxt = res.filter if cfg.filter.enabled else res.classify
-    load = StageResources(
-        num_cpus=res.write.num_cpus, pool_size=res.write.pool_size, max_pool_size=res.write.max_pool_size,
-        batch_size=nxt.batch_size, max_retries=res.write.max_retries,
-    )
-    stages: list[tuple[type, StageResources, int, dict[str, Any]]] = [
-        (LoadStage, load, load.batch_size, {"fill_filter": not cfg.filter.enabled})
-    ]
+    chain = [StageSpec(LoadStage, {"fill_filter": not cfg.filter.enabled}, batch_size=nxt.batch_size)]
     if cfg.filter.enabled:
-        stages.append((FilterStage, res.filter, res.filter.batch_size, {}))
-    stages.append((ClassifyStage, res.classify, res.classify.batch_size, {}))
-    return stages
+        chain.append(StageSpec(FilterStage))
+    chain.append(StageSpec(ClassifyStage))
+    chain.append(StageSpec(WriteStage, batch_size=cfg.output.trajectories_per_shard))
+    return chain
 
 
 def evaluate(
@@ -149,20 +146,10 @@ def evaluate(
     tally = ShardTally(total, done_before, echo)
 
     if todo:
-        stages = _stages(cfg)
-        if runner == "ray":
-            from pipeline.runners.ray_runner import init_ray, run_ray_rows
-
-            init_ray(address, cfg)
-            for _ in run_ray_rows(cfg, todo, store.uri, stages, tally):
-                pass
-        elif runner == "local":
-            from pipeline.runners.local import run_local_rows
-
-            for _ in run_local_rows(cfg, todo, store.uri, stages, tally):
-                pass
-        else:
-            raise ValueError(f"unknown runner {runner!r}; choose 'ray' or 'local'")
+        executor = get_executor(runner, cfg, address)
+        # Rows are light pointers; a few per block keeps the load pool busy from the start.
+        for _ in executor.run(todo, store.uri, _stages(cfg), num_blocks=min(len(todo), 1000), on_shard=tally):
+            pass
 
     return finish_run(
         store,

@@ -13,7 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from typing import TYPE_CHECKING
+
 from pipeline.config import BenchmarkSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.config import BuildConfig
 
 
 def scale_tag(scale: float) -> str:
@@ -72,20 +77,29 @@ class WorkUnit:
         return WorkUnit(int(row["class_id"]), int(row["seed"]), tuple(row["shifts"]), row.get("class_name", ""))
 
 
-def iter_trajectories(spec: BenchmarkSpec) -> Iterator[tuple[int, int, str]]:
+def _spec_and_shifts(cfg: "BuildConfig | BenchmarkSpec") -> tuple[BenchmarkSpec, list[str]]:
+    """The benchmark and every shift of the build (all families), from a config or a benchmark."""
+    if isinstance(cfg, BenchmarkSpec):
+        return cfg, list(cfg.shifts)
+    return cfg.benchmark, cfg.all_shifts()
+
+
+def iter_trajectories(cfg: "BuildConfig | BenchmarkSpec") -> Iterator[tuple[int, int, str]]:
+    spec, shifts = _spec_and_shifts(cfg)
     for class_id in spec.classes:
         for seed in spec.seeds:
-            for shift in spec.shifts:
+            for shift in shifts:
                 yield int(class_id), seed, shift
 
 
-def plan_units(spec: BenchmarkSpec, done: Iterable[str] = ()) -> list[WorkUnit]:
-    """Work units for every trajectory of ``spec`` whose id is not in ``done``."""
+def plan_units(cfg: "BuildConfig | BenchmarkSpec", done: Iterable[str] = ()) -> list[WorkUnit]:
+    """Work units for every trajectory of the build whose id is not in ``done``."""
+    spec, shifts = _spec_and_shifts(cfg)
     done_set = done if isinstance(done, (set, frozenset)) else set(done)
     units = []
     for class_id in spec.classes:
         for seed in spec.seeds:
-            todo = tuple(s for s in spec.shifts if trajectory_id(s, int(class_id), seed) not in done_set)
+            todo = tuple(s for s in shifts if trajectory_id(s, int(class_id), seed) not in done_set)
             if todo:
                 units.append(WorkUnit(int(class_id), seed, todo, spec.class_name(int(class_id))))
     return units
@@ -112,6 +126,12 @@ class PlanSummary:
         ]
 
 
-def summarize(spec: BenchmarkSpec) -> PlanSummary:
-    c, s, h, k = len(spec.classes), len(spec.seeds), len(spec.shifts), len(spec.scales)
-    return PlanSummary(c, s, h, k, c * s * h, c * s * h * k, c * s, c * h)
+def summarize(cfg: "BuildConfig | BenchmarkSpec") -> PlanSummary:
+    spec, shifts = _spec_and_shifts(cfg)
+    c, s, h, k = len(spec.classes), len(spec.seeds), len(shifts), len(spec.scales)
+    if isinstance(cfg, BenchmarkSpec):
+        images, sliders = c * s * h * k, c * h
+    else:
+        images = sum(c * s * len(g.shifts) * len(g.scales) for g in cfg.family_groups())
+        sliders = sum(c * len(g.shifts) for g in cfg.family_groups() if g.kind == "slider")
+    return PlanSummary(c, s, h, k, c * s * h, images, c * s, sliders)

@@ -1,4 +1,4 @@
-"""Lazy registries for pluggable parts (generators, filters, classifiers).
+"""Lazy registries for pluggable parts (families, sources, filters, classifiers, analyses, executors).
 
 Entries are ``"module:attribute"`` strings, so listing and validating never import
 torch or a model library.  An unknown key fails with the valid keys and close matches.
@@ -39,16 +39,26 @@ class Registry:
         return getattr(importlib.import_module(module), attr)
 
 
-GENERATORS = Registry("generator")
-GENERATORS.register(
-    "slider", "pipeline.models.sampler:SliderSampler",
-    "SD2 + textual-inversion class token + one LoRA slider per (class, shift), continuous scales",
+# Shift families (``generator.kind``, ``families[].kind``): see pipeline.families.base.
+FAMILIES = Registry("family")
+FAMILIES.register(
+    "slider", "pipeline.families.slider:SliderFamily",
+    "SD2 + textual-inversion class token + one LoRA slider per (class, shift); scale = slider multiplier",
 )
-
-GENERATORS.register(
-    "prompt", "pipeline.models.sampler:PromptSampler",
+FAMILIES.register(
+    "prompt", "pipeline.families.slider:PromptFamily",
     "prompt-only baseline (2P): 'a picture of a {token}' at scale 0, '... in {shift words}' at every scale > 0",
 )
+GENERATORS = FAMILIES  # the name `generator.kind` has always used
+
+# Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
+SOURCES = Registry("source")
+SOURCES.register("seed", "pipeline.sources.seed:SeedSource", "text-to-image from the seed with generator.model (scale 0 of the slider trajectories)")
+
+# Object masks of base images (``source.masks.kind``).
+MASKS = Registry("mask provider")
+MASKS.register("none", "pipeline.sources.masks:NoMasks", "no masks (families that need one refuse the config)")
+MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png")
 
 FILTERS = Registry("filter")
 FILTERS.register(
@@ -67,3 +77,27 @@ CLASSIFIERS.register(
     "torchscript", "pipeline.models.classifiers:TorchScriptClassifier",
     "a TorchScript file (torch.jit.save) with input size, mean and std; for models timm cannot express",
 )
+
+# Aggregation (``aggregate.analyses``): see pipeline.analyses.base.
+ANALYSES = Registry("analysis")
+ANALYSES.register(
+    "cns", "pipeline.analyses.cns:run",
+    "accuracy drop per scale, failure points and their ratios, margins, shift realisation (CNS-Bench)",
+)
+
+# How stages run (``--runner``): see pipeline.executors.
+EXECUTORS = Registry("executor")
+EXECUTORS.register("ray_data", "pipeline.executors.ray_data:RayDataExecutor", "Ray Data actor pools, streaming (--runner ray)")
+EXECUTORS.register("in_process", "pipeline.executors.in_process:InProcessExecutor", "every stage in this process (--runner local)")
+EXECUTOR_ALIASES = {"ray": "ray_data", "local": "in_process"}
+
+# What `cnsbench ls` prints, in order.
+ALL: dict[str, Registry] = {
+    "families (generator.kind, families[].kind)": FAMILIES,
+    "sources (source.kind)": SOURCES,
+    "mask providers (source.masks.kind)": MASKS,
+    "filters (filter.kind)": FILTERS,
+    "classifiers (classifiers[].kind)": CLASSIFIERS,
+    "analyses (aggregate.analyses)": ANALYSES,
+    "executors (--runner)": EXECUTORS,
+}

@@ -45,6 +45,11 @@ GENERATED = pa.schema(
         ("unet_evals", pa.float64()),  # UNet sample-evaluations attributed to this trajectory
         ("gen_seconds", pa.float64()),  # generation wall time attributed to this trajectory
         ("error", pa.string()),
+        # What the family did to each image (JSON object per image, or null), see PARAMS_NOTE.
+        ("params", pa.list_(pa.string())),
+        # Set when the trajectory is usable for nothing (e.g. its object mask failed the
+        # quality check): every image is filtered out, the trajectory is not a failure.
+        ("unusable", pa.string()),
     ]
 )
 
@@ -83,6 +88,9 @@ SAMPLES = pa.schema(
     + [("n_pass", pa.int64()), ("kept", pa.bool_())]
     # Appended last so older shards (without it) still read, as nulls, with this schema.
     + [pa.field(name, pa.float64()) for name in REALISATION_COLUMNS]
+    # Per-image parameters of the family (JSON object), appended after the realisation column
+    # for the same reason; null for families that record nothing and for older outputs.
+    + [pa.field("params", pa.string())]
 )
 
 PREDICTIONS = pa.schema(
@@ -116,3 +124,48 @@ WRITTEN = pa.schema(
         ("gen_seconds", pa.float64()),
     ]
 )
+
+
+# ---- the one place a trajectory row is assembled ----------------------------------------
+def trajectory_row(
+    *,
+    class_id: int,
+    class_name: str,
+    seed: int,
+    shift: str,
+    scales: list[float],
+    images: list[bytes],
+    params: list[dict | None] | None = None,
+    unet_evals: float = 0.0,
+    gen_seconds: float = 0.0,
+    error: str | None = None,
+    unusable: str | None = None,
+) -> dict:
+    """A :data:`GENERATED` row; ids follow :mod:`pipeline.plan` from the coordinates.
+
+    A failed trajectory (``error`` set) carries empty scale, id, image and params lists.
+    """
+    import json
+
+    from pipeline import plan
+
+    if error is not None:
+        scales, images, params = [], [], None
+    if params is not None and len(params) != len(scales):
+        raise ValueError(f"params has {len(params)} entries for {len(scales)} scales")
+    return {
+        "trajectory_id": plan.trajectory_id(shift, class_id, seed),
+        "unit_id": plan.unit_id(class_id, seed),
+        "class_id": int(class_id),
+        "class_name": class_name,
+        "seed": int(seed),
+        "shift": shift,
+        "scales": [float(s) for s in scales],
+        "sample_ids": [plan.sample_id(shift, class_id, seed, s) for s in scales],
+        "images": list(images),
+        "unet_evals": float(unet_evals),
+        "gen_seconds": float(gen_seconds),
+        "error": error,
+        "params": None if params is None else [None if p is None else json.dumps(p, sort_keys=True) for p in params],
+        "unusable": unusable,
+    }

@@ -259,7 +259,8 @@ code { background: #f5f5f5; padding: 0 0.2em; }
 """
 
 
-def _index_html(metrics: Metrics, title: str, config_hash: str | None, plot_files: list[str], data_files: list[str]) -> str:
+def cns_section(metrics: Metrics, plot_files: list[str]) -> str:
+    """The HTML body of the CNS metrics (dataset counts, summary, realisation, plots)."""
     e = html.escape
     counts = pd.DataFrame(
         [
@@ -273,18 +274,10 @@ def _index_html(metrics: Metrics, title: str, config_hash: str | None, plot_file
         columns=["count", "value"],
     )
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
-    ]
-    if config_hash:
-        parts.append(f"<p>config hash: <code>{e(config_hash)}</code></p>")
-    parts.append(
         f"<p>scales: {e(', '.join(f'{s:g}' for s in metrics.scales))}; "
         f"margin max scale: {e(f'{metrics.margin_max_scale:g}')}; "
         f"fp_std ddof: {e(str(metrics.fp_std_ddof))}</p>"
-    )
+    ]
     kept = metrics.kept_by_scale.assign(scale=[f"{s:g}" for s in metrics.kept_by_scale["scale"]])
     parts += ["<h2>Dataset</h2>", _html_table(counts), _html_table(kept)]
     parts += [
@@ -307,11 +300,67 @@ def _index_html(metrics: Metrics, title: str, config_hash: str | None, plot_file
         parts.append("<h2>Plots</h2>")
         for name in plot_files:
             parts.append(f'<div><img src="{e(name, quote=True)}" alt="{e(name, quote=True)}"></div>')
+    return "\n".join(parts)
+
+
+def page_html(title: str, config_hash: str | None, sections: list[tuple[str, str]], data_files: list[str]) -> str:
+    """The report's ``index.html``: a title, one block per (heading, HTML body), the file list."""
+    e = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+    ]
+    if config_hash:
+        parts.append(f"<p>config hash: <code>{e(config_hash)}</code></p>")
+    for heading, body in sections:
+        if heading:
+            parts.append(f"<h2>{e(heading)}</h2>")
+        parts.append(body)
     parts.append("<h2>Files</h2><ul>")
     for name in data_files:
         parts.append(f'<li><a href="{e(name, quote=True)}">{e(name)}</a></li>')
     parts += ["</ul>", "</body></html>", ""]
     return "\n".join(parts)
+
+
+def _index_html(metrics: Metrics, title: str, config_hash: str | None, plot_files: list[str], data_files: list[str]) -> str:
+    return page_html(title, config_hash, [("", cns_section(metrics, plot_files))], data_files)
+
+
+def cns_files(
+    metrics: Metrics, *, plots: bool = True, per_trajectory: bool = False, suffix: str = ""
+) -> tuple[dict[str, bytes], list[str]]:
+    """The CNS report files as ``{name: bytes}`` (no index.html), and the plot names among them.
+
+    ``suffix`` is appended to each file stem (``accuracy_drop_corruption.png``), for the
+    plots of a family other than the build's primary one.
+    """
+    files: dict[str, bytes] = {}
+
+    def name(base: str) -> str:
+        stem, dot, ext = base.rpartition(".")
+        return f"{stem}{suffix}{dot}{ext}"
+
+    if not suffix:
+        files["accuracy.csv"] = _csv_bytes(metrics.accuracy)
+        files["failure_points.csv"] = _csv_bytes(metrics.failure_point_table)
+        files["summary.csv"] = _csv_bytes(metrics.summary)
+        if per_trajectory:
+            files["trajectory_failure_points.csv"] = _csv_bytes(metrics.failure_points)
+    plot_files: list[str] = []
+    if plots:
+        for base, draw in zip(PLOT_FILES, (_plot_accuracy_drop, _plot_fp_cumulative, _plot_fp_distribution)):
+            files[name(base)] = _png_bytes(draw(metrics))
+            plot_files.append(name(base))
+    if has_realisation(metrics):
+        if not suffix:
+            files[REALISATION_CSV] = _csv_bytes(metrics.shift_realisation)
+        if plots:
+            files[name(REALISATION_PLOT)] = _png_bytes(_plot_shift_realisation(metrics))
+            plot_files.append(name(REALISATION_PLOT))
+    return files, plot_files
 
 
 # --------------------------------------------------------------------------- public API
@@ -343,26 +392,15 @@ def write_report(
         _atomic_write(path, data)
         written[name] = str(path)
 
-    put("accuracy.csv", _csv_bytes(metrics.accuracy))
-    put("failure_points.csv", _csv_bytes(metrics.failure_point_table))
-    put("summary.csv", _csv_bytes(metrics.summary))
-    if per_trajectory:
-        put("trajectory_failure_points.csv", _csv_bytes(metrics.failure_points))
+    files, plot_files = cns_files(metrics, plots=plots, per_trajectory=per_trajectory)
     doc = {"title": title, "config_hash": config_hash, **metrics.to_json()}
     # allow_nan=False: to_json already maps NaN to null; fail loudly if anything slipped through.
-    put("metrics.json", (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8"))
-
-    plot_files: list[str] = []
-    if plots:
-        for name, draw in zip(PLOT_FILES, (_plot_accuracy_drop, _plot_fp_cumulative, _plot_fp_distribution)):
-            put(name, _png_bytes(draw(metrics)))
-            plot_files.append(name)
-    if has_realisation(metrics):
-        put(REALISATION_CSV, _csv_bytes(metrics.shift_realisation))
-        if plots:
-            put(REALISATION_PLOT, _png_bytes(_plot_shift_realisation(metrics)))
-            plot_files.append(REALISATION_PLOT)
-
+    files["metrics.json"] = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8")
+    for name in ("accuracy.csv", "failure_points.csv", "summary.csv", "trajectory_failure_points.csv", "metrics.json"):
+        if name in files:
+            put(name, files.pop(name))
+    for name, data in files.items():
+        put(name, data)
     data_files = [n for n in written if not n.endswith(".png")]
     put("index.html", _index_html(metrics, title, config_hash, plot_files, data_files).encode("utf-8"))
     return written

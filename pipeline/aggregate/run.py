@@ -52,27 +52,60 @@ def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -
     return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
 
 
+def analysis_plan(cfg: BuildConfig) -> list[tuple[str, dict]]:
+    """(analysis key, options): the configured ones, then those the build's families add."""
+    from pipeline.registry import FAMILIES
+
+    plan = list(cfg.aggregate.analysis_entries())
+    names = {name for name, _ in plan}
+    for group in cfg.family_groups():
+        for name in FAMILIES.get(group.kind).analyses:
+            if name not in names:
+                plan.append((name, {}))
+                names.add(name)
+    return plan
+
+
 def aggregate_output(store: OutputStore, cfg: BuildConfig, digest: str | None = None) -> str:
-    """Compute the metrics of every committed shard and write ``report/``; returns its index path."""
-    from pipeline.aggregate.metrics import compute_metrics
-    from pipeline.aggregate.report import write_report
+    """Run the build's analyses on every committed shard and write ``report/``; returns its index path.
+
+    Each analysis returns files and an HTML section (:mod:`pipeline.analyses.base`); they
+    are written atomically, ``metrics.json`` collects their JSON, and ``index.html`` is
+    written last, so its presence means the report is complete.
+    """
+    import json
+
+    from pipeline.aggregate.report import page_html
+    from pipeline.analyses.base import AnalysisContext
+    from pipeline.registry import ANALYSES
 
     samples = load_samples(store)
     predictions = load_predictions(store, [c.name for c in cfg.classifiers])
-    metrics = compute_metrics(
-        samples,
-        predictions,
-        list(cfg.benchmark.scales),
-        cfg.aggregate.margin_max_scale,
-        fp_std_ddof=cfg.aggregate.fp_std_ddof,
-    )
     title = f"{cfg.benchmark.name}: accuracy drop and failure points"
-    if store.local:
-        write_report(metrics, store.path("report"), title=title, config_hash=digest, plots=cfg.aggregate.plots)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            written = write_report(metrics, tmp, title=title, config_hash=digest, plots=cfg.aggregate.plots)
-            for path in written.values():
-                with open(path, "rb") as fh:
-                    store.write_bytes(f"report/{os.path.basename(path)}", fh.read())
+    doc: dict = {"title": title, "config_hash": digest}
+    sections: list[tuple[str, str]] = []
+    files: dict[str, bytes] = {}
+    for name, options in analysis_plan(cfg):
+        ctx = AnalysisContext(cfg, samples, predictions, options=options, config_hash=digest, read_image=None)
+        result = ANALYSES.get(name)(ctx)
+        files.update(result.files)
+        for tname, table in result.tables.items():
+            files[f"{tname}.csv"] = table.to_csv(index=False).encode("utf-8")
+        for fname, fig in result.figures.items():
+            from pipeline.aggregate.report import _png_bytes
+
+            files[f"{fname}.png"] = _png_bytes(fig)
+        if name == "cns":
+            doc.update(result.json)  # the CNS metrics stay at the top level of metrics.json
+        elif result.json:
+            doc.setdefault("analyses", {})[name] = result.json
+        if result.html:
+            sections.append((result.title, result.html))
+    files["metrics.json"] = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8")
+    order = ["accuracy.csv", "failure_points.csv", "summary.csv", "metrics.json"]
+    names = [n for n in order if n in files] + [n for n in files if n not in order]
+    for fname in names:
+        store.write_bytes(f"report/{fname}", files[fname])
+    data_files = [n for n in names if not n.endswith(".png")]
+    store.write_bytes("report/index.html", page_html(title, digest, sections, data_files).encode("utf-8"))
     return store.url("report/index.html")

@@ -282,10 +282,10 @@ def encode_image(img, fmt: str, quality: int = 95) -> bytes:
 
 
 def create_sampler(spec: GeneratorSpec, bench: BenchmarkSpec, device: str, dtype) -> SliderSampler:
-    from pipeline.registry import GENERATORS
-
-    cls = GENERATORS.get(spec.kind)
-    sampler = cls(spec, device, dtype)
+    samplers = {"slider": SliderSampler, "prompt": PromptSampler}
+    if spec.kind not in samplers:
+        raise ValueError(f"generator.kind {spec.kind!r} has no text-to-image sampler; choose one of {sorted(samplers)}")
+    sampler = samplers[spec.kind](spec, device, dtype)
     sampler.setup(list(bench.classes), bench.label_space)
     return sampler
 

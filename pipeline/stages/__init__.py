@@ -3,6 +3,6 @@
 Each stage is a callable class: ``__init__`` stores the config and pickles cheaply,
 ``setup()`` loads weights once per worker (lazily on the first batch), and
 ``__call__(pyarrow.Table) -> pyarrow.Table`` processes one batch of trajectory rows.
-The same classes run in a Ray actor pool (``pipeline.runners.ray_runner``) or
-in-process (``pipeline.runners.local``).
+The same classes run in a Ray actor pool (``pipeline.executors.ray_data``) or
+in-process (``pipeline.executors.in_process``).
 """

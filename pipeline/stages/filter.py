@@ -41,5 +41,9 @@ class FilterStage(Stage):
         out = []
         for i, row in enumerate(rows):
             extra = results.get(i) or {k: [] for k in _ADDED}
+            if row.get("unusable") and extra.get("kept"):
+                # The family marked the whole trajectory unusable (e.g. its object mask failed
+                # the quality check): scored as usual, but every image is filtered out.
+                extra = {**extra, "kept": [False] * len(extra["kept"])}
             out.append({**row, **extra})
         return out

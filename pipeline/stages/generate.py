@@ -1,9 +1,11 @@
 """Generate stage: work units (class, seed, shifts) -> trajectory rows with encoded images.
 
-One call handles one (class, seed) group, so the pre-window steps and the scale-0 image
-are shared by all its shifts (see ``pipeline.models.sampler``).  A group that raises is
-returned as failed trajectory rows (``error`` set) instead of crashing the actor, so the
-build completes and reports it.
+One call handles one (class, seed) unit.  Its shifts may belong to several families
+(:meth:`pipeline.config.BuildConfig.family_groups`); families that generate from the seed
+run first and share their scale-0 image with the transforming ones through the unit's
+:class:`~pipeline.families.base.UnitContext`, which otherwise loads it from the build's
+image source.  A family that raises fails its trajectories (``error`` set) instead of
+crashing the actor, so the build completes and reports them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import logging
 import traceback
 from typing import Any
 
-from pipeline import plan, schema
+from pipeline import plan, registry, schema
+from pipeline.families.base import BaseImage, UnitContext
 from pipeline.models.sampler import encode_image
 from pipeline.stages.base import Stage, pick_device, pick_dtype
 
@@ -30,78 +33,95 @@ class GenerateStage(Stage):
         return [f for row in rows for f in failed_rows(plan.WorkUnit.from_row(row), row["class_name"], message)]
 
     def setup(self) -> None:
-        from pipeline.models.sampler import create_sampler
-
         cfg = self.config
         self.device = pick_device(self.device_override)
-        self.sampler = create_sampler(
-            cfg.generator, cfg.benchmark, self.device, pick_dtype(cfg.generator.dtype, self.device)
-        )
+        dtype = pick_dtype(cfg.generator.dtype, self.device)
+        groups = cfg.family_groups()
+        families = [(g, registry.FAMILIES.get(g.kind)(cfg, g, self.device, dtype)) for g in groups]
+        # Families that make their own scale 0 first: the others then reuse it.
+        self.families = sorted(families, key=lambda gf: not gf[1].generates_base)
+        for _, family in self.families:
+            family.setup()
+        self._source = None
+        self._masks = None
+        self._dtype = dtype
+
+    def _load_base(self, ctx: UnitContext) -> BaseImage:
+        cfg = self.config
+        if self._source is None:
+            self._source = registry.SOURCES.get(cfg.source.kind)(cfg, self.device, self._dtype)
+            self._source.setup()
+        return self._source.load(ctx)
+
+    def _with_mask(self, ctx: UnitContext) -> BaseImage:
+        base = ctx.base()
+        if base.mask is None and base.unusable is None:
+            cfg = self.config
+            if self._masks is None:
+                self._masks = registry.MASKS.get(cfg.source.masks.kind)(cfg, self.device, self._dtype)
+                self._masks.setup()
+            base.mask = self._masks.mask(ctx, base.image, base.info)
+        return base
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for row in rows:
             unit = plan.WorkUnit.from_row(row)
-            try:
-                out.extend(self.generate_unit(unit))
-            except Exception as err:  # recorded per trajectory; the build goes on
-                log.exception("generation failed for %s", unit.id)
-                message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
-                out.extend(failed_rows(unit, row["class_name"], message))
+            ctx = UnitContext(unit.class_id, unit.class_name, unit.seed, self._load_base)
+            encoded: dict[int, tuple[Any, bytes]] = {}  # a scale-0 image shared by several shifts is encoded once
+            for group, family in self.families:
+                shifts = [s for s in unit.shifts if s in group.shifts]
+                if not shifts:
+                    continue
+                try:
+                    if family.needs_mask:
+                        self._with_mask(ctx)
+                    made = family.generate(ctx, shifts, list(group.scales))
+                    if family.needs_mask and ctx.base().unusable:
+                        for result in made.values():
+                            result.unusable = result.unusable or ctx.base().unusable
+                    out.extend(self._rows(unit, shifts, list(group.scales), made, encoded))
+                except Exception as err:  # recorded per trajectory; the build goes on
+                    log.exception("generation failed for %s (%s)", unit.id, group.kind)
+                    message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+                    out.extend(failed_rows(plan.WorkUnit(unit.class_id, unit.seed, tuple(shifts)), unit.class_name, message))
         return out
 
-    def generate_unit(self, unit: plan.WorkUnit) -> list[dict[str, Any]]:
-        cfg = self.config
-        scales = list(cfg.benchmark.scales)
-        if cfg.generator.share_prefix:
-            result = self.sampler.generate_group(unit.class_id, unit.seed, list(unit.shifts), scales)
-        else:
-            result = self.sampler.reference_group(unit.class_id, unit.seed, list(unit.shifts), scales)
-        fmt, quality = cfg.output.image_format, cfg.output.jpeg_quality
-        encoded: dict[int, bytes] = {}  # scale-0 image is encoded once and shared by every shift
+    def _rows(self, unit, shifts, scales, made, encoded) -> list[dict[str, Any]]:
+        fmt, quality = self.config.output.image_format, self.config.output.jpeg_quality
 
         def enc(img) -> bytes:
+            # Keyed by identity; the image is kept in the entry so its id cannot be reused.
             if id(img) not in encoded:
-                encoded[id(img)] = encode_image(img, fmt, quality)
-            return encoded[id(img)]
+                encoded[id(img)] = (img, encode_image(img, fmt, quality))
+            return encoded[id(img)][1]
 
-        n = len(unit.shifts)
         rows = []
-        for shift in unit.shifts:
+        for shift in shifts:
+            result = made[shift]
+            if len(result.images) != len(scales):
+                raise ValueError(f"family returned {len(result.images)} images for {len(scales)} scales ({shift})")
             rows.append(
-                {
-                    "trajectory_id": plan.trajectory_id(shift, unit.class_id, unit.seed),
-                    "unit_id": unit.id,
-                    "class_id": unit.class_id,
-                    "class_name": unit.class_name,
-                    "seed": unit.seed,
-                    "shift": shift,
-                    "scales": scales,
-                    "sample_ids": [plan.sample_id(shift, unit.class_id, unit.seed, s) for s in scales],
-                    "images": [enc(result.image(shift, s)) for s in scales],
-                    "unet_evals": result.unet_evals / n,
-                    "gen_seconds": result.seconds / n,
-                    "error": None,
-                }
+                schema.trajectory_row(
+                    class_id=unit.class_id,
+                    class_name=unit.class_name,
+                    seed=unit.seed,
+                    shift=shift,
+                    scales=scales,
+                    images=[enc(img) for img in result.images],
+                    params=result.params,
+                    unet_evals=result.unet_evals,
+                    gen_seconds=result.seconds,
+                    unusable=result.unusable,
+                )
             )
         return rows
 
 
 def failed_rows(unit: plan.WorkUnit, class_name: str, message: str) -> list[dict[str, Any]]:
     return [
-        {
-            "trajectory_id": plan.trajectory_id(shift, unit.class_id, unit.seed),
-            "unit_id": unit.id,
-            "class_id": unit.class_id,
-            "class_name": class_name,
-            "seed": unit.seed,
-            "shift": shift,
-            "scales": [],
-            "sample_ids": [],
-            "images": [],
-            "unet_evals": 0.0,
-            "gen_seconds": 0.0,
-            "error": message,
-        }
+        schema.trajectory_row(
+            class_id=unit.class_id, class_name=class_name, seed=unit.seed, shift=shift, scales=[], images=[], error=message
+        )
         for shift in unit.shifts
     ]

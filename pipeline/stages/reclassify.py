@@ -43,7 +43,7 @@ def missing_classifiers(store: OutputStore, names: list[str], built_with: list[s
 
 
 class ReclassifyStage(Stage):
-    name = "classify"
+    name = "reclassify"
     output_schema = schema.WRITTEN
     keeps_attempts = False  # a shard that keeps crashing fails the run; the next run redoes it
 

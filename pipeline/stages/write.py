@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 from typing import Any
 
@@ -110,9 +111,13 @@ class WriteStage(Stage):
                     "n_pass": r["n_pass"][i],
                     "kept": r["kept"][i],
                 }
-                sample_rows.append(sample)
                 meta = {k: sample[k] for k in sample if k not in ("shard", "key")}
                 meta["label"] = r["class_id"]
+                params = (r.get("params") or [None] * len(r["scales"]))[i]
+                sample["params"] = params
+                if params is not None:  # only families that record parameters add them to the tar
+                    meta["params"] = json.loads(params)
+                sample_rows.append(sample)
                 tar_samples.append((sid, {ext: r["images"][i], "json": metadata_json(meta)}))
             pred_rows.extend(prediction_rows(r, classifiers))
 

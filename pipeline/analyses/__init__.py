@@ -1,0 +1,7 @@
+"""Analyses: what aggregation computes from an output's samples and predictions tables.
+
+Each analysis is registered in :data:`pipeline.registry.ANALYSES` and listed in a config's
+``aggregate.analyses`` (families add their own, see ``Family.analyses``).  The contract is
+in :mod:`pipeline.analyses.base`; ``cnsbench aggregate DIR`` re-runs them on an existing
+output, so a new analysis never needs a rebuild.
+"""

@@ -1,0 +1,58 @@
+"""Analysis ``cns``: accuracy drop, failure points, margins and shift realisation (CNS-Bench).
+
+The metric definitions live in :mod:`pipeline.aggregate.metrics` and the presentation in
+:mod:`pipeline.aggregate.report`; this module applies them per family of the build (each
+family has its own scale grid).  The primary family's tables are the report's
+``accuracy.csv``, ``failure_points.csv`` and ``summary.csv``; with several families the
+tables of all families are concatenated with a ``family`` column, and each further
+family's plots carry its kind as a suffix (``accuracy_drop_corruption.png``).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.analyses.base import AnalysisContext, AnalysisResult
+
+
+def group_metrics(ctx: AnalysisContext):
+    """[(group, Metrics)] for every family group of the build, primary first."""
+    from pipeline.aggregate.metrics import compute_metrics
+
+    agg = ctx.config.aggregate
+    out = []
+    for group in ctx.groups:
+        samples = ctx.samples_of(group)
+        predictions = ctx.predictions[ctx.predictions["sample_id"].isin(samples["sample_id"])]
+        # The margin's "never failed" value is a CNS setting for the slider grid; other
+        # families use the largest of their own scales when that is beyond it.
+        margin = max(agg.margin_max_scale, max(group.scales))
+        out.append((group, compute_metrics(samples, predictions, list(group.scales), margin, fp_std_ddof=agg.fp_std_ddof)))
+    return out
+
+
+def run(ctx: AnalysisContext) -> AnalysisResult:
+    from pipeline.aggregate.report import cns_files, cns_section
+
+    per_group = group_metrics(ctx)
+    plots = ctx.config.aggregate.plots
+    result = AnalysisResult(title="")
+    primary_group, primary = per_group[0]
+    files, plot_files = cns_files(primary, plots=plots)
+    result.files.update(files)
+    sections = [cns_section(primary, plot_files)]
+    result.json = primary.to_json()
+    if len(per_group) > 1:
+        tables = {"accuracy.csv": "accuracy", "failure_points.csv": "failure_point_table", "summary.csv": "summary"}
+        for fname, attr in tables.items():
+            frames = [getattr(m, attr).assign(family=g.kind) for g, m in per_group]
+            result.files[fname] = pd.concat(frames, ignore_index=True).to_csv(index=False).encode("utf-8")
+        result.json["families"] = {}
+        for group, metrics in per_group[1:]:
+            extra, extra_plots = cns_files(metrics, plots=plots, suffix=f"_{group.kind}")
+            result.files.update(extra)
+            sections.append(f"<h2>Family {group.kind}</h2>" + cns_section(metrics, extra_plots))
+            result.json["families"][group.kind] = metrics.to_json()
+        result.json["families"][primary_group.kind] = {"shifts": list(primary_group.shifts)}
+    result.html = "\n".join(sections)
+    return result

@@ -1,0 +1,11 @@
+"""Executors: how a chain of stages runs (Ray Data actor pools, or in this process).
+
+A stage is described once as a :class:`~pipeline.executors.base.StageSpec` (stage class,
+constructor arguments, resources, batch size); the executor chosen by ``--runner``
+(registry :data:`pipeline.registry.EXECUTORS`) runs the chain and yields one row per
+committed shard.  This is the only place that knows how work is executed.
+"""
+
+from pipeline.executors.base import Executor, StageSpec, get_executor
+
+__all__ = ["Executor", "StageSpec", "get_executor"]

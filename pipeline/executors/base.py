@@ -1,0 +1,60 @@
+"""The stage description every executor runs, and the executor contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.config import BuildConfig, StageResources
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of a chain: its class, extra constructor kwargs, resources and batch size.
+
+    ``resources`` is ``resources.<stage.name>`` of the config unless given; the batch size
+    is the resources' unless given (the write stage batches one shard of trajectories).
+    """
+
+    stage: type
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    resources: "StageResources | None" = None
+    batch_size: int | None = None
+
+    def resolved(self, cfg: "BuildConfig") -> tuple["StageResources", int]:
+        res = self.resources or getattr(cfg.resources, self.stage.name)
+        return res, self.batch_size or res.batch_size
+
+
+class Executor:
+    """Runs ``rows`` through ``chain`` (the last stage writes shards); yields one row per shard."""
+
+    name = ""
+
+    def __init__(self, cfg: "BuildConfig", address: str | None = None) -> None:
+        self.cfg = cfg
+        self.address = address
+
+    def run(
+        self,
+        rows: Iterable[dict],
+        output: str,
+        chain: Sequence[StageSpec],
+        *,
+        num_blocks: int | None = None,
+        first_schema: Any = None,
+        on_shard: Callable[[dict], None] | None = None,
+    ) -> Iterator[dict]:
+        raise NotImplementedError
+
+
+def get_executor(runner: str, cfg: "BuildConfig", address: str | None = None) -> Executor:
+    """The executor registered as ``runner`` (``ray``/``local`` are accepted aliases)."""
+    from pipeline.registry import EXECUTOR_ALIASES, EXECUTORS
+
+    try:
+        cls = EXECUTORS.get(EXECUTOR_ALIASES.get(runner, runner))
+    except KeyError as err:
+        raise ValueError(f"--runner: {err.args[0]} (or one of {', '.join(EXECUTOR_ALIASES)})") from None
+    return cls(cfg, address)

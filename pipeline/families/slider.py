@@ -1,0 +1,72 @@
+"""Families ``slider`` (CNS-Bench concept sliders) and ``prompt`` (the prompt-only baseline).
+
+Both generate every image of a (class, seed) unit from its seed with the text-to-image
+model (:mod:`pipeline.models.sampler`): scale 0 and the steps before the LoRA window are
+computed once per unit and shared by all shifts.  Their scale-0 image is handed to the
+unit's context, so transforming families of the same build start from the same image.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from pipeline.families.base import BaseImage, Family, ShiftImages, UnitContext
+
+
+def shared_sampler(config: Any, kind: str, device: str, dtype: Any):
+    """The per-process sampler of ``kind`` ('slider' or 'prompt') for this build's generator."""
+    from pipeline.models import cache
+    from pipeline.models.sampler import PromptSampler, SliderSampler
+
+    gen = config.generator
+    key = ("sampler", kind, json.dumps(gen.model_dump(mode="json"), sort_keys=True), device, str(dtype))
+
+    def make():
+        sampler = (PromptSampler if kind == "prompt" else SliderSampler)(gen, device, dtype)
+        sampler.setup(list(config.benchmark.classes), config.benchmark.label_space)
+        return sampler
+
+    return cache.shared(key, make)
+
+
+class SliderFamily(Family):
+    kind = "slider"
+    scale_meaning = "slider multiplier (LoRA on while t <= generator.lora_timestep_threshold)"
+    generates_base = True
+    sampler_kind: ClassVar[str] = "slider"
+
+    @classmethod
+    def missing_files(cls, config, group, pairs) -> list[str]:
+        from pipeline.assets import missing_sliders
+
+        return missing_sliders(config, [(c, s) for c, s in pairs if s in group.shifts])
+
+    def setup(self) -> None:
+        self.sampler = shared_sampler(self.config, self.sampler_kind, self.device, self.dtype)
+
+    def generate(self, ctx: UnitContext, shifts: list[str], scales: list[float]) -> dict[str, ShiftImages]:
+        if self.config.generator.share_prefix:
+            result = self.sampler.generate_group(ctx.class_id, ctx.seed, list(shifts), list(scales))
+        else:
+            result = self.sampler.reference_group(ctx.class_id, ctx.seed, list(shifts), list(scales))
+        ctx.set_base(BaseImage(image=result.image(shifts[0], 0.0)))
+        n = len(shifts)
+        return {
+            shift: ShiftImages(
+                images=[result.image(shift, s) for s in scales],
+                unet_evals=result.unet_evals / n,
+                seconds=result.seconds / n,
+            )
+            for shift in shifts
+        }
+
+
+class PromptFamily(SliderFamily):
+    kind = "prompt"
+    scale_meaning = "binary: 0 plain prompt, > 0 the shift prompt over all steps"
+    sampler_kind = "prompt"
+
+    @classmethod
+    def missing_files(cls, config, group, pairs) -> list[str]:
+        return []

@@ -1,1 +1,0 @@
-"""Executors of the stage chain: ``ray_runner`` (Ray Data actor pools) and ``local`` (in-process)."""
