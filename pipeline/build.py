@@ -100,6 +100,21 @@ def _by_name(classifiers: list[dict[str, Any]]) -> dict[str, Any]:
     return {c["name"]: {k: v for k, v in c.items() if k != "name"} for c in classifiers}
 
 
+def _with_current_defaults(old: dict[str, Any]) -> dict[str, Any]:
+    """An older output's config with the keys added since filled with their defaults.
+
+    Keys a newer version added (``families``, ``source``, ...) are absent from an older
+    ``config.json``; their defaults reproduce what the older version did, so they must not
+    count as changes.  A config the current version cannot parse is compared as stored.
+    """
+    from pipeline.config import ConfigError, parse_config
+
+    try:
+        return resolved_dict(parse_config(old, source="config.json"))
+    except (ConfigError, ValueError):
+        return old
+
+
 def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | None:
     """Compare with the config an existing output was built with; raise if incompatible.
 
@@ -113,6 +128,7 @@ def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | N
     except (ValueError, KeyError) as err:
         raise IncompatibleOutput(f"{store.url('config.json')} is malformed: {err}") from None
     stored = old
+    old = _with_current_defaults(old)
     new = resolved_dict(cfg)
     old_c, new_c = _by_name(old.get("classifiers", [])), _by_name(new["classifiers"])
     old = {**old, "classifiers": {n: old_c[n] for n in old_c if n in new_c}}

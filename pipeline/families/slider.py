@@ -20,7 +20,11 @@ def shared_sampler(config: Any, kind: str, device: str, dtype: Any):
     from pipeline.models.sampler import PromptSampler, SliderSampler
 
     gen = config.generator
-    key = ("sampler", kind, json.dumps(gen.model_dump(mode="json"), sort_keys=True), device, str(dtype))
+    bench = config.benchmark
+    key = (
+        "sampler", kind, json.dumps(gen.model_dump(mode="json"), sort_keys=True),
+        tuple(bench.classes), json.dumps(bench.labels), device, str(dtype),
+    )
 
     def make():
         sampler = (PromptSampler if kind == "prompt" else SliderSampler)(gen, device, dtype)
