@@ -455,6 +455,9 @@ _PATH_KEYS = {
     ("filter", "clip", "model_config_file"),
     ("filter", "dino", "checkpoint"),
     ("output", "path"),
+    ("source", "path"),
+    ("source", "label_map"),
+    ("source", "masks", "path"),
 }
 _CLASSIFIER_PATH_KEYS = {"checkpoint", "model_config_file", "label_map"}
 

@@ -54,6 +54,8 @@ GENERATORS = FAMILIES  # the name `generator.kind` has always used
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
 SOURCES = Registry("source")
 SOURCES.register("seed", "pipeline.sources.seed:SeedSource", "text-to-image from the seed with generator.model (scale 0 of the slider trajectories)")
+SOURCES.register("folders", "pipeline.sources.collection:FoldersSource", "class folders: the seed-th image of each class")
+SOURCES.register("webdataset", "pipeline.sources.collection:WebDatasetSource", "WebDataset tars: the seed-th image of each class")
 
 # Object masks of base images (``source.masks.kind``).
 MASKS = Registry("mask provider")

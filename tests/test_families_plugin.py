@@ -154,3 +154,46 @@ def test_demo_build_digest_and_old_output_resume(tmp_path):
     summary = build(cfg, str(out), runner="local", echo=lambda *_: None)
     assert summary.trajectories_written == 0 and summary.trajectories_done_before == 60
     assert output_digest(str(out)) == DEMO_DIGEST
+
+
+@needs_world
+def test_a_transforming_family_over_a_class_folder_collection(invert_registered, tmp_path):
+    """source.kind folders: seeds index the images of a class; no text-to-image model is loaded."""
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+
+    from pipeline.assets import missing_assets
+    from pipeline.build import build
+
+    rng = np.random.default_rng(0)
+    for folder in ("two", "seven"):
+        (tmp_path / "coll" / folder).mkdir(parents=True)
+        for i in range(2):
+            arr = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
+            Image.fromarray(arr).save(tmp_path / "coll" / folder / f"img{i}.png")
+    overrides = {
+        "benchmark": {"classes": ["two", "seven"], "seeds": [0, 1], "shifts": ["invert"], "scales": [0, 1]},
+        "generator": {"kind": "test_invert", "model": str(tmp_path / "no-model")},
+        "source": {"kind": "folders", "path": str(tmp_path / "coll")},
+        "filter": {"kind": "none"},
+    }
+    cfg = load_config(REPO / "configs" / "demo.yaml", overrides)
+    assert missing_assets(cfg) == []  # the missing text-to-image model is not needed
+    bad = load_config(REPO / "configs" / "demo.yaml", {**overrides, "benchmark": {**overrides["benchmark"], "seeds": [0, 5]}})
+    assert any("no image for seed(s) [5]" in line for line in missing_assets(bad))
+
+    out = tmp_path / "out"
+    summary = build(cfg, str(out), runner="local", echo=lambda *_: None)
+    assert summary.trajectories_written == 4
+    samples = pd.concat(pd.read_parquet(p) for p in (out / "samples").glob("*.parquet"))
+    assert sorted(samples["sample_id"])[:2] == ["invert/002/seed_0000_scale_0000", "invert/002/seed_0000_scale_1000"]
+    import tarfile
+
+    with tarfile.open(next((out / "images").glob("*.tar"))) as tar:
+        member = tar.extractfile("invert/002/seed_0001_scale_0000.png").read()
+    from io import BytesIO
+
+    got = np.asarray(Image.open(BytesIO(member)))
+    want = np.asarray(Image.open(tmp_path / "coll" / "two" / "img1.png").resize((32, 32), Image.BICUBIC))
+    assert np.array_equal(got, want)
