@@ -593,15 +593,17 @@ def train_sliders(
                  f"({result['seconds']:.1f} s) -> {job.path}")
 
     if todo:
-        if runner == "local":
-            trainer = SliderTrainer(cfg, store)
-            for job in todo:
-                try:
-                    record(job, trainer.train(job), None)
-                except Exception as err:  # recorded per pair; the others go on
-                    record(job, None, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}")
-        else:
-            _run_ray(cfg, store, todo, address, echo, record)
+        from pipeline.executors import get_executor
+        from pipeline.stages.train import JOB, train_chain
+
+        def on_row(row: dict[str, Any]) -> None:
+            job = SliderJob(**json.loads(row["job"]))
+            record(job, json.loads(row["result"]) if row["result"] else None, row["error"])
+
+        executor = get_executor(runner, _for_training(cfg, echo), address)
+        rows = [job.to_dict() for job in todo]
+        for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
+            pass
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -615,84 +617,16 @@ def _cuda_count() -> int:
         return 0
 
 
-def _run_ray(
-    cfg: BuildConfig,
-    store: str,
-    todo: list[SliderJob],
-    address: str | None,
-    echo: Callable[[str], None],
-    record: Callable[[SliderJob, dict[str, Any] | None, str | None], None],
-) -> None:
-    import ray
+def _for_training(cfg: BuildConfig, echo: Callable[[str], None]) -> BuildConfig:
+    """The config the executor sizes its local Ray from: the training pool as the generate pool.
 
+    Without CUDA a GPU request could never be met by a real device; the local Ray then
+    registers one logical GPU and the actors train on the CPU.
+    """
     res = cfg.slider_training.resources
-    n_actors = min(len(todo), res.max_pool_size or res.pool_size)
-    started = False
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=True)
-        else:
-            gpus = _cuda_count()
-            env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME") if k in os.environ}
-            # Workers must import `pipeline` even when the driver runs from another directory.
-            repo = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
-            ray.init(
-                num_cpus=max(os.cpu_count() or 1, int(res.num_cpus * n_actors) + 1),
-                num_gpus=gpus,
-                include_dashboard=False,
-                log_to_driver=True,
-                runtime_env={"env_vars": env},
-            )
-        started = True
-    actors: list = []
-    try:
-        num_gpus = res.num_gpus
-        cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
-        if num_gpus > 0 and not address and cluster_gpus < num_gpus:
-            # A local Ray without CUDA cannot satisfy a GPU request: train on the CPU
-            # rather than wait forever for a GPU that will never appear.
-            echo(f"{LOG_PREFIX} no GPU in the local Ray cluster: training on CPU (slider_training.resources.num_gpus "
-                 f"{num_gpus} -> 0)")
-            num_gpus = 0.0
-        if num_gpus > 0 and not address:
-            n_actors = max(1, min(n_actors, int(cluster_gpus // num_gpus)))
-        actor_cls = ray.remote(SliderTrainer).options(
-            num_gpus=num_gpus,
-            num_cpus=res.num_cpus,
-            max_restarts=res.max_retries,
-            max_task_retries=res.max_retries,
-        )
-        cfg_dict = cfg.model_dump(mode="json")
-        threads = max(1, int(res.num_cpus))
-        actors = [actor_cls.remote(cfg_dict, store, None, threads) for _ in range(n_actors)]
-        queue = list(todo)
-        idle = list(actors)
-        pending: dict[Any, tuple[Any, SliderJob]] = {}
-        while queue or pending:
-            while idle and queue:
-                actor, job = idle.pop(), queue.pop(0)
-                pending[actor.train.remote(job.to_dict())] = (actor, job)
-            if not pending:  # every actor is gone: nothing can run the rest
-                for job in queue:
-                    record(job, None, "RuntimeError: no training actor left (all died past their max_retries restarts)")
-                break
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            actor, job = pending.pop(ready[0])
-            try:
-                record(job, ray.get(ready[0]), None)
-            except ray.exceptions.RayActorError as err:  # died past its restarts: retire it
-                record(job, None, f"{type(err).__name__}: {err}")
-                continue
-            except Exception as err:  # the pair's own error; the actor is fine and takes the next pair
-                cause = getattr(err, "cause", None) or err  # RayTaskError wraps the worker's exception
-                record(job, None, f"{type(cause).__name__}: {cause}")
-            idle.append(actor)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        if started:
-            ray.shutdown()
+    if res.num_gpus > 0 and not _cuda_count():
+        echo(f"{LOG_PREFIX} no CUDA device: the training actors run on the CPU")
+    return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"generate": res})})
 
 
 # --------------------------------------------------------------------------- CLI
