@@ -35,6 +35,7 @@ from pipeline.aggregate.metrics import (
     compute_metrics,
     failure_point_table,
     failure_points,
+    first_failure,
     summary_columns,
     summary_table,
 )
@@ -153,6 +154,17 @@ def test_failure_points_by_hand():
     assert got[(T[("style", 2)], "B")] == 2.0
     assert all(math.isnan(got[(T[k], "C")]) for k in TABLE)  # C never fails
     assert set(fp["shift"]) == {"snow", "style"}
+
+
+def test_first_failure_is_the_smallest_wrong_scale():
+    assert float(first_failure([0.0, 1.0, 2.0], [True, False, False])) == 1.0
+    assert float(first_failure([0.0, 1.0, 2.0], [False, True, True])) == 0.0  # wrong at scale 0 counts
+    assert math.isnan(float(first_failure([0.0, 1.0, 2.0], [True, True, True])))  # never failed
+    # scales in any order, several trajectories at once
+    got = first_failure([2.0, 0.5, 0.0], [[False, False, True], [False, True, True], [True, True, True]])
+    assert got.shape == (3,) and got[0] == 0.5 and got[1] == 2.0 and math.isnan(got[2])
+    with pytest.raises(ValueError, match="shape"):
+        first_failure([0.0, 1.0], [True, False, True])
 
 
 def test_failure_point_table_by_hand():

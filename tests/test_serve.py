@@ -1,29 +1,37 @@
-"""The Ray Serve app (pipeline.serve.app) over HTTP, against a tiny benchmark built here.
+"""The Serve app (pipeline.serve) over HTTP, against a tiny benchmark built here.
 
 One tiny build (a variant of configs/tiny.yaml whose filter removes some images and with
 a fourth, two-way zero-shot classifier, so that kept flags and failure points vary) and
-one Serve app with a token on 127.0.0.1 serve every test of the module.  Responses are
-checked against the build's own Parquet and tar files, and the live preview against the
-batch pipeline's predictions for the same (class, shift, seed).
+one in-process ingress app with a token serve the tests: Starlette's test client talks
+to the ASGI app, whose model deployments are plain objects of this process (no Ray).
+Responses are checked against the build's own Parquet and tar files, and the live
+preview against the batch pipeline's predictions for the same (class, shift, seed).
+One slow test starts the real Ray Serve application and checks it end to end.
 
-The helpers (``serve_config``, ``build_benchmark``, ``start_server``, ``Client``) are
-shared with ``test_serve_browser.py``; the build lives in the session's base temporary
-directory so a second module only resumes it (a no-op).
+The helpers (``serve_config``, ``build_benchmark``, ``local_ingress``, ``http_server``,
+``read_dir``) are shared with ``test_serve_browser.py``; the build lives in the session's
+base temporary directory so a second module only resumes it (a no-op).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
-import http.client
+import hashlib
 import io
 import json
+import re
+import shutil
 import socket
-import urllib.error
-import urllib.request
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pandas as pd
@@ -36,10 +44,9 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.io.webdataset import iter_tar
 
-pytestmark = pytest.mark.slow
-
 TOKEN = "test-token-0123456789abcdef"
 APP = "cnsbench"
+LOOPBACK = ["127.0.0.1", "localhost", "[::1]"]
 #: The scores of the tiny random-weight detectors lie around this DINOv2 threshold, so the filter
 #: keeps some images and removes others (the tiny config's own thresholds keep everything).
 DINO_THRESHOLD = 0.96
@@ -59,7 +66,7 @@ def serve_config(directory: Path) -> Path:
 
 
 def build_benchmark(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(config, output) of the test benchmark, built once per session (later calls resume: no-op)."""
+    """(config, output) of the test benchmark, built in process once per session (later calls resume: no-op)."""
     from pipeline.demo.assets import ensure_tiny_assets
 
     ensure_tiny_assets()
@@ -67,8 +74,23 @@ def build_benchmark(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     root.mkdir(exist_ok=True)
     cfg_path = serve_config(root)
     out = root / "out"
-    assert main(["build", str(cfg_path), "--output", str(out)]) == 0
+    assert main(["build", str(cfg_path), "--output", str(out), "--runner", "local"]) == 0
     return cfg_path, out
+
+
+def local_ingress(cfg_path: Path | None, out: Path | None, token: str | None, **options: Any):
+    """The app's ingress with its models in this process, as ``cnsbench serve`` on 127.0.0.1 sets it up."""
+    from pipeline.serve.deployments import in_process_ingress
+
+    return in_process_ingress(
+        {
+            "config": str(cfg_path) if cfg_path else None,
+            "output": str(out) if out else None,
+            "token": token,
+            "allowed_hosts": LOOPBACK,
+            **options,
+        }
+    )
 
 
 def free_port() -> int:
@@ -77,18 +99,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(cfg_path: Path | None, out: Path | None, token: str | None) -> str:
-    from pipeline.serve.app import run_server
+@contextmanager
+def http_server(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a thread on 127.0.0.1; yields its URL."""
+    import uvicorn
 
-    return run_server(
-        str(cfg_path) if cfg_path else None,
-        str(out) if out else None,
-        host="127.0.0.1",
-        port=free_port(),
-        token=token,
-        blocking=False,
-        echo=lambda *_: None,
-    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def read_dir(out: Path, kind: str) -> pd.DataFrame:
+    return pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / kind).glob("*.parquet"))], ignore_index=True)
+
+
+def png(data: bytes) -> np.ndarray:
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return np.asarray(img.convert("RGB"), dtype=np.int16)
 
 
 @dataclass
@@ -106,81 +144,81 @@ class Reply:
 
 
 class Client:
-    """A few lines of urllib: raw paths (no client-side normalisation of '..'), bearer token."""
+    """Starlette's test client on the ASGI app, with the bearer token by default."""
 
-    def __init__(self, url: str, token: str | None) -> None:
-        self.url = url.rstrip("/")
+    def __init__(self, app: Any, token: str | None) -> None:
+        from starlette.testclient import TestClient
+
+        self.app = app
+        self.http = TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
         self.token = token
+
+    def _headers(self, headers: dict[str, str] | None, token: str | None | bool) -> dict[str, str]:
+        h = dict(headers or {})
+        tok = self.token if token is True else token
+        if tok:
+            h["Authorization"] = f"Bearer {tok}"
+        return h
 
     def request(
         self,
         path: str,
         method: str = "GET",
-        body: bytes | None = None,
+        body: Any = None,
         headers: dict[str, str] | None = None,
         token: str | None | bool = True,
     ) -> Reply:
-        h = dict(headers or {})
-        tok = self.token if token is True else token
-        if tok:
-            h["Authorization"] = f"Bearer {tok}"
-        req = urllib.request.Request(self.url + path, data=body, method=method, headers=h)
-        try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                return Reply(r.status, r.headers, r.read())
-        except urllib.error.HTTPError as err:
-            return Reply(err.code, err.headers, err.read())
+        r = self.http.request(method, path, content=body, headers=self._headers(headers, token))
+        return Reply(r.status_code, r.headers, r.content)
 
     def get(self, path: str, **kw: Any) -> Reply:
         return self.request(path, **kw)
 
     def post_json(self, path: str, data: Any, **kw: Any) -> Reply:
-        return self.request(
-            path, "POST", json.dumps(data).encode(), {"Content-Type": "application/json"}, **kw
-        )
+        return self.request(path, "POST", json.dumps(data).encode(), {"Content-Type": "application/json"}, **kw)
 
+    def raw_get(self, raw_path: str, token: str | None | bool = True) -> Reply:
+        """GET with the path exactly as given, as an HTTP server passes it on (no '..' removal).
 
-def read_dir(out: Path, kind: str) -> pd.DataFrame:
-    return pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / kind).glob("*.parquet"))], ignore_index=True)
+        HTTP clients normalise dot segments before sending; a hostile one need not.
+        """
+        raw = raw_path.encode()
+        path = raw_path.split("?", 1)[0]
+        headers = [(b"host", b"127.0.0.1")] + [(k.lower().encode(), v.encode()) for k, v in self._headers(None, token).items()]
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+            "path": unquote(path), "raw_path": raw.split(b"?", 1)[0], "query_string": b"", "root_path": "",
+            "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        }  # fmt: skip
+        sent: list[dict[str, Any]] = []
 
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
 
-def png(data: bytes) -> np.ndarray:
-    img = Image.open(io.BytesIO(data))
-    img.load()
-    return np.asarray(img.convert("RGB"), dtype=np.int16)
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        asyncio.run(self.app(scope, receive, send))
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return Reply(start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body)
 
 
 # =========================================================================== fixtures
-def start_ray() -> None:
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-
-
-def stop_ray() -> None:
-    import ray
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
-
-
 @pytest.fixture(scope="module")
-def ray_session():
-    start_ray()
-    yield
-    stop_ray()
-
-
-@pytest.fixture(scope="module")
-def built(ray_session, tmp_path_factory):
+def built(tmp_path_factory):
     return build_benchmark(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def client(built) -> Client:
+def ingress(built):
     cfg_path, out = built
-    return Client(start_server(cfg_path, out, TOKEN), TOKEN)
+    return local_ingress(cfg_path, out, TOKEN)
+
+
+@pytest.fixture(scope="module")
+def client(ingress) -> Client:
+    return Client(ingress.__serve_build_asgi_app__(), TOKEN)
 
 
 @pytest.fixture(scope="module")
@@ -198,12 +236,10 @@ def tables(built) -> dict[str, Any]:
     return {"cfg": cfg, "samples": samples, "preds": preds, "complete": complete, "images": images, "out": out}
 
 
-def model_stats() -> dict[str, dict[str, int]]:
-    from ray import serve
-
+def model_stats(ingress: Any) -> dict[str, dict[str, int]]:
     return {
-        name: serve.get_deployment_handle(name, app_name=APP).stats.remote().result(timeout_s=60)
-        for name in ("PreviewGenerator", "PreviewClassifier")
+        "PreviewGenerator": ingress.preview.generator.target.stats(),
+        "PreviewClassifier": ingress.preview.classifier.target.stats(),
     }
 
 
@@ -223,12 +259,20 @@ def test_health_and_page_are_open_and_self_contained(client):
     r = client.get("/", token=None)
     assert r.status == 200 and r.type == "text/html"
     html = r.body.decode()
-    assert "<script>" in html and 'id="trajectories"' in html and 'id="preview-form"' in html
+    assert 'id="trajectories"' in html and 'id="preview-form"' in html
     # no external resources: no absolute URLs at all, a CSP that allows only this origin
     assert "http://" not in html and "https://" not in html and "//cdn" not in html
+    assert "<link" not in html and "src=" not in html.split("<script>", 1)[0]
     csp = r.headers["content-security-policy"]
-    assert "default-src 'none'" in csp and "script-src 'sha256-" in csp and "connect-src 'self'" in csp
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
     assert r.headers["x-content-type-options"] == "nosniff"
+    # the static files are inlined, and the CSP pins exactly the script that is there
+    static = Path(__file__).resolve().parents[1] / "pipeline" / "serve" / "static"
+    scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    assert scripts == [(static / "app.js").read_text()]
+    assert (static / "app.css").read_text() in html
+    digest = base64.b64encode(hashlib.sha256(scripts[0].encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in csp
 
 
 def test_token_is_required_on_the_api(client, tables):
@@ -263,20 +307,16 @@ def test_only_loopback_host_headers_are_accepted(client):
     assert client.get("/api/info", headers={"Host": "localhost"}).status == 200
 
 
-def test_deployments_scale_independently(client, tables):
-    from ray import serve
-
+def test_deployment_options_follow_the_stage_resources():
     from pipeline.config import StageResources
-    from pipeline.serve.app import deployment_options
+    from pipeline.serve import deployment_options
 
-    status = serve.status().applications[APP]
-    assert status.status == "RUNNING"
-    assert {"Ingress", "PreviewGenerator", "PreviewClassifier"} <= set(status.deployments)
     opts = deployment_options(
         StageResources(num_gpus=0.5, num_cpus=2, pool_size=2, max_pool_size=5), max_ongoing_requests=1, max_queued_requests=8
     )
     assert opts["ray_actor_options"] == {"num_cpus": 2, "num_gpus": 0.5}
     assert opts["autoscaling_config"]["min_replicas"] == 2 and opts["autoscaling_config"]["max_replicas"] == 5
+    assert (opts["max_ongoing_requests"], opts["max_queued_requests"]) == (1, 8)
     fixed = deployment_options(StageResources(pool_size=3), max_ongoing_requests=1, max_queued_requests=8)
     assert fixed["autoscaling_config"]["min_replicas"] == fixed["autoscaling_config"]["max_replicas"] == 3
 
@@ -284,10 +324,13 @@ def test_deployments_scale_independently(client, tables):
 def test_info(client, tables):
     info = client.get("/api/info").json()
     cfg = tables["cfg"]
+    assert info["app"] == APP
     assert info["benchmark"]["shifts"] == sorted(cfg.benchmark.shifts)
     assert info["benchmark"]["classifiers"] == [c.name for c in cfg.classifiers]
     assert info["benchmark"]["n_samples"] == 48 and info["benchmark"]["n_complete"] == len(tables["complete"])
+    assert info["benchmark"]["skipped_manifests"] == []
     assert info["preview"]["scales"] == cfg.benchmark.scales
+    assert info["preview"]["shifts"] == cfg.benchmark.shifts
     assert info["preview"]["scale_bounds"] == [0.0, 2 * max(cfg.benchmark.scales)]
     assert info["preview"]["max_scales"] == 12 and info["same_config"] is True
 
@@ -378,6 +421,8 @@ def test_unknown_shift_and_class_are_404_with_choices(client, tables):
     assert r.status == 404 and [c["class_id"] for c in r.json()["choices"]] == [1, 22]
     assert client.get("/api/benchmarks/trajectories?shift=heavy_snow&class_id=abc").status == 422
     assert client.get("/api/benchmarks/trajectories?shift=heavy_snow").status == 422
+    assert client.get("/api/benchmarks/trajectories?shift=heavy_snow&class_id=" + "9" * 400).status == 422
+    assert client.get("/api/benchmarks/classes?shift=" + "x" * 101).status == 422
 
 
 @pytest.mark.parametrize(
@@ -402,7 +447,7 @@ def test_unknown_shift_and_class_are_404_with_choices(client, tables):
     ],
 )
 def test_path_traversal_is_404(client, path):
-    r = client.get(path)
+    r = client.raw_get(path)
     assert r.status == 404, (path, r.status, r.body[:200])
     assert b"root:" not in r.body and b"config_hash" not in r.body and b"benchmark" not in r.body
 
@@ -478,22 +523,24 @@ def test_preview_matches_the_batch_pipeline(client, tables):
             assert data["failure_points"][name] == (min(wrong) if wrong else None)
 
 
-def test_preview_custom_scales_and_strip(client, tables):
+def test_preview_custom_scales_and_strip(client, ingress, tables):
     r = client.post_json("/api/preview", {"class": 22, "shift": "painting_style", "seed": 12345, "scales": [3.0, 1.25]})
     assert r.status == 200, r.body[:300]
     data = r.json()
     assert data["scales"] == [0.0, 1.25, 3.0]  # scale 0, the filter's reference, is added; sorted
     assert data["images"][0]["sample_id"] == "painting_style/022/seed_12345_scale_0000"
+    before = model_stats(ingress)
     r = client.get("/api/preview/strip.png?class=bald%20eagle&shift=painting_style&seed=12345&scales=1.25,3")
     assert r.status == 200 and r.type == "image/png"
+    assert model_stats(ingress) == before, "the strip of a trajectory just previewed comes from the cache"
     strip = png(r.body)
     assert strip.shape == (64, 3 * 64 + 2 * 4, 3)
     first = png(base64.b64decode(data["images"][0]["image"].split(",", 1)[1]))
     assert np.array_equal(strip[:, :64], first)
 
 
-def test_bad_preview_requests_never_reach_the_models(client, tables):
-    before = model_stats()
+def test_bad_preview_requests_never_reach_the_models(client, ingress, tables):
+    before = model_stats(ingress)
     ok = {"class": 1, "shift": "heavy_snow", "seed": 1}
 
     r = client.post_json("/api/preview", {**ok, "class": "tench"})
@@ -501,6 +548,7 @@ def test_bad_preview_requests_never_reach_the_models(client, tables):
     r = client.post_json("/api/preview", {**ok, "class": "no such class"})
     assert r.status == 404 and len(r.json()["choices"]) == 2
     assert client.post_json("/api/preview", {**ok, "class": 0}).status == 404
+    assert client.post_json("/api/preview", {**ok, "class": 10**40}).status == 404
     r = client.post_json("/api/preview", {**ok, "shift": "fog"})
     assert r.status == 404 and r.json()["choices"] == ["painting_style", "heavy_snow"]
 
@@ -535,7 +583,6 @@ def test_bad_preview_requests_never_reach_the_models(client, tables):
     assert r.status == 400
     r = client.request("/api/preview", "POST", json.dumps(ok).encode(), {"Content-Type": "text/plain"})
     assert r.status == 415
-    # 12 scales including 0 is the limit, and the maximum bound itself is allowed
     assert client.get("/api/preview/strip.png?class=1&shift=heavy_snow&seed=1&scales=0,abc").status == 422
     assert client.get("/api/preview/strip.png?class=1&shift=heavy_snow&seed=-3").status == 422
     assert client.get("/api/preview/strip.png?class=1&shift=heavy_snow&seed=1&bogus=1").status == 422
@@ -544,23 +591,139 @@ def test_bad_preview_requests_never_reach_the_models(client, tables):
     # bodies over 16 KiB: declared (Content-Length) and undeclared (chunked)
     huge = json.dumps({**ok, "pad": "x" * 20000}).encode()
     assert client.request("/api/preview", "POST", huge, {"Content-Type": "application/json"}).status == 413
-    host, port = client.url.split("//", 1)[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request(
-        "POST",
-        "/api/preview",
-        body=iter([huge[i : i + 4096] for i in range(0, len(huge), 4096)]),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
-        encode_chunked=True,
-    )
-    resp = conn.getresponse()
-    assert resp.status == 413 and b"larger than" in resp.read()
-    conn.close()
+    chunks = iter([huge[i : i + 4096] for i in range(0, len(huge), 4096)])
+    r = client.request("/api/preview", "POST", chunks, {"Content-Type": "application/json"})
+    assert r.status == 413 and b"larger than" in r.body
 
-    assert model_stats() == before, "a rejected request reached a model deployment"
+    assert model_stats(ingress) == before, "a rejected request reached a model deployment"
 
 
-# =========================================================================== builder, CLI
+def _nested(depth: int, leaf: str = "1") -> bytes:
+    return ("[" * depth + leaf + "]" * depth).encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # wrong JSON types, field by field and for the whole body
+        b'"a string"', b"42", b"null", b"true", b"[]", b'[{"class": 1}]',
+        b'{"class": [1], "shift": "heavy_snow"}', b'{"class": {"id": 1}, "shift": "heavy_snow"}',
+        b'{"class": 1.5, "shift": "heavy_snow"}', b'{"class": null, "shift": "heavy_snow"}',
+        b'{"class": 1, "shift": 7}', b'{"class": 1, "shift": ["heavy_snow"]}', b'{"class": 1, "shift": null}',
+        b'{"class": 1, "shift": {"name": "heavy_snow"}}', b'{"class": 1, "shift": ""}',
+        b'{"class": 1, "shift": "heavy_snow", "seed": null}', b'{"class": 1, "shift": "heavy_snow", "seed": [1]}',
+        b'{"class": 1, "shift": "heavy_snow", "seed": {"v": 1}}', b'{"class": 1, "shift": "heavy_snow", "seed": "1e3"}',
+        b'{"class": 1, "shift": "heavy_snow", "scales": {"0": 1}}', b'{"class": 1, "shift": "heavy_snow", "scales": ["a"]}',
+        b'{"class": 1, "shift": "heavy_snow", "scales": [[0.5]]}', b'{"class": 1, "shift": "heavy_snow", "scales": [null]}',
+        b'{"class": 1, "shift": "heavy_snow", "scales": 1}', b'{"class": "1" , "shift": "heavy_snow", "seed": 1, "class": []}',
+        b'{"class": 1, "shift": "heavy_snow", "seed": 1' + b"0" * 5000 + b"}",  # an integer beyond Python's digit limit
+        # deeply nested JSON: the whole body, and inside each field
+        _nested(5000), ("{\"a\": " * 2000 + "1" + "}" * 2000).encode(),
+        b'{"class": ' + _nested(800) + b', "shift": "heavy_snow"}',
+        b'{"class": 1, "shift": "heavy_snow", "scales": ' + _nested(900, "0.5") + b"}",
+        b'{"class": 1, "shift": "heavy_snow", "seed": ' + _nested(3000) + b"}",
+        # not JSON at all
+        b"", b"\xff\xfe\x00", b'{"class": 1,}', b"{'class': 1}", b"\x00" * 64,
+    ],
+)  # fmt: skip
+def test_malformed_preview_bodies_are_client_errors(client, ingress, raw):
+    before = model_stats(ingress)
+    r = client.request("/api/preview", "POST", raw, {"Content-Type": "application/json"})
+    assert r.status in (400, 422), (raw[:80], r.status, r.body[:300])
+    assert isinstance(r.json()["detail"], (str, list))
+    assert model_stats(ingress) == before
+
+
+# =========================================================================== index robustness
+def _copy_output(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupt_manifests_are_skipped_and_reported(tables, tmp_path):
+    """One unreadable manifest (or shard file) leaves the rest of the output browsable."""
+    from pipeline.serve.deployments import in_process_api
+
+    out = _copy_output(tables["out"], tmp_path / "out")
+    manifests = sorted((out / "manifest").glob("*.json"))
+    assert len(manifests) == 4
+    bad = {
+        manifests[0].name: b"\x00{not json",  # garbage
+        manifests[1].name: b'["a", "list"]',  # JSON of the wrong shape
+    }
+    for name, data in bad.items():
+        (out / "manifest" / name).write_bytes(data)
+    # a well-formed manifest whose samples file is corrupt
+    third = json.loads(manifests[2].read_text())
+    samples_rel = next(f for f in third["files"] if f.startswith("samples/"))
+    (out / samples_rel).write_bytes(b"PAR1 but not really")
+    lost_shards = {m.stem for m in manifests[:3]}
+
+    client = Client(in_process_api({"output": str(out), "token": TOKEN}), TOKEN)
+    info = client.get("/api/info").json()["benchmark"]
+    skipped = {s["file"]: s["reason"] for s in info["skipped_manifests"]}
+    assert set(skipped) == {f"manifest/{m.name}" for m in manifests[:3]}
+    assert "malformed manifest" in skipped[f"manifest/{manifests[0].name}"]
+    assert "malformed manifest" in skipped[f"manifest/{manifests[1].name}"]
+    assert samples_rel in skipped[f"manifest/{manifests[2].name}"]
+    assert str(tmp_path) not in json.dumps(info), "reasons name files relative to the output"
+
+    s = tables["samples"]
+    kept_rows = s[~s["shard"].map(lambda rel: Path(rel).stem).isin(lost_shards)]
+    assert 0 < info["n_samples"] == len(kept_rows) < 48
+    shifts = client.get("/api/benchmarks/shifts").json()["shifts"]
+    assert sum(x["n_trajectories"] for x in shifts) == kept_rows["trajectory_id"].nunique()
+    for shift, class_id in kept_rows[["shift", "class_id"]].drop_duplicates().itertuples(index=False):
+        r = client.get(f"/api/benchmarks/trajectories?shift={shift}&class_id={class_id}")
+        assert r.status == 200
+    sid = kept_rows["sample_id"].iloc[0]
+    r = client.get(f"/api/benchmarks/image/{sid}")
+    assert r.status == 200 and r.body == tables["images"][sid]
+    lost = s.loc[~s["sample_id"].isin(kept_rows["sample_id"]), "sample_id"].iloc[0]
+    assert client.get(f"/api/benchmarks/image/{lost}").status == 404
+
+
+def test_every_manifest_corrupt_still_serves(tables, tmp_path):
+    from pipeline.serve.deployments import in_process_api
+
+    out = _copy_output(tables["out"], tmp_path / "out")
+    for m in (out / "manifest").glob("*.json"):
+        m.write_text("{")
+    client = Client(in_process_api({"output": str(out)}), None)
+    info = client.get("/api/info").json()["benchmark"]
+    assert info["n_samples"] == 0 and len(info["skipped_manifests"]) == 4
+    assert client.get("/api/benchmarks/shifts").json()["shifts"] == []
+    assert client.get("/api/benchmarks/classes?shift=heavy_snow").status == 404
+
+
+def test_index_picks_up_shards_committed_later(tables, tmp_path):
+    """A build still running: shards committed after the server started appear after refresh_s."""
+    from pipeline.serve import BenchmarkIndex
+
+    out = _copy_output(tables["out"], tmp_path / "out")
+    manifests = sorted((out / "manifest").glob("*.json"))
+    held = tmp_path / "held"
+    held.mkdir()
+    for m in manifests[1:]:
+        shutil.move(str(m), held / m.name)  # as if only the first shard were committed yet
+    index = BenchmarkIndex(str(out), refresh_s=0.05)
+    first = index.info()["n_samples"]
+    assert 0 < first < 48
+    # a shard committed with a corrupt manifest is reported, not fatal
+    (out / "manifest" / manifests[1].name).write_text("not json")
+    time.sleep(0.1)
+    info = index.info()
+    assert info["n_samples"] == first and [s["file"] for s in info["skipped_manifests"]] == [f"manifest/{manifests[1].name}"]
+    for m in held.iterdir():
+        shutil.move(str(m), out / "manifest" / m.name)
+    time.sleep(0.1)
+    info = index.info()
+    assert info["n_samples"] == 48 and info["skipped_manifests"] == []
+    sid = tables["samples"]["sample_id"].iloc[-1]
+    assert index.image(sid)[0] == tables["images"][sid]
+
+
+# =========================================================================== builder, CLI, package
 def test_build_app_rejects_bad_args(tmp_path):
     from pipeline.config import ConfigError
     from pipeline.serve.app import build_app
@@ -583,31 +746,6 @@ def test_build_app_rejects_bad_args(tmp_path):
         build_app({"config": str(tiny_config(tmp_path, no_sliders))})
 
 
-def test_index_picks_up_shards_committed_later(tables, tmp_path):
-    """A build still running: shards committed after the server started appear after refresh_s."""
-    import shutil
-    import time
-
-    from pipeline.serve.app import BenchmarkIndex
-
-    out = tmp_path / "out"
-    shutil.copytree(tables["out"], out)
-    manifests = sorted((out / "manifest").glob("*.json"))
-    held = tmp_path / "held"
-    held.mkdir()
-    for m in manifests[1:]:
-        shutil.move(str(m), held / m.name)  # as if only the first shard were committed yet
-    index = BenchmarkIndex(str(out), refresh_s=0.05)
-    first = index.info()["n_samples"]
-    assert 0 < first < 48
-    for m in held.iterdir():
-        shutil.move(str(m), out / "manifest" / m.name)
-    time.sleep(0.1)
-    assert index.info()["n_samples"] == 48
-    sid = tables["samples"]["sample_id"].iloc[-1]
-    assert index.image(sid)[0] == tables["images"][sid]
-
-
 def test_cli_registration():
     from pipeline.serve.app import add_cli
 
@@ -624,7 +762,7 @@ def test_serve_config_files_name_the_app_args():
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    from pipeline.serve.app import ServeOptions
+    from pipeline.serve import ServeOptions
 
     repo = Path(__file__).resolve().parents[1]
     serve_yaml = yaml.safe_load((repo / "deploy" / "serve.yaml").read_text())
@@ -635,3 +773,83 @@ def test_serve_config_files_name_the_app_args():
         assert app.import_path == "pipeline.serve.app:build_app"
         opts = ServeOptions.model_validate(app.args)
         assert opts.config and opts.output and opts.token is None  # tokens come from the environment
+
+
+def test_serve_package_modules_stay_small_and_ray_free():
+    import subprocess
+    import sys
+
+    pkg = Path(__file__).resolve().parents[1] / "pipeline" / "serve"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in pkg.glob("*.py")}
+    assert {"options.py", "preview.py", "index.py", "api.py", "deployments.py", "launch.py"} <= set(sizes)
+    assert max(sizes.values()) <= 420, sizes
+    code = "import sys, pipeline.serve.app; print(sorted(m for m in ('ray', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# =========================================================================== the real thing
+@pytest.mark.slow
+def test_live_ray_serve_smoke(built, tables):
+    """The application on Ray Serve: three deployments, token, Host guard, browse and preview over HTTP."""
+    import urllib.error
+    import urllib.request
+
+    import ray
+    from ray import serve
+
+    from pipeline.serve import run_server
+
+    cfg_path, out = built
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        url = run_server(
+            str(cfg_path), str(out), host="127.0.0.1", port=free_port(), token=TOKEN, blocking=False, echo=lambda *_: None
+        )
+
+        def call(path: str, data: bytes | None = None, token: str | None = TOKEN, host: str | None = None) -> Reply:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            if data is not None:
+                headers["Content-Type"] = "application/json"
+            if host:
+                headers["Host"] = host
+            req = urllib.request.Request(url.rstrip("/") + path, data=data, headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=300) as r:
+                    return Reply(r.status, r.headers, r.read())
+            except urllib.error.HTTPError as err:
+                return Reply(err.code, err.headers, err.read())
+
+        status = serve.status().applications[APP]
+        assert status.status == "RUNNING"
+        assert {"Ingress", "PreviewGenerator", "PreviewClassifier"} <= set(status.deployments)
+        assert call("/healthz", token=None).json() == {"status": "ok"}
+        assert call("/api/info", token=None).status == 401
+        assert call("/healthz", host="evil.example:8000").status == 400
+        info = call("/api/info").json()
+        assert info["benchmark"]["n_samples"] == 48 and info["same_config"] is True
+        sid = tables["samples"]["sample_id"].iloc[0]
+        assert call(f"/api/benchmarks/image/{sid}").body == tables["images"][sid]
+
+        def stats() -> dict[str, Any]:
+            return {
+                name: serve.get_deployment_handle(name, app_name=APP).stats.remote().result(timeout_s=60)
+                for name in ("PreviewGenerator", "PreviewClassifier")
+            }
+
+        before = stats()
+        assert call("/api/preview", b'{"class": 1, "shift": "heavy_snow", "seed": [1]}').status == 422
+        r = call("/api/preview", json.dumps({"class": 1, "shift": "heavy_snow", "seed": 777, "scales": [1.0]}).encode())
+        assert r.status == 200, r.body[:300]
+        data = r.json()
+        assert [e["sample_id"] for e in data["images"]] == [f"heavy_snow/001/seed_0777_scale_{t}" for t in ("0000", "1000")]
+        assert png(base64.b64decode(data["images"][1]["image"].split(",", 1)[1])).shape == (64, 64, 3)
+        after = stats()
+        assert after["PreviewGenerator"]["calls"] == before["PreviewGenerator"]["calls"] + 1
+        assert after["PreviewClassifier"]["images"] == before["PreviewClassifier"]["images"] + 2
+    finally:
+        serve.shutdown()
+        if started:
+            ray.shutdown()

@@ -5,11 +5,12 @@ Debian's ``chromium`` package is needed (``apt-get install -y chromium``); witho
 DevTools protocol on a pipe (``--remote-debugging-pipe``: commands on fd 3, replies on
 fd 4, NUL-terminated JSON), which :class:`Chromium` below implements in a few lines.
 
-The page is loaded from the app on 127.0.0.1 (the same demo benchmark as
-``test_serve.py``, with a token), the token entered in its form, a shift selected, and the
-DOM checked after the page's JavaScript ran: one row per trajectory with its images
-decoded, filtered-out images greyed, each classifier's failure point marked on the right
-image, the report's plots, and a live preview generated from the preview panel.
+The page is loaded from the app on 127.0.0.1 (the same tiny benchmark as
+``test_serve.py``, with a token; its in-process ingress served by uvicorn, no Ray), the
+token entered in its form, a shift selected, and the DOM checked after the page's
+JavaScript ran: one row per trajectory with its images decoded, filtered-out images
+greyed, each classifier's failure point marked on the right image, the report's plots,
+and a live preview generated from the preview panel.
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ import pytest
 from test_serve import (
     TOKEN,
     build_benchmark,
+    http_server,
+    local_ingress,
     read_dir,
-    start_ray,
-    start_server,
-    stop_ray,
 )
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -201,13 +201,10 @@ class Chromium:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    """(URL, build output) of the Serve app on the demo benchmark (built by test_serve.py or here)."""
-    start_ray()
-    try:
-        cfg_path, out = build_benchmark(tmp_path_factory)
-        yield start_server(cfg_path, out, TOKEN), out
-    finally:
-        stop_ray()
+    """(URL, build output) of the app on the tiny benchmark (built by test_serve.py or here)."""
+    cfg_path, out = build_benchmark(tmp_path_factory)
+    with http_server(local_ingress(cfg_path, out, TOKEN).__serve_build_asgi_app__()) as url:
+        yield url, out
 
 
 @pytest.fixture()

@@ -6,7 +6,8 @@ Role: the last, pure step of a build.  Given the per-image ``samples`` table
 
 * which trajectories are evaluated (:func:`complete_trajectories`),
 * accuracy and accuracy drop per (classifier, shift, scale) (:func:`accuracy_table`),
-* the failure point of every (trajectory, classifier) (:func:`failure_points`),
+* the failure point of every (trajectory, classifier) (:func:`failure_points`, defined
+  by :func:`first_failure`),
 * the failure-point distribution per scale (:func:`failure_point_table`),
 * one summary row per classifier (:func:`summary_table`),
 * how strongly each shift is realised per scale (:func:`shift_realisation`, Fig. 3 of
@@ -214,12 +215,34 @@ def accuracy_table(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Seq
     return _accuracy(_evaluate(samples, predictions, scales))
 
 
+def first_failure(scales: Sequence[float], correct: Any) -> np.ndarray:
+    """The failure point: the smallest scale at which the prediction is wrong.
+
+    ``correct[..., i]`` says whether the prediction at ``scales[i]`` is right (scales in
+    any order); leading axes are independent (trajectory, classifier) pairs.  Returns
+    floats of shape ``correct.shape[:-1]`` (a 0-d array for one trajectory), NaN where
+    every prediction is right ("never failed").  A wrong prediction at scale 0 counts
+    (failure point 0.0).  The one definition used by the metrics and the Serve preview.
+    """
+    scale_arr = np.asarray(scales, dtype=float)
+    ok = np.asarray(correct, dtype=bool)
+    if scale_arr.ndim != 1 or ok.shape[-1:] != scale_arr.shape:
+        raise ValueError(f"first_failure: correct has shape {ok.shape}, expected (..., {len(scale_arr)}) for the scales")
+    wrong_at = np.where(ok, np.inf, scale_arr).min(axis=-1, initial=np.inf)
+    return np.where(np.isinf(wrong_at), np.nan, wrong_at)
+
+
 def _failure_points(ev: _Evaluated) -> pd.DataFrame:
     if ev.rows.empty:
         return _empty(FAILURE_POINT_COLUMNS, {"failure_point": float})
     traj = ev.rows[["trajectory_id", "shift", "classifier"]].drop_duplicates()
-    fp = ev.rows.loc[~ev.rows["correct"]].groupby(["trajectory_id", "classifier"])["scale"].min()
-    out = traj.merge(fp.rename("failure_point").reset_index(), on=["trajectory_id", "classifier"], how="left")
+    # Every evaluated (trajectory, classifier) has exactly one row per scale (_evaluate),
+    # so the rows form a (pair x scale) matrix of correctness.
+    wide = ev.rows.pivot(index=["trajectory_id", "classifier"], columns="scale", values="correct")
+    fp = pd.Series(
+        first_failure(wide.columns.to_numpy(dtype=float), wide.to_numpy(dtype=bool)), index=wide.index, name="failure_point"
+    )
+    out = traj.merge(fp.reset_index(), on=["trajectory_id", "classifier"], how="left")
     out["failure_point"] = out["failure_point"].astype(float)
     return _sort(out[FAILURE_POINT_COLUMNS], ev.classifiers, ["shift", "trajectory_id"])
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from pipeline import schema
 from pipeline.config import BuildConfig, parse_config
-from pipeline.io.store import OutputStore
+from pipeline.io.store import OutputStore, ShardManifest
 
 
 def load_output_config(store: OutputStore) -> BuildConfig:
@@ -28,15 +28,25 @@ def load_output_config(store: OutputStore) -> BuildConfig:
     return parse_config(data["config"], source=store.url("config.json"))
 
 
+def read_shard_tables(store: OutputStore, manifest: ShardManifest, kind: str, sch: pa.Schema) -> list[pa.Table]:
+    """The ``kind`` files (``samples``, ``predictions``) of one committed shard, read with ``sch``.
+
+    Raises ValueError naming the file when one is missing or not Parquet of that schema.
+    """
+    tables = []
+    # A shard may hold several files of a kind (predictions added for new classifiers).
+    for rel in sorted(r for r in manifest.files if r.startswith(f"{kind}/")):
+        try:
+            tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch))
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ValueError(f"malformed shard {store.url(rel)}: {err}") from None
+    return tables
+
+
 def _read_tables(store: OutputStore, kind: str, sch: pa.Schema) -> pd.DataFrame:
     tables = []
     for manifest in store.manifests():
-        # A shard may hold several files of a kind (predictions added for new classifiers).
-        for rel in sorted(r for r in manifest.files if r.startswith(f"{kind}/")):
-            try:
-                tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch))
-            except (pa.ArrowInvalid, OSError) as err:
-                raise ValueError(f"malformed shard {store.url(rel)}: {err}") from None
+        tables.extend(read_shard_tables(store, manifest, kind, sch))
     if not tables:
         return sch.empty_table().to_pandas()
     return pa.concat_tables(tables).to_pandas()

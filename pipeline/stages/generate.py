@@ -74,18 +74,38 @@ class GenerateStage(Stage):
                 if not shifts:
                     continue
                 try:
-                    if family.needs_mask:
-                        self._with_mask(ctx)
-                    made = family.generate(ctx, shifts, list(group.scales))
-                    if family.needs_mask and ctx.base().unusable:
-                        for result in made.values():
-                            result.unusable = result.unusable or ctx.base().unusable
-                    out.extend(self._rows(unit, shifts, list(group.scales), made, encoded))
+                    out.extend(self._family_rows(unit, ctx, family, shifts, list(group.scales), encoded))
                 except Exception as err:  # recorded per trajectory; the build goes on
                     log.exception("generation failed for %s (%s)", unit.id, group.kind)
                     message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
                     out.extend(failed_rows(plan.WorkUnit(unit.class_id, unit.seed, tuple(shifts)), unit.class_name, message))
         return out
+
+    def trajectory(self, class_id: int, seed: int, shift: str, scales: list[float]) -> dict[str, Any]:
+        """One trajectory of ``shift`` at arbitrary ``scales`` -> a GENERATED row (the Serve preview).
+
+        The same family call and image encoding as :meth:`process` (which is bound to the
+        build's scale grids), so at the grid's scales it reproduces the stored images.
+        Raises instead of returning a failed row.
+        """
+        self.ensure_setup()
+        family = next((f for g, f in self.families if shift in g.shifts), None)
+        if family is None:
+            raise ValueError(f"shift {shift!r} is not part of this build; its shifts: {self.config.all_shifts()}")
+        class_name = self.config.benchmark.class_name(class_id)
+        unit = plan.WorkUnit(class_id, seed, (shift,), class_name)
+        ctx = UnitContext(class_id, class_name, seed, self._load_base)
+        return self._family_rows(unit, ctx, family, [shift], list(scales), {})[0]
+
+    def _family_rows(self, unit, ctx, family, shifts, scales, encoded) -> list[dict[str, Any]]:
+        """The rows of one family's shifts of a unit (raises on failure)."""
+        if family.needs_mask:
+            self._with_mask(ctx)
+        made = family.generate(ctx, shifts, scales)
+        if family.needs_mask and ctx.base().unusable:
+            for result in made.values():
+                result.unusable = result.unusable or ctx.base().unusable
+        return self._rows(unit, shifts, scales, made, encoded)
 
     def _rows(self, unit, shifts, scales, made, encoded) -> list[dict[str, Any]]:
         fmt, quality = self.config.output.image_format, self.config.output.jpeg_quality

@@ -1,0 +1,59 @@
+"""Errors the routes turn into HTTP answers, and JSON-ready values of table cells.
+
+* :class:`NotFound` -> 404 with the valid ``choices``;
+* :class:`InvalidRequest` -> 422 with pydantic's error list;
+* :class:`PreviewFailed` -> 500 naming the model error.
+
+The value helpers turn what Parquet and the models give (nullable booleans, NaN scores)
+into what JSON can carry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+class NotFound(LookupError):
+    """An unknown name in a request; the 404 body lists the valid ``choices``."""
+
+    def __init__(self, message: str, choices: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.choices = list(choices)
+
+
+class PreviewFailed(RuntimeError):
+    """A model deployment raised while making a preview (HTTP 500 with the error)."""
+
+
+class InvalidRequest(ValueError):
+    """Request values that fail validation (HTTP 422)."""
+
+    def __init__(self, errors: list[dict[str, Any]] | str) -> None:
+        super().__init__(str(errors))
+        self.errors = errors
+
+
+def is_missing(value: Any) -> bool:
+    """None or NaN: a null of a Parquet column after ``to_pandas()``."""
+    if value is None:
+        return True
+    try:
+        return math.isnan(value)
+    except TypeError:  # not a number at all
+        return False
+
+
+def as_flag(value: Any) -> bool:
+    """A nullable boolean column's value; null counts as False (as in the metrics)."""
+    return False if is_missing(value) else bool(value)
+
+
+def json_number(value: Any) -> float | None:
+    """A float for JSON: NaN/inf (a disabled detector's score, a never-failed trajectory) become null."""
+    if value is None:
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
