@@ -107,10 +107,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from pipeline.registry import CLASSIFIERS, FILTERS, GENERATORS
+    from pipeline.registry import ANALYSES, CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
-    for reg in (GENERATORS, FILTERS, CLASSIFIERS):
-        print(f"{reg.kind}s:")
+    titles = {"family": "families (generator.kind)", "analysis": "analyses", "mask provider": "mask providers"}
+    for reg in (FAMILIES, SOURCES, MASKS, FILTERS, CLASSIFIERS, ANALYSES):
+        print(f"{titles.get(reg.kind, reg.kind + 's')}:")
         for key, doc in reg.describe().items():
             print(f"  {key:<20} {doc}")
     return 0
@@ -126,7 +127,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return main(["build", str(DEMO_CONFIG), "--output", args.output, "--runner", args.runner])
+    config = DEMO_CONFIG
+    if args.family:
+        config = REPO_ROOT / "configs" / f"world_{args.family}.yaml"
+        if not config.is_file():
+            known = sorted(p.stem[len("world_"):] for p in config.parent.glob("world_*.yaml"))
+            print(
+                f"cnsbench demo: error: no world configuration for family {args.family!r} "
+                f"({config} not found); known: {', '.join(known) or 'none'}",
+                file=sys.stderr,
+            )
+            return 2
+    return main(["build", str(config), "--output", args.output, "--runner", args.runner])
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -165,6 +177,9 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="build configs/demo.yaml (the shipped miniature world) on a local Ray")
     s.add_argument("--output", default="runs/demo")
     s.add_argument("--runner", choices=("ray", "local"), default="ray")
+    s.add_argument(
+        "--family", metavar="NAME", help="build the world of another benchmark family (configs/world_NAME.yaml)"
+    )
     s.set_defaults(func=_cmd_demo)
 
     from pipeline import calibrate, evaluate, jobs
