@@ -107,11 +107,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from pipeline.registry import ANALYSES, CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
+    from pipeline.registry import ALL
 
-    titles = {"family": "families (generator.kind)", "analysis": "analyses", "mask provider": "mask providers"}
-    for reg in (FAMILIES, SOURCES, MASKS, FILTERS, CLASSIFIERS, ANALYSES):
-        print(f"{titles.get(reg.kind, reg.kind + 's')}:")
+    for title, reg in ALL.items():
+        print(f"{title}:")
         for key, doc in reg.describe().items():
             print(f"  {key:<20} {doc}")
     return 0
