@@ -10,14 +10,11 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from pipeline.config import ConfigError, load_config
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"  # the trained miniature world (assets/world)
-TINY_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"  # random-weight components made on demand (assets/tiny)
+from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (TINY_CONFIG: for callers)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
