@@ -12,9 +12,9 @@ import os
 import sys
 from typing import Sequence
 
-from pipeline.config import ConfigError, load_config
-
 from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (TINY_CONFIG: for callers)
+from pipeline.config import ConfigError, load_config
+from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -195,7 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        return args.func(args)
+        with stop_on_signals():
+            return args.func(args)
+    except KeyboardInterrupt:
+        print(interrupted(args.command, argv), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
