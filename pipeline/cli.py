@@ -14,6 +14,7 @@ from typing import Sequence
 
 from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (TINY_CONFIG: for callers)
 from pipeline.config import ConfigError, load_config
+from pipeline.io.retry import StorageError
 from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
 
@@ -200,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted(args.command, argv), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except StorageError as err:  # out of retries, or a full disk: committed work is kept
+        print(f"cnsbench {args.command}: {err.strerror or err}", file=sys.stderr)
+        return 1
     except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)

@@ -17,6 +17,7 @@ truncated or corrupted file is detected by its size or hash.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import posixpath
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import fsspec
+
+from pipeline.io.retry import StorageError, retrying
 
 MANIFEST_DIR = "manifest"
 SHARD_DIRS = {"images": ".tar", "samples": ".parquet", "predictions": ".parquet", "failures": ".parquet"}
@@ -73,9 +76,11 @@ class OutputStore:
         return self.fs.unstrip_protocol(self.path(rel)) if not self.local else self.path(rel)
 
     # ------------------------------------------------------------------ primitives
+    @retrying("stat")
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
 
+    @retrying("read")
     def read_bytes(self, rel: str) -> bytes:
         with self.fs.open(self.path(rel), "rb") as fh:
             return fh.read()
@@ -83,6 +88,7 @@ class OutputStore:
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode("utf-8")
 
+    @retrying("write")
     def write_bytes(self, rel: str, data: bytes) -> dict[str, Any]:
         """Write ``data`` so that readers see the old file or the whole new one, never a part.
 
@@ -94,8 +100,16 @@ class OutputStore:
         if self.local:
             self.fs.makedirs(parent, exist_ok=True)
             tmp = _join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}")
-            with self.fs.open(tmp, "wb") as fh:
-                fh.write(data)
+            try:
+                with self.fs.open(tmp, "wb") as fh:
+                    fh.write(data)
+            except OSError as err:
+                if self.fs.exists(tmp):
+                    self.fs.rm(tmp)  # no partial file stays behind (and a full disk gets its space back)
+                if err.errno == errno.ENOSPC:
+                    raise StorageError(err.errno, f"no space left on the device writing {target}: "
+                                       "free space (or move the output) and run the same command again") from err
+                raise
             self.fs.mv(tmp, target)
         else:
             with self.fs.open(target, "wb") as fh:
@@ -105,6 +119,7 @@ class OutputStore:
     def write_text(self, rel: str, text: str) -> dict[str, Any]:
         return self.write_bytes(rel, text.encode("utf-8"))
 
+    @retrying("list")
     def list(self, rel_dir: str, suffix: str = "") -> list[str]:
         """Relative paths of the files directly in ``rel_dir`` ending in ``suffix`` (sorted)."""
         base = self.path(rel_dir)
@@ -119,10 +134,12 @@ class OutputStore:
                 names.append(f"{rel_dir}/{name}")
         return sorted(names)
 
+    @retrying("delete")
     def remove(self, rel: str) -> None:
         if self.exists(rel):
             self.fs.rm(self.path(rel))
 
+    @retrying("delete")
     def remove_tree(self, rel_dir: str) -> None:
         if not self.local:
             self.fs.invalidate_cache()
