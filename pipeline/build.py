@@ -18,7 +18,6 @@ from pipeline import __version__, plan, schema
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.executors import StageSpec, get_executor
-from pipeline.io.lease import LEASE, leased
 from pipeline.io.store import OutputStore
 
 log = logging.getLogger(__name__)
@@ -153,7 +152,7 @@ def archive_previous(store: OutputStore) -> str | None:
     old_hash = json.loads(store.read_text("config.json")).get("config_hash", "unknown")[:12]
     dest = f"previous/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
     for name in store.top_level():
-        if name not in ("previous", LEASE):
+        if name != "previous":
             store.move(name, f"{dest}/{name}")
     return dest
 
@@ -198,11 +197,7 @@ def add_classifiers(
     store: OutputStore, cfg: BuildConfig, built_with: list[str], runner: str, address: str | None, echo
 ) -> None:
     """Run newly configured classifiers on the images of already committed shards."""
-    from pipeline.stages.reclassify import (
-        RECLASSIFY,
-        ReclassifyStage,
-        missing_classifiers,
-    )
+    from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage, missing_classifiers
 
     rows = missing_classifiers(store, [c.name for c in cfg.classifiers], built_with)
     if not rows:
@@ -291,7 +286,6 @@ def finish_run(
     return summary
 
 
-@leased("cnsbench build")
 def build(
     cfg: BuildConfig,
     output: str,

@@ -97,9 +97,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
         metrics = json.loads(store.read_text("report/metrics.json"))
         aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
-    from pipeline.io.lease import describe
-
-    print(f"  {'lease':<11} {describe(store)}")
     if failed:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):

@@ -39,13 +39,13 @@ from pipeline.build import (
 from pipeline.config import (
     BuildConfig,
     ConfigError,
+    StageResources,
     deep_merge,
     load_config,
     parse_config,
     resolved_dict,
 )
 from pipeline.executors import StageSpec, get_executor
-from pipeline.io.lease import leased
 from pipeline.io.store import OutputStore
 from pipeline.sources import SOURCE_KINDS, LoadStage, Source, open_source
 
@@ -109,7 +109,6 @@ def _stages(cfg: BuildConfig) -> list[StageSpec]:
     return chain
 
 
-@leased("cnsbench evaluate")
 def evaluate(
     cfg: BuildConfig,
     source: Source,
