@@ -82,6 +82,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     store = OutputStore(args.output)
     cfg = load_output_config(store)
     done, failed = committed_trajectories(store, repair=False, deep=args.verify, echo=print)
+    problems = store.scan().problems
     total = plan.summarize(cfg).n_trajectories
     n_scales = len(cfg.benchmark.scales)
     # Stages commit together per shard, so a committed trajectory has passed all three;
@@ -99,11 +100,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
         metrics = json.loads(store.read_text("report/metrics.json"))
         aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
+    if problems:
+        print(f"  problems: {len(problems)} manifest(s) not counted (the next build moves them to previous/quarantine/ and redoes their shards)")
+        for p in problems:
+            print(f"    {p.line()}")
     if failed:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0 if not failed else 3
+    return 0 if not (failed or problems) else 3
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
