@@ -36,7 +36,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(f"{len(problems)} problem(s):")
         for p in problems:
             print(f"  - {p}")
-        return 1
+        return 2
     print("  all assets present")
     return 0
 
@@ -208,6 +208,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
+        print(f"cnsbench {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+
+
+def describe_os_error(err: OSError) -> str:
+    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory`` (the path first)."""
+    path = err.filename if err.filename is not None else ""
+    reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
+    return f"{path}: {reason}" if path else reason
 
 
 if __name__ == "__main__":

@@ -189,7 +189,13 @@ def run_cli(args: argparse.Namespace) -> int:
         if overrides:
             cfg = parse_config(deep_merge(resolved_dict(cfg), overrides), source=f"{args.source}/config.json")
     names = [n.strip() for n in args.classifiers.split(",") if n.strip()] if args.classifiers else None
-    source = open_source(args.source, cfg.benchmark.label_space, kind=args.source_kind, label_map=args.label_map)
+    source = open_source(
+        args.source,
+        cfg.benchmark.label_space,
+        kind=args.source_kind,
+        label_map=args.label_map,
+        follow_symlinks=args.follow_symlinks,
+    )
     eff = effective_config(cfg, source, use_filter=args.filter, classifiers=names)
     summary = evaluate(eff, source, args.output, runner=args.runner, address=args.address)
     for line in summary.lines():
@@ -213,6 +219,9 @@ def add_cli(subparsers: Any) -> None:
     s.add_argument("--classifiers", help="comma-separated classifier names of the config (default: all)")
     s.add_argument("--source-kind", choices=SOURCE_KINDS, help="skip auto-detection of the source layout")
     s.add_argument("--label-map", help="class folders: JSON file {folder name: class id}")
+    s.add_argument(
+        "--follow-symlinks", action="store_true", help="read images through symlinks that lead outside the source"
+    )
     s.add_argument("--filter-thresholds", metavar="YAML", help="merge a `cnsbench calibrate-filter` result")
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
