@@ -8,7 +8,6 @@ temporary directory and uploaded file by file).
 from __future__ import annotations
 
 import io
-import json
 import os
 import tempfile
 

@@ -25,7 +25,13 @@ from typing import Any, Iterator
 import fsspec
 
 from pipeline.io.fs import confined_local, normalize_relpath
-from pipeline.io.manifest import MANIFEST_DIR, ManifestScan, ShardManifest, is_own_file, scan_manifests
+from pipeline.io.manifest import (
+    MANIFEST_DIR,
+    ManifestScan,
+    ShardManifest,
+    is_own_file,
+    scan_manifests,
+)
 
 __all__ = ["MANIFEST_DIR", "SHARD_DIRS", "OutputStore", "ShardManifest"]
 SHARD_DIRS = {"images": ".tar", "samples": ".parquet", "predictions": ".parquet", "failures": ".parquet"}
@@ -48,7 +54,7 @@ class OutputStore:
     def path(self, rel: str) -> str:
         """The location of ``rel`` inside the output; a path leaving it raises PathEscape."""
         if rel in ("", "."):
-            return self.root
+            return _join(self.root, "")
         return _join(self.root, normalize_relpath(rel, f"{self.uri}: entry"))
 
     def _checked(self, rel: str) -> str:
@@ -172,7 +178,7 @@ class OutputStore:
                     found += [
                         f"{kind}/{posixpath.basename(p)}"
                         for p in self.fs.ls(base, detail=False)
-                        if is_own_file(f"{kind}/{posixpath.basename(p)}")
+                        if posixpath.basename(p).startswith(".tmp-") and is_own_file(f"{kind}/{posixpath.basename(p)}")
                     ]
         return sorted(set(found))
 
