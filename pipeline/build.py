@@ -157,8 +157,10 @@ def archive_previous(store: OutputStore) -> str | None:
         return None
     old_hash = marker["config_hash"][:12]
     dest = f"previous/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
+    from pipeline.io.ownership import LEASE
+
     for name in store.top_level():
-        if name != "previous":
+        if name not in ("previous", LEASE):  # the lease stays with its holder
             store.move(name, f"{dest}/{name}")
     return dest
 
@@ -297,7 +299,20 @@ def finish_run(
     return summary
 
 
-def build(
+def build(cfg: BuildConfig, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any) -> BuildSummary:
+    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report.
+
+    Holds the output's lease throughout (:mod:`pipeline.io.lease`: one writer per output).
+    ``new_version`` archives an incompatible existing build instead of refusing it;
+    ``verify`` checks every committed file's SHA-256, not only its size.
+    """
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(output, "build", echo):
+        return _build(cfg, output, echo=echo, **kwargs)
+
+
+def _build(
     cfg: BuildConfig,
     output: str,
     *,
@@ -308,11 +323,6 @@ def build(
     verify: bool = False,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report.
-
-    ``new_version`` archives an incompatible existing build instead of refusing it;
-    ``verify`` checks every committed file's SHA-256, not only its size.
-    """
     start = time.perf_counter()
     store = OutputStore(output)
     stored = None

@@ -88,7 +88,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
+    from pipeline.io.lease import lease_status
+
     print(f"{store.uri}")
+    print(f"  lease       {lease_status(store)}")
     reached = len(done)
     for stage, key in (("generated", "generate"), ("filtered", "filter"), ("classified", "classify")):
         note = f", {failed_at[key]} failed here" if failed_at[key] else ""

@@ -110,6 +110,20 @@ def _stages(cfg: BuildConfig) -> list[StageSpec]:
 
 
 def evaluate(
+    cfg: BuildConfig, source: Source, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any
+) -> BuildSummary:
+    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
+
+    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
+    build (generation fields None).  Holds the output's lease throughout.
+    """
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(output, "evaluate", echo):
+        return _evaluate(cfg, source, output, echo=echo, **kwargs)
+
+
+def _evaluate(
     cfg: BuildConfig,
     source: Source,
     output: str,
@@ -119,11 +133,6 @@ def evaluate(
     aggregate: bool = True,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
-
-    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
-    build (generation fields None).
-    """
 
     start = time.perf_counter()
     store = OutputStore(output)
