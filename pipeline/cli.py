@@ -34,7 +34,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(f"{len(problems)} problem(s):")
         for p in problems:
             print(f"  - {p}")
-        return 1
+        return 2
     print("  all assets present")
     return 0
 
@@ -80,12 +80,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     store = OutputStore(args.output)
     cfg = load_output_config(store)
     done, failed = committed_trajectories(store, repair=False, deep=args.verify, echo=print)
+    problems = store.scan().problems
     total = plan.summarize(cfg).n_trajectories
     n_scales = len(cfg.benchmark.scales)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
+    from pipeline.io.lease import lease_status
+
     print(f"{store.uri}")
+    print(f"  lease       {lease_status(store)}")
     reached = len(done)
     for stage, key in (("generated", "generate"), ("filtered", "filter"), ("classified", "classify")):
         note = f", {failed_at[key]} failed here" if failed_at[key] else ""
@@ -97,11 +101,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
         metrics = json.loads(store.read_text("report/metrics.json"))
         aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
+    if problems:
+        print(f"  problems: {len(problems)} manifest(s) not counted (the next build moves them to previous/quarantine/ and redoes their shards)")
+        for p in problems:
+            print(f"    {p.line()}")
     if failed:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0 if not failed else 3
+    return 0 if not (failed or problems) else 3
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -208,6 +216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
+        print(f"cnsbench {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+
+
+def describe_os_error(err: OSError) -> str:
+    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory`` (the path first)."""
+    path = err.filename if err.filename is not None else ""
+    reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
+    return f"{path}: {reason}" if path else reason
 
 
 if __name__ == "__main__":

@@ -437,8 +437,10 @@ def _address(args: argparse.Namespace) -> str | None:
 
 
 def _report(err: BaseException) -> int:
+    """Print one line; exit 2 for bad input (a value, a missing or wrong kind of file), else 1."""
     print(f"cnsbench: error: {err}", file=sys.stderr)
-    return 1
+    bad_input = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    return 2 if isinstance(err, bad_input) else 1
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:

@@ -108,7 +108,8 @@ def retrying(op: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
                 if not getattr(self, "local", True):
                     self.fs.invalidate_cache()
 
-            return call(op, self.url(rel), lambda: method(self, rel, *args, **kwargs), on_retry=invalidate)
+            where = f"{self.uri.rstrip('/')}/{rel}"  # for messages only: the method itself confines rel
+            return call(op, where, lambda: method(self, rel, *args, **kwargs), on_retry=invalidate)
 
         return inner
 
