@@ -18,11 +18,12 @@ from pipeline.config import ConfigError, load_config
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"  # the trained miniature world (assets/world)
 TINY_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"  # random-weight components made on demand (assets/tiny)
+VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misses thousands of sliders)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from pipeline import plan
-    from pipeline.assets import check_registry_keys, missing_assets
+    from pipeline.assets import check_registry_keys, missing_assets, remote_weights_not_cached
     from pipeline.config import config_hash
 
     cfg = load_config(args.config)
@@ -31,12 +32,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     for line in summary.lines():
         print(f"  {line}")
     print(f"  classifiers: {', '.join(c.name for c in cfg.classifiers)}")
+    print(f"  protocol: {cfg.protocol} (see docs/protocol.md)")
     problems = check_registry_keys(cfg) + missing_assets(cfg)
+    remote = remote_weights_not_cached(cfg)
+    if remote:
+        print(f"  weights fetched on first use, not in this machine's caches ({len(remote)}):")
+        for line in remote:
+            print(f"    {line}")
     if problems:
+        # Bad input, as for `build`: the config names things that do not exist.
         print(f"{len(problems)} problem(s):")
-        for p in problems:
+        for p in problems[:VALIDATE_SHOWN]:
             print(f"  - {p}")
-        return 1
+        if len(problems) > VALIDATE_SHOWN:
+            print(f"  ... and {len(problems) - VALIDATE_SHOWN} more")
+        return 2
     print("  all assets present")
     return 0
 
