@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline import registry, schema
+from pipeline import protocol, registry, schema
 from pipeline.stages.base import Stage, decode_image, pick_device
 
 _ADDED = (*schema.SCORE_COLUMNS, "n_pass", "kept", *schema.REALISATION_COLUMNS)
@@ -27,14 +27,12 @@ class FilterStage(Stage):
 
     def setup(self) -> None:
         """Pick the device and build the configured filter (``KeepAll`` when disabled)."""
-        from pipeline import protocol
         from pipeline.models.detectors import KeepAll
 
         cfg = self.config
         # Every shift's filter text resolved once, so the filter needs nothing but its spec.
         texts = {s: protocol.filter_shift_text(cfg, s) for s in cfg.all_shifts()}
         spec = cfg.filter.model_copy(update={"shift_text": texts})
-        self._class_name = lambda class_id: protocol.filter_class_name(cfg, class_id)
         self.device = pick_device(self.device_override)
         cls = registry.FILTERS.get(spec.kind) if spec.enabled else KeepAll
         self.filter = cls(spec, self.device)
@@ -46,7 +44,7 @@ class FilterStage(Stage):
             (
                 [decode_image(b) for b in rows[i]["images"]],
                 rows[i]["scales"],
-                self._class_name(int(rows[i]["class_id"])),
+                protocol.filter_class_name(self.config, int(rows[i]["class_id"])),
                 rows[i]["shift"],
             )
             for i in todo
