@@ -324,3 +324,40 @@ def test_paper_config_validates_here_listing_what_is_missing(capsys):
     timm_models = [c.model for c in cfg.classifiers if c.kind == "timm"]
     assert "resnet50.a1_in1k" in timm_models and "convnextv2_huge.fcmae_ft_in1k" in timm_models
     assert {c.preprocess for c in cfg.classifiers if c.name != "clip_vit_l14_336"} == {"cns"}
+
+
+# --------------------------------------------------------------------------- torch hub
+HUBCONF = '''
+dependencies = ["torch"]
+
+import torch
+
+
+def tiny_lc(width=3):
+    """A stand-in for dinov2_*_lc: image -> 1000 ImageNet logits."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(width, 1000))
+'''
+
+
+def test_torch_hub_classifier_loads_an_entry_point_lazily(photo, tmp_path):
+    import torch
+
+    from pipeline.config import ClassifierSpec
+    from pipeline.registry import CLASSIFIERS
+
+    (tmp_path / "hubconf.py").write_text(HUBCONF)
+    spec = ClassifierSpec(name="hub", kind="torch_hub", model=f"{tmp_path}:tiny_lc", preprocess="model")
+    clf = CLASSIFIERS.get("torch_hub")(spec, "cpu")
+    assert clf.out_to_label == list(range(1000))
+    # No data config to read: 'model' is the standard ImageNet eval transform (= cns).
+    assert torch.equal(clf.inputs([photo])[0], _original_classifier_transform()(photo))
+    assert clf.predict([photo, photo]).shape == (2, 1000)
+
+    from pipeline.models.classifiers import parse_hub_model
+
+    assert parse_hub_model("facebookresearch/dinov2:dinov2_vitb14_reg_lc", "x") == (
+        "facebookresearch/dinov2", "dinov2_vitb14_reg_lc")
+    assert parse_hub_model("owner/repo:main:entry", "x") == ("owner/repo:main", "entry")
+    with pytest.raises(ValueError, match=r"classifiers\[0\] \(hub\)\.model"):
+        parse_hub_model("dinov2_vitb14_lc", "classifiers[0] (hub)")
