@@ -245,9 +245,9 @@ def test_dino_transform_is_the_originals_pixel_for_pixel(photo, tmp_path):
     expected = _original_dino_transform()(photo)
     assert expected.shape == (3, 518, 518)
     assert torch.equal(protocol.build_transform(protocol.CNS_DINO)(photo), expected)
-    enc = DinoEncoder(DinoModelSpec(**make_tiny_dino(tmp_path), preprocess="cns"), "cpu")
+    enc = DinoEncoder(DinoModelSpec(**{**make_tiny_dino(tmp_path), "preprocess": "cns"}), "cpu")
     assert torch.equal(enc.transform(photo), expected)
-    own = DinoEncoder(DinoModelSpec(**make_tiny_dino(tmp_path), preprocess="model"), "cpu")
+    own = DinoEncoder(DinoModelSpec(**{**make_tiny_dino(tmp_path), "preprocess": "model"}), "cpu")
     assert own.transform(photo).shape == (3, 28, 28)
 
 
@@ -261,12 +261,12 @@ def test_classifier_transform_is_the_originals_pixel_for_pixel(photo, tmp_path):
     expected = _original_classifier_transform()(photo)
     assert torch.equal(protocol.build_transform(protocol.CNS_CLASSIFIER)(photo), expected)
     spec = make_tiny_timm_classifier(tmp_path, "resnet")
-    cns = TimmClassifier(ClassifierSpec(**spec, preprocess="cns"), "cpu")
+    cns = TimmClassifier(ClassifierSpec(**{**spec, "preprocess": "cns"}), "cpu")
     assert torch.equal(cns.inputs([photo, photo]), torch.stack([expected, expected]))
-    own = TimmClassifier(ClassifierSpec(**spec, preprocess="model"), "cpu")
+    own = TimmClassifier(ClassifierSpec(**{**spec, "preprocess": "model"}), "cpu")
     assert own.inputs([photo]).shape == (1, 3, 32, 32)  # the tiny model's own data config
-    explicit = TimmClassifier(ClassifierSpec(**spec, preprocess={
-        "resize": 64, "crop": 48, "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.25] * 3}), "cpu")
+    explicit = TimmClassifier(ClassifierSpec(**{**spec, "preprocess": {
+        "resize": 64, "crop": 48, "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.25] * 3}}), "cpu")
     from torchvision import transforms
 
     by_hand = transforms.Compose([
@@ -283,7 +283,8 @@ def test_open_clip_zero_shot_takes_the_cns_input_too(photo, tmp_path):
     from pipeline.models.classifiers import OpenClipZeroShot
 
     spec = make_tiny_clip_zeroshot(tmp_path, image_size=224)
-    clf = OpenClipZeroShot(ClassifierSpec(**spec, preprocess="cns"), "cpu")
+    clf = OpenClipZeroShot(ClassifierSpec(**spec), "cpu")
+    assert clf.preprocess_choice == "cns"
     assert torch.equal(clf.inputs([photo])[0], _original_classifier_transform()(photo))
     assert clf.predict([photo]).shape == (1, 1000)
 

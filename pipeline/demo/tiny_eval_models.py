@@ -91,7 +91,14 @@ def _timm_tiny(
     overlay: dict[str, Any] = {"input_size": list(input_size)}
     if "num_classes" in kwargs:
         overlay["num_classes"] = kwargs["num_classes"]
-    return {"model": model, "checkpoint": str(path), "model_kwargs": {**kwargs, "pretrained_cfg_overlay": overlay}}
+    # preprocess 'model': a toy of 28-32 px takes its own input size, not the CNS protocol's
+    # 224 px (classifiers) or 518 px (DINOv2) crops.
+    return {
+        "model": model,
+        "checkpoint": str(path),
+        "model_kwargs": {**kwargs, "pretrained_cfg_overlay": overlay},
+        "preprocess": "model",
+    }
 
 
 def make_tiny_dino(out_dir: str | os.PathLike[str], seed: int = 1) -> dict[str, Any]:
@@ -145,4 +152,5 @@ def make_tiny_clip_zeroshot(
         "checkpoint": clip["pretrained"],
         "model_config_file": clip["model_config_file"],
         "templates": templates,
+        "preprocess": "cns" if image_size == 224 else "model",
     }
