@@ -110,6 +110,10 @@ def _with_current_defaults(old: dict[str, Any]) -> dict[str, Any]:
     """
     from pipeline.config import ConfigError, parse_config
 
+    if isinstance(old, dict) and "protocol" not in old:
+        # Written before the protocol existed: its rows were made with each model's own
+        # preprocessing and the label space's names, which is what ``custom`` does.
+        old = {**old, "protocol": "custom"}
     try:
         return resolved_dict(parse_config(old, source="config.json"))
     except (ConfigError, ValueError):

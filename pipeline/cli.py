@@ -17,10 +17,12 @@ from pipeline.config import ConfigError, load_config
 from pipeline.io.retry import StorageError
 from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
+VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misses thousands of sliders)
+
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from pipeline import plan
-    from pipeline.assets import check_registry_keys, missing_assets
+    from pipeline.assets import check_registry_keys, missing_assets, remote_weights_not_cached
     from pipeline.config import config_hash
 
     cfg = load_config(args.config)
@@ -29,11 +31,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     for line in summary.lines():
         print(f"  {line}")
     print(f"  classifiers: {', '.join(c.name for c in cfg.classifiers)}")
+    print(f"  protocol: {cfg.protocol} (see docs/protocol.md)")
     problems = check_registry_keys(cfg) + missing_assets(cfg)
+    remote = remote_weights_not_cached(cfg)
+    if remote:
+        print(f"  weights fetched on first use, not in this machine's caches ({len(remote)}):")
+        for line in remote:
+            print(f"    {line}")
     if problems:
+        # Bad input, as for `build`: the config names things that do not exist.
         print(f"{len(problems)} problem(s):")
-        for p in problems:
+        for p in problems[:VALIDATE_SHOWN]:
             print(f"  - {p}")
+        if len(problems) > VALIDATE_SHOWN:
+            print(f"  ... and {len(problems) - VALIDATE_SHOWN} more")
         return 2
     print("  all assets present")
     return 0

@@ -157,6 +157,9 @@ class ClassTokens(Strict):
 
     kind: Literal["ti_folder", "text_encoder_dir", "none"] = "ti_folder"
     path: str | None = None
+    plain_names: bool = Field(
+        False, description="kind none on ImageNet: opt in to plain-name prompts (not what CNS-Bench used)"
+    )
 
     @model_validator(mode="after")
     def _path(self) -> "ClassTokens":
@@ -226,11 +229,36 @@ class ClipModelSpec(Strict):
     model_config_file: str | None = Field(None, description="JSON architecture for a custom open_clip model")
 
 
+class PreprocessSpec(Strict):
+    """An explicit eval transform: resize the shorter side, center-crop, scale to [0, 1], normalise."""
+
+    resize: int = Field(..., ge=1)
+    crop: int = Field(..., ge=1)
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bicubic"
+    mean: list[float] = Field(..., min_length=1)
+    std: list[float] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "PreprocessSpec":
+        if self.crop > self.resize:
+            raise ValueError(f"crop ({self.crop}) must be <= resize ({self.resize})")
+        if len(self.mean) != len(self.std) or any(v <= 0 for v in self.std):
+            raise ValueError(f"mean and std need the same length and std > 0, got mean={self.mean}, std={self.std}")
+        return self
+
+
+# 'cns': the original CNS-Bench transform, 'model': the model's own data config (see pipeline.protocol).
+Preprocessing = Literal["cns", "model"] | PreprocessSpec
+
+
 class DinoModelSpec(Strict):
     model: str = "vit_large_patch14_reg4_dinov2.lvd142m"
     checkpoint: str | None = Field(None, description="local weights file; otherwise timm's pretrained tag")
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     softmax_cls: bool = Field(True, description="softmax on the class token before the cosine (reference code)")
+    preprocess: Preprocessing | None = Field(
+        None, description="cns: Resize(520) bilinear, CenterCrop(518), Normalize(0.5, 0.2); model: timm's config"
+    )
 
 
 class Thresholds(Strict):
@@ -251,6 +279,13 @@ class FilterSpec(Strict):
     min_pass: int = Field(2, ge=0, le=4, description="keep a sample when at least this many detectors pass")
     class_prompt: str = "a photo of a {class_name}"
     shift_prompt: str = "a photo of a {class_name} in {shift_words}"
+    class_names: Literal["keras", "labels"] | None = Field(
+        None, description="names in the prompts: keras (the original's ImageNet names) or the label space's"
+    )
+    shift_text_style: Literal["verbatim", "words"] | None = Field(
+        None, description="{shift_words} of the prompts: the shift name verbatim (cns) or its words"
+    )
+    shift_text: dict[str, str] = Field(default_factory=dict, description="filter text of a shift, overriding the style")
 
     @field_validator("class_prompt", "shift_prompt")
     @classmethod
@@ -270,6 +305,9 @@ class ClassifierSpec(Strict):
     templates: str | list[str] = Field("openai_imagenet", description="zero-shot prompt templates or a set name")
     label_map: dict[int, int] | str | None = Field(
         None, description="output index -> ImageNet id (dict or JSON file); identity over 1000 classes if unset"
+    )
+    preprocess: Preprocessing | None = Field(
+        None, description="cns: Resize(256) bicubic, CenterCrop(224), ImageNet mean/std; model: the model's own"
     )
 
     @field_validator("templates")
@@ -321,7 +359,9 @@ class SliderTrainingSpec(Strict):
 
     rank: int = Field(4, ge=1)
     alpha: float = Field(1.0, gt=0)
-    targets: Literal["attn", "attn_conv"] = Field("attn", description="attn: attention only; attn_conv: + convs")
+    targets: Literal["attn", "attn_conv"] = Field(
+        "attn", description="attn: attention only; attn_conv: + convs (c3lier, the cns protocol's default)"
+    )
     method: Literal["noxattn", "full", "xattn", "selfattn"] = "noxattn"
     iterations: int = Field(400, ge=1)
     learning_rate: float = Field(2e-4, gt=0)
@@ -335,6 +375,8 @@ class SliderTrainingSpec(Strict):
         bounds.check_template(value, {"token", "shift_words"})
         return value
     max_denoise_steps: int = Field(50, ge=1, description="k ~ U{1..max} partial DDIM steps per iteration")
+    resolution: int | None = Field(None, ge=8, description="training size in pixels (cns: 512; else generator.resolution)")
+    batch_size: int = Field(1, ge=1, description="latents per iteration (cns: 16)")
     seed: int = 0
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     resources: StageResources = StageResources(num_gpus=1.0)
@@ -383,6 +425,9 @@ class FamilyGroup:
 
 
 class BuildConfig(Strict):
+    protocol: Literal["cns", "custom"] | None = Field(
+        None, description="cns: the original CNS-Bench inputs (default on ImageNet); custom: set every item yourself"
+    )
     benchmark: BenchmarkSpec
     generator: GeneratorSpec = GeneratorSpec()
     filter: FilterSpec = FilterSpec()
@@ -414,6 +459,13 @@ class BuildConfig(Strict):
     def shift_words(self, shift: str) -> str:
         """Words of a shift in prompts and reports (``benchmark.shift_words``, else '_' -> ' ')."""
         return self.benchmark.shift_words.get(shift, shift.replace("_", " "))
+
+    @model_validator(mode="after")
+    def _protocol(self) -> "BuildConfig":
+        from pipeline import protocol
+
+        protocol.resolve(self)  # fills the keys left unset; see pipeline/protocol.py
+        return self
 
     @model_validator(mode="after")
     def _families(self) -> "BuildConfig":

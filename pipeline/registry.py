@@ -79,6 +79,7 @@ CLASSIFIERS.register(
     "torchscript", "pipeline.models.classifiers:TorchScriptClassifier",
     "a TorchScript file (torch.jit.save) with input size, mean and std; for models timm cannot express",
 )
+CLASSIFIERS.register("torch_hub", "pipeline.models.classifiers:TorchHubClassifier", "a torch.hub entry point ('repo:entry'), e.g. DINOv2 + linear head")
 
 # Aggregation (``aggregate.analyses``): see pipeline.analyses.base.
 ANALYSES = Registry("analysis")

@@ -184,6 +184,7 @@ def _config(tiny_world, tmp_path, shifts=("heavy_snow", "cartoon_style"), iterat
             "classifiers": [{"name": "r", "model": "resnet18"}],
             # num_gpus stays at its default of 1: on a CPU machine the Ray runner must cope.
             "slider_training": {"iterations": iterations, "max_denoise_steps": 3, "dtype": "float32"},
+            "protocol": "custom",  # the toy UNet trains at its own 64 px, batch 1, attention only
         }
     )
 
