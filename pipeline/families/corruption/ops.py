@@ -40,11 +40,11 @@ class Fields:
         return self._cache[key]
 
     def normal(self, name: str, shape: Sequence[int]) -> torch.Tensor:
-        return self._get("normal", name, tuple(shape), lambda g: torch.randn(tuple(shape), generator=g, dtype=torch.float64))
+        return self._get("normal", name, tuple(shape), lambda g: torch.randn(tuple(shape), generator=g))
 
     def uniform(self, name: str, shape: Sequence[int]) -> torch.Tensor:
-        """U[0, 1) in float64."""
-        return self._get("uniform", name, tuple(shape), lambda g: torch.rand(tuple(shape), generator=g, dtype=torch.float64))
+        """U[0, 1) in float32."""
+        return self._get("uniform", name, tuple(shape), lambda g: torch.rand(tuple(shape), generator=g))
 
 
 def stack_field(fields: Sequence[Fields], kind: str, name: str, shape: Sequence[int], device) -> torch.Tensor:
