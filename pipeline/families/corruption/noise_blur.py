@@ -46,11 +46,13 @@ def speckle_noise(x: torch.Tensor, params: Params, fields: Sequence[Fields]) -> 
 
 
 def poisson_from_uniform(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Poisson(``lam``) counts as the inverse CDF at ``u``, so one uniform field serves every rate."""
+    """Poisson(``lam``) counts as the inverse CDF at ``u``, so one uniform field serves every rate.
+
+    Counts beyond mean + 8 sd + 8 (probability < 1e-12) are capped there.
+    """
     lam = lam.float()
     u = u.float()
     top = float(lam.max())
-    # Tail beyond mean + 8 sd + 8 has probability < 1e-12: those draws are capped there.
     kmax = int(math.ceil(top + 8.0 * math.sqrt(top) + 8.0))
     p = torch.exp(-lam)
     cdf = p.clone()
@@ -62,10 +64,33 @@ def poisson_from_uniform(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return count
 
 
+def _poisson_levels(x: torch.Tensor, c: Sequence[float], u: torch.Tensor) -> torch.Tensor:
+    """:func:`poisson_from_uniform` of ``x * c`` for 8-bit images, by table look-up.
+
+    An 8-bit image has 256 intensities per row, so the CDF of Poisson(level / 255 * c) is
+    tabulated once per (row, level) and every pixel's count is one ``searchsorted`` in
+    the concatenated tables (each offset by twice its table index to keep them sorted).
+    """
+    b = x.shape[0]
+    levels = torch.round(x.clamp(0, 1) * 255.0).long()  # (B, 3, H, W)
+    lam = torch.arange(256, dtype=torch.float64).view(1, 256) / 255.0 * torch.as_tensor(list(c), dtype=torch.float64).view(b, 1)
+    top = float(lam.max())
+    kmax = int(math.ceil(top + 8.0 * math.sqrt(top) + 8.0))
+    k = torch.arange(kmax + 1, dtype=torch.float64)
+    logp = k * torch.log(lam.clamp_min(1e-300)).unsqueeze(-1) - lam.unsqueeze(-1) - torch.lgamma(k + 1)
+    pmf = torch.where(lam.unsqueeze(-1) > 0, torch.exp(logp), (k == 0).double().expand(b, 256, -1))
+    cdf = torch.cumsum(pmf, dim=-1).clamp(max=1.0)  # (B, 256, K)
+    table = (cdf + 2.0 * torch.arange(b * 256, dtype=torch.float64).view(b, 256, 1)).reshape(-1).to(x.device)
+    idx = torch.arange(b, device=x.device).view(b, 1, 1, 1) * 256 + levels
+    pos = torch.searchsorted(table, u.double() + 2.0 * idx, right=False)
+    return (pos - idx * (kmax + 1)).clamp(max=kmax).to(x.dtype)
+
+
 def shot_noise(x: torch.Tensor, params: Params, fields: Sequence[Fields]) -> torch.Tensor:
+    """Poisson(x c) / c with one uniform field per image (counts by inverse CDF, 8-bit intensities)."""
     u = stack_field(fields, "uniform", "poisson", _shape(x), x.device)
-    c = column([p[0] for p in params], x)
-    return (poisson_from_uniform(x * c, u) / c).clamp(0, 1).to(x.dtype)
+    c = [p[0] for p in params]
+    return (_poisson_levels(x, c, u) / column(c, x)).clamp(0, 1)
 
 
 def impulse_noise(x: torch.Tensor, params: Params, fields: Sequence[Fields]) -> torch.Tensor:

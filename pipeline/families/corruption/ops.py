@@ -21,30 +21,39 @@ import torch.nn.functional as F
 class Fields:
     """Random fields of one (image, seed, corruption), drawn once and reused across severities.
 
-    Each named field has its own generator seeded from (``seed``, name), so a field does
-    not depend on which other fields were drawn before it, nor on the severity.
+    Each named field has its own NumPy generator (PCG64) seeded from (``seed``, name and
+    shape), so a field does not depend on which other fields were drawn before it, nor
+    on the severity.  Fields are float32 tensors on the CPU.
     """
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
         self._cache: dict[tuple, torch.Tensor] = {}
 
+    def _rng(self, name: str) -> np.random.Generator:
+        h = hashlib.sha256(f"{self.seed}/{name}".encode()).digest()
+        return np.random.default_rng(int.from_bytes(h[:16], "little"))
+
     def generator(self, name: str) -> torch.Generator:
+        """A torch generator for procedural textures (seeded like the fields)."""
         h = hashlib.sha256(f"{self.seed}/{name}".encode()).digest()
         return torch.Generator().manual_seed(int.from_bytes(h[:8], "little") & ((1 << 63) - 1))
 
-    def _get(self, kind: str, name: str, shape: tuple[int, ...], make) -> torch.Tensor:
-        key = (kind, name, tuple(shape))
+    def _get(self, kind: str, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        key = (kind, name, shape)
         if key not in self._cache:
-            self._cache[key] = make(self.generator(f"{kind}/{name}/{'x'.join(map(str, shape))}"))
+            rng = self._rng(f"{kind}/{name}/{'x'.join(map(str, shape))}")
+            arr = rng.standard_normal(shape, dtype=np.float32) if kind == "normal" else rng.random(shape, dtype=np.float32)
+            self._cache[key] = torch.from_numpy(arr)
         return self._cache[key]
 
     def normal(self, name: str, shape: Sequence[int]) -> torch.Tensor:
-        return self._get("normal", name, tuple(shape), lambda g: torch.randn(tuple(shape), generator=g))
+        """N(0, 1), float32."""
+        return self._get("normal", name, tuple(int(v) for v in shape))
 
     def uniform(self, name: str, shape: Sequence[int]) -> torch.Tensor:
-        """U[0, 1) in float32."""
-        return self._get("uniform", name, tuple(shape), lambda g: torch.rand(tuple(shape), generator=g))
+        """U[0, 1), float32."""
+        return self._get("uniform", name, tuple(int(v) for v in shape))
 
 
 def stack_field(fields: Sequence[Fields], kind: str, name: str, shape: Sequence[int], device) -> torch.Tensor:
@@ -179,21 +188,39 @@ def clipped_zoom(x: torch.Tensor, zoom: float) -> torch.Tensor:
     return rows.index_select(-1, x0) * (1 - wx) + rows.index_select(-1, x1) * wx
 
 
-def box_resize_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """PIL's ``Image.BOX`` resampling weights as an (n_out, n_in) matrix (Pillow's precompute_coeffs)."""
+def box_resize_ranges(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """PIL's ``Image.BOX`` resampling (Pillow's ``precompute_coeffs``) as input ranges [lo, hi) per output pixel.
+
+    The box filter gives weight 1 to the input pixels whose centres fall in the output
+    pixel's footprint (normalised), a contiguous range, so a resize is a difference of
+    cumulative sums.
+    """
     scale = n_in / n_out
     filterscale = max(scale, 1.0)
     support = 0.5 * filterscale
-    m = np.zeros((n_out, n_in))
+    lo = np.zeros(n_out, dtype=np.int64)
+    hi = np.zeros(n_out, dtype=np.int64)
     for xx in range(n_out):
         center = (xx + 0.5) * scale
         xmin = max(int(center - support + 0.5), 0)
         xmax = min(int(center + support + 0.5), n_in)
         t = (np.arange(xmin, xmax) - center + 0.5) / filterscale
-        wts = ((t > -0.5) & (t <= 0.5)).astype(np.float64)
-        if wts.sum() > 0:
-            m[xx, xmin:xmax] = wts / wts.sum()
-    return m
+        on = np.nonzero((t > -0.5) & (t <= 0.5))[0]
+        lo[xx], hi[xx] = xmin + on[0], xmin + on[-1] + 1
+    return lo, hi
+
+
+def box_resize(x: torch.Tensor, n_out: int, dim: int) -> torch.Tensor:
+    """Resize ``x`` along ``dim`` with PIL's BOX filter (mean of a contiguous input range)."""
+    n_in = x.shape[dim]
+    lo, hi = (torch.as_tensor(v, device=x.device) for v in box_resize_ranges(n_in, n_out))
+    c = torch.cumsum(x.double(), dim=dim)
+    zero = torch.zeros_like(c.narrow(dim, 0, 1))
+    c = torch.cat([zero, c], dim=dim)
+    total = c.index_select(dim, hi) - c.index_select(dim, lo)
+    shape = [1] * x.dim()
+    shape[dim] = n_out
+    return (total / (hi - lo).double().view(shape)).to(x.dtype)
 
 
 def bilinear_sample(x: torch.Tensor, ys: torch.Tensor, xs: torch.Tensor, mode: str) -> torch.Tensor:

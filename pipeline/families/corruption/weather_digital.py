@@ -19,7 +19,7 @@ from pipeline.families.corruption.ops import (
     Fields,
     bilinear_sample,
     box_blur3,
-    box_resize_matrix,
+    box_resize,
     clipped_zoom,
     column,
     filter2d,
@@ -123,14 +123,14 @@ def plasma_fractal(fields: Sequence[Fields], decay: Sequence[float], mapsize: in
     image uses the same draws.
     """
     b = len(fields)
-    a = torch.zeros((b, mapsize, mapsize), dtype=torch.float64, device=device)
-    wibble = torch.full((b, 1, 1), 100.0, dtype=torch.float64, device=device)
-    dec = torch.as_tensor(list(decay), dtype=torch.float64, device=device).view(b, 1, 1)
+    a = torch.zeros((b, mapsize, mapsize), dtype=torch.float32, device=device)
+    wibble = torch.full((b, 1, 1), 100.0, dtype=torch.float32, device=device)
+    dec = torch.as_tensor(list(decay), dtype=torch.float32, device=device).view(b, 1, 1)
     step = mapsize
     level = 0
 
     def draw(name: str, n: int) -> torch.Tensor:
-        u = stack_field(fields, "uniform", f"plasma/{level}/{name}", (n, n), device).double()
+        u = stack_field(fields, "uniform", f"plasma/{level}/{name}", (n, n), device)
         return wibble * wibble * (2.0 * u - 1.0)  # wibble * U(-wibble, wibble)
 
     while step >= 2:
@@ -319,14 +319,11 @@ def pixelate(x: torch.Tensor, params: Params, fields: Sequence[Fields]) -> torch
     for row, p in enumerate(params):
         groups.setdefault((max(1, int(h * p[0])), max(1, int(w * p[0]))), []).append(row)
 
-    def mat(n_in: int, n_out: int) -> torch.Tensor:
-        return torch.as_tensor(box_resize_matrix(n_in, n_out), dtype=x.dtype, device=x.device)
-
     for (sh, sw), rows in groups.items():
-        y = quantize(x[rows] @ mat(w, sw).T)
-        y = quantize(mat(h, sh) @ y)
-        y = quantize(y @ mat(sw, w).T)
-        out[rows] = quantize(mat(sh, h) @ y)
+        y = quantize(box_resize(x[rows], sw, 3))  # horizontal pass first, 8-bit image in between
+        y = quantize(box_resize(y, sh, 2))
+        y = quantize(box_resize(y, w, 3))
+        out[rows] = quantize(box_resize(y, h, 2))
     return out
 
 
