@@ -532,6 +532,9 @@ def _resolve_groups(cfg: "BuildConfig") -> list[FamilyGroup]:
             if scales is None:
                 raise ValueError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
         grid = _check_scales(list(scales), f"{where}.scales")
+        problems = family.check_scales(grid)
+        if problems:
+            raise ValueError(f"{where}.scales: " + "; ".join(problems))
         groups.append(FamilyGroup(kind, tuple(shifts), tuple(grid), opts, primary=(n == 0)))
     return groups
 

@@ -49,6 +49,10 @@ FAMILIES.register(
     "prompt", "pipeline.families.slider:PromptFamily",
     "prompt-only baseline (2P): 'a picture of a {token}' at scale 0, '... in {shift words}' at every scale > 0",
 )
+FAMILIES.register(
+    "corruption", "pipeline.families.corruption:CorruptionFamily",
+    "ImageNet-C corruptions (15 + 4 extra) of the scale-0 image at continuous severity s in [0, 5]",
+)
 GENERATORS = FAMILIES  # the name `generator.kind` has always used
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
@@ -86,6 +90,15 @@ ANALYSES = Registry("analysis")
 ANALYSES.register(
     "cns", "pipeline.analyses.cns:run",
     "accuracy drop per scale, failure points and their ratios, margins, shift realisation (CNS-Bench)",
+)
+
+ANALYSES.register(
+    "corruption_error", "pipeline.analyses.corruption:run",
+    "ImageNet-C corruption error per corruption, mCE (unnormalised, by a baseline classifier or AlexNet), relative mCE",
+)
+ANALYSES.register(
+    "family_comparison", "pipeline.analyses.family_comparison:run",
+    "per classifier: accuracy drop and mean failure point under each family, Spearman rank correlation between families",
 )
 
 # How stages run (``--runner``): see pipeline.executors.

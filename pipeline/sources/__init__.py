@@ -26,6 +26,10 @@ Source kinds (auto-detected by :func:`detect_kind`, or chosen explicitly):
     ``label`` / ``cls`` / ``class``, ``shift`` [default ``none``], ``seed`` [default: index
     within the class], ``scale`` [default 0]).  Images are read by byte range, the tars
     are never unpacked.
+``imagenet_c``
+    The ImageNet-C release: ``<corruption>/<severity 1..5>/<wnid>/*.JPEG`` (optional
+    ``clean/<wnid>/`` as scale 0); corruptions are shifts, severities scales
+    (:mod:`pipeline.sources.imagenet_c`).
 ``folders``
     ``root/<class folder>/<image>``: one image per trajectory, shift ``none``, scale 0,
     seed = index of the image within its class (files sorted by folder, then name; adding
@@ -62,7 +66,7 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "folders")
+SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "folders")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -107,6 +111,7 @@ class Source:
     rows: list[dict[str, Any]]
     image_format: str  # the most common of 'png' / 'jpg' (what the output stores unchanged)
     notes: list[str] = field(default_factory=list)
+    analyses: list[str] = field(default_factory=list)  # analyses the layout calls for (added to the report)
 
     @property
     def scales(self) -> list[float]:
@@ -258,6 +263,10 @@ def detect_kind(location: str) -> str:
         return "cns"
     if _tar_paths(fs, root):
         return "webdataset"
+    from pipeline.sources import imagenet_c
+
+    if imagenet_c.looks_like(fs, root):
+        return "imagenet_c"
     if any(fs.isdir(p) for p in fs.ls(root, detail=False)):
         return "folders"
     raise SourceError(
@@ -302,6 +311,10 @@ def open_source(
         src = load_cns(location, labels, follow_symlinks)
     elif kind == "webdataset":
         src = load_webdataset(location, labels, follow_symlinks)
+    elif kind == "imagenet_c":
+        from pipeline.sources.imagenet_c import load_imagenet_c
+
+        src = load_imagenet_c(location, labels)
     else:
         src = load_folders(location, labels, label_map, follow_symlinks)
     if not src.rows:
