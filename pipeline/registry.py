@@ -49,6 +49,10 @@ FAMILIES.register(
     "prompt", "pipeline.families.slider:PromptFamily",
     "prompt-only baseline (2P): 'a picture of a {token}' at scale 0, '... in {shift words}' at every scale > 0",
 )
+FAMILIES.register(
+    "object_edit", "pipeline.families.object_edit:ObjectEditFamily",
+    "ImageNet-E attribute edits of the masked object: size, position, rotation, background complexity/simplicity",
+)
 GENERATORS = FAMILIES  # the name `generator.kind` has always used
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
@@ -61,6 +65,7 @@ SOURCES.register("webdataset", "pipeline.sources.collection:WebDatasetSource", "
 MASKS = Registry("mask provider")
 MASKS.register("none", "pipeline.sources.masks:NoMasks", "no masks (families that need one refuse the config)")
 MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png")
+MASKS.register("ink_threshold", "pipeline.sources.ink_masks:InkThresholdMasks", "light ink on a dark background: grey >= threshold")
 
 FILTERS = Registry("filter")
 FILTERS.register(
@@ -85,6 +90,11 @@ ANALYSES = Registry("analysis")
 ANALYSES.register(
     "cns", "pipeline.analyses.cns:run",
     "accuracy drop per scale, failure points and their ratios, margins, shift realisation (CNS-Bench)",
+)
+
+ANALYSES.register(
+    "attributes", "pipeline.analyses.attributes:run",
+    "ImageNet-E: accuracy per attribute and level, drop vs the unedited image, failure points, mean drop at published levels",
 )
 
 # How stages run (``--runner``): see pipeline.executors.
