@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.families.object_edit import RELEASE_ONLY
 
 CONTRACT_COLUMNS = ["classifier", "attribute", "level", "accuracy", "accuracy_drop"]
 COLUMNS = CONTRACT_COLUMNS + ["n", "parameter", "value", "published"]
@@ -43,8 +44,6 @@ PARAMETERS = {
 }
 PUBLISHED_SHARES = (0.1, 0.08, 0.05)  # ImageNet-E object pixel rates
 PUBLISHED_LAMBDA = 20.0  # ImageNet-E background complexity levels -20 and 20
-# Released sets with no level of their own: every non-zero level of them is published.
-RELEASE_ONLY = ("size_full", "background_complexity_adv")
 
 
 def _physical_values(ctx: AnalysisContext, samples: pd.DataFrame) -> dict[tuple[str, float], float]:

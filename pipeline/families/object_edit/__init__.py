@@ -43,6 +43,9 @@ from pipeline.families.base import Family, ShiftImages, UnitContext
 GEOMETRY = ("size", "position", "rotation")
 BACKGROUND = {"background_complexity": 1.0, "background_simplicity": -1.0}
 ATTRIBUTES = GEOMETRY + tuple(BACKGROUND)
+# Released ImageNet-E sets without a counterpart here ("full" size, adversarial background):
+# valid shift names for evaluating released images, never made by a build.
+RELEASE_ONLY = ("size_full", "background_complexity_adv")
 
 
 class _Strict(BaseModel):
@@ -114,6 +117,19 @@ def physical(attribute: str, level: float, opts: ObjectEditOptions) -> dict[str,
     raise ValueError(f"unknown attribute {attribute!r}; one of {', '.join(ATTRIBUTES)}")
 
 
+def level_of(attribute: str, value: float, opts: ObjectEditOptions) -> float:
+    """Inverse of :func:`physical`: the level at which ``attribute`` has the physical ``value``."""
+    if attribute == "size":
+        return (value - opts.size.share_from) / (opts.size.share_to - opts.size.share_from)
+    if attribute == "position":
+        return value / opts.position.max_offset
+    if attribute == "rotation":
+        return value / opts.rotation.max_degrees
+    if attribute in BACKGROUND:
+        return BACKGROUND[attribute] * value / opts.background.max_lambda
+    raise ValueError(f"unknown attribute {attribute!r}; one of {', '.join(ATTRIBUTES)}")
+
+
 def direction(class_id: int, seed: int) -> float:
     """The unit's direction of movement (radians), a pure function of (class, seed)."""
     return float(np.random.default_rng([int(class_id), int(seed), 0x1E]).uniform(0.0, 2 * math.pi))
@@ -133,13 +149,21 @@ class ObjectEditFamily(Family):
 
     @classmethod
     def check_shifts(cls, shifts: list[str], options: BaseModel) -> list[str]:
-        return [f"unknown attribute {s!r} (object_edit shifts: {', '.join(ATTRIBUTES)})" for s in shifts if s not in ATTRIBUTES]
+        known = ATTRIBUTES + RELEASE_ONLY
+        return [f"unknown attribute {s!r} (object_edit shifts: {', '.join(ATTRIBUTES)})" for s in shifts if s not in known]
 
     @classmethod
     def missing_files(cls, config, group, pairs) -> list[str]:
-        if config.source.masks.kind == "none":
-            return [f"source.masks.kind: family object_edit ({group.where}) needs object masks; set a mask provider"]
-        return []
+        problems = []
+        release = sorted({s for _, s in pairs if s in RELEASE_ONLY})
+        if release:
+            problems.append(
+                f"{group.where}.shifts: {release} exist only as released ImageNet-E sets (cnsbench evaluate); "
+                "a build cannot make them"
+            )
+        if pairs and config.source.masks.kind == "none":
+            problems.append(f"source.masks.kind: family object_edit ({group.where}) needs object masks; set a mask provider")
+        return problems
 
     # ---------------------------------------------------------------- setup
     def _uses_model(self) -> bool:
