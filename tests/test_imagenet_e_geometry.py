@@ -94,8 +94,11 @@ def test_rotated_mask_matches_a_direct_rotation(degrees, about):
     mask = _ellipse()
     layer = G.rotate_object(_image(mask), mask, degrees, about)
     cy, cx = G.rotation_center(mask, about)
-    # PIL rotates counter-clockwise about `center` given as (x, y).
-    direct = Image.fromarray(mask.astype(np.uint8) * 255).rotate(degrees, resample=Image.BILINEAR, center=(cx, cy))
+    # PIL rotates counter-clockwise about `center` (x, y) in pixel-corner coordinates:
+    # pixel index i has its centre at i + 0.5.
+    direct = Image.fromarray(mask.astype(np.uint8) * 255).rotate(
+        degrees, resample=Image.BILINEAR, center=(cx + 0.5, cy + 0.5)
+    )
     assert G.iou(layer.mask, np.asarray(direct) >= 128) >= 0.99
 
 
