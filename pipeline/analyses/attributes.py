@@ -5,8 +5,8 @@ Per classifier, attribute (shift) and level (scale):
 * ``report/attributes.csv`` -- ``classifier, attribute, level, accuracy, accuracy_drop``
   (the contract), then ``n``, ``parameter`` and ``value``: the physical parameter of the
   level (object pixel rate, centre offset, degrees, guidance strength lambda), the mean
-  over the images' ``params`` or, for released images without params, the
-  ``object_edit`` mapping of the build's options.  ``accuracy_drop`` is
+  over the images' ``params`` or, for released images read by ``cnsbench evaluate``
+  (no params), the default ``object_edit`` mapping the released-set reader uses.  ``accuracy_drop`` is
   ``accuracy(level) - accuracy(0)`` over the same trajectories (negative = worse), the
   project's one definition (:func:`pipeline.aggregate.metrics.accuracy_table`).
 * ``report/attributes_failure_points.csv`` -- the failure-point distribution over the
@@ -57,18 +57,15 @@ def _physical_values(ctx: AnalysisContext, samples: pd.DataFrame) -> dict[tuple[
         if isinstance(value, (int, float)):
             out.setdefault((str(shift), round(float(scale), 3)), []).append(float(value))
     values = {k: sum(v) / len(v) for k, v in out.items()}
-    from pipeline.families.object_edit import ATTRIBUTES, physical
+    from pipeline.families.object_edit import ATTRIBUTES, ObjectEditOptions, physical
 
-    for group in ctx.groups:
-        if group.kind != "object_edit":
-            continue
-        for shift in group.shifts:
-            if shift not in ATTRIBUTES:
-                continue
-            for scale in group.scales:
-                key = (shift, round(float(scale), 3))
-                if key not in values:
-                    values[key] = next(iter(physical(shift, float(scale), group.options).values()))
+    # Images without params were not made by a build but read (cnsbench evaluate): the
+    # released-set reader put them on the default mapping's levels.
+    defaults = ObjectEditOptions()
+    for shift, scale in zip(samples["shift"], samples["scale"]):
+        key = (str(shift), round(float(scale), 3))
+        if key not in values and key[0] in ATTRIBUTES:
+            values[key] = next(iter(physical(key[0], float(scale), defaults).values()))
     return values
 
 
