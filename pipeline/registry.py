@@ -53,6 +53,10 @@ FAMILIES.register(
     "corruption", "pipeline.families.corruption:CorruptionFamily",
     "ImageNet-C corruptions (15 + 4 extra) of the scale-0 image at continuous severity s in [0, 5]",
 )
+FAMILIES.register(
+    "object_edit", "pipeline.families.object_edit:ObjectEditFamily",
+    "ImageNet-E attribute edits of the masked object: size, position, rotation, background complexity/simplicity",
+)
 GENERATORS = FAMILIES  # the name `generator.kind` has always used
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
@@ -65,6 +69,7 @@ SOURCES.register("webdataset", "pipeline.sources.collection:WebDatasetSource", "
 MASKS = Registry("mask provider")
 MASKS.register("none", "pipeline.sources.masks:NoMasks", "no masks (families that need one refuse the config)")
 MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png")
+MASKS.register("ink_threshold", "pipeline.sources.ink_masks:InkThresholdMasks", "light ink on a dark background: grey >= threshold")
 
 FILTERS = Registry("filter")
 FILTERS.register(
@@ -99,6 +104,10 @@ ANALYSES.register(
 ANALYSES.register(
     "family_comparison", "pipeline.analyses.family_comparison:run",
     "per classifier: accuracy drop and mean failure point under each family, Spearman rank correlation between families",
+)
+ANALYSES.register(
+    "attributes", "pipeline.analyses.attributes:run",
+    "ImageNet-E: accuracy per attribute and level, drop vs the unedited image, failure points, mean drop at published levels",
 )
 
 # How stages run (``--runner``): see pipeline.executors.

@@ -36,6 +36,9 @@ Source kinds (auto-detected by :func:`detect_kind`, or chosen explicitly):
     files therefore renumbers later ones).  Folder -> class id comes from a label map
     (JSON ``{folder name: class id}``), else from a leading integer in the folder name
     (``022_bald eagle``), else from the folder name as a class name of the label space.
+``imagenet_e``
+    Released ImageNet-E sets, ``root/<set>/<class folder>/<image>`` with an originals set:
+    :mod:`pipeline.sources.imagenet_e` (attribute = shift, level = scale, originals = 0).
 
 Ids follow :mod:`pipeline.plan` (``painting_style/022/seed_0034_scale_1000``), so an
 evaluate output has the same layout as a build output and resumes the same way.
@@ -66,7 +69,7 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "folders")
+SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "folders")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -267,6 +270,10 @@ def detect_kind(location: str) -> str:
 
     if imagenet_c.looks_like(fs, root):
         return "imagenet_c"
+    from pipeline.sources.imagenet_e import looks_like as _looks_like_imagenet_e
+
+    if _looks_like_imagenet_e(fs, root):
+        return "imagenet_e"
     if any(fs.isdir(p) for p in fs.ls(root, detail=False)):
         return "folders"
     raise SourceError(
@@ -315,6 +322,10 @@ def open_source(
         from pipeline.sources.imagenet_c import load_imagenet_c
 
         src = load_imagenet_c(location, labels)
+    elif kind == "imagenet_e":
+        from pipeline.sources.imagenet_e import load_imagenet_e
+
+        src = load_imagenet_e(location, labels)
     else:
         src = load_folders(location, labels, label_map, follow_symlinks)
     if not src.rows:
