@@ -31,6 +31,9 @@ def group_metrics(ctx: AnalysisContext):
     return out
 
 
+_LAST_INTERVALS: dict = {}
+
+
 def with_intervals(ctx: AnalysisContext, per_group: list) -> tuple[list, dict]:
     """Bootstrap intervals (``aggregate.bootstrap``) joined onto each group's tables, and
     ``{group kind: pairwise comparison table}``; unchanged when ``resamples`` is 0."""
@@ -41,10 +44,18 @@ def with_intervals(ctx: AnalysisContext, per_group: list) -> tuple[list, dict]:
         return per_group, {}
     out, pairwise = [], {}
     for group, metrics in per_group:
-        samples = ctx.samples_of(group)
-        iv = bootstrap.intervals(
-            samples, ctx.predictions, metrics, resamples=spec.resamples, level=spec.level, seed=spec.seed
-        )
+        # The report's analyses see the same tables: resample them once.  Holding the tables
+        # in the cache keeps their ids from being reused by other tables.
+        key = (id(ctx.samples), id(ctx.predictions), spec.resamples, spec.level, spec.seed)
+        if _LAST_INTERVALS.get("key") != key:
+            _LAST_INTERVALS.clear()
+            _LAST_INTERVALS.update(key=key, tables=(ctx.samples, ctx.predictions), by_kind={})
+        iv = _LAST_INTERVALS["by_kind"].get(group.kind)
+        if iv is None:
+            iv = bootstrap.intervals(
+                ctx.samples_of(group), ctx.predictions, metrics, resamples=spec.resamples, level=spec.level, seed=spec.seed
+            )
+            _LAST_INTERVALS["by_kind"][group.kind] = iv
         out.append((group, bootstrap.with_intervals(metrics, iv)))
         pairwise[group.kind] = iv.pairwise
     return out, pairwise

@@ -8,8 +8,9 @@
   pooled), columns the scales plus "never"; a cell is the share of the shift's evaluated
   trajectories whose failure point is that scale (``fp_ratio`` of ``failure_points.csv``).
 * ``ranking.csv`` and a sortable table: classifiers ranked by the margin
-  (``margin_fp_avg``, the larger the later they fail; never-failed trajectories count at
-  the margin's maximum scale), with the other summary metrics and their intervals.
+  (``margin_fp_avg`` = mean of ``margin max scale - FP``, never-failed trajectories at
+  the margin's maximum scale, i.e. contributing 0: the smaller, the later a classifier
+  fails, the more robust it is), with the other summary metrics and their intervals.
 
 Further families of a build get their own panels with the family kind as suffix.
 """
@@ -67,7 +68,7 @@ def fp_heatmap(metrics: Metrics) -> Figure:
     shifts = [s for s in metrics.shifts if (table["shift"] == s).any()] + [ALL_SHIFTS]
     columns = [f"{s:g}" for s in metrics.scales] + ["never"]
     classifiers = list(metrics.classifiers) or ["(no data)"]
-    ncols = min(3, len(classifiers))
+    ncols = min(3, math.ceil(math.sqrt(len(classifiers))))
     nrows = math.ceil(len(classifiers) / ncols)
     fig = Figure(figsize=(max(4.6, 0.55 * len(columns) + 1.8) * ncols, (0.42 * len(shifts) + 1.3) * nrows + 0.6),
                  layout="constrained")
@@ -101,13 +102,13 @@ RANK_METRICS = ["margin_fp_avg", "fp_avg", "accuracy_scale0"]
 
 
 def ranking(metrics: Metrics) -> pd.DataFrame:
-    """Classifiers ranked by ``margin_fp_avg`` (descending), with the accuracy drop at the largest scale."""
+    """Classifiers ranked by ``margin_fp_avg`` (ascending: most robust first), with the accuracy drop at the largest scale."""
     summ = metrics.summary
     if summ.empty:
         return pd.DataFrame(columns=["rank", "classifier"])
     last = f"acc_drop_{scale_tag(metrics.scales[-1])}"
     cols = ["classifier"] + [c for m in RANK_METRICS + [last] for c in (m, f"{m}_ci_low", f"{m}_ci_high") if c in summ]
-    out = summ[cols + ["n_failed", "n_trajectories"]].sort_values("margin_fp_avg", ascending=False, kind="stable")
+    out = summ[cols + ["n_failed", "n_trajectories"]].sort_values("margin_fp_avg", ascending=True, kind="stable")
     out.insert(0, "rank", np.arange(1, len(out) + 1))
     return out.reset_index(drop=True)
 
@@ -145,8 +146,9 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         result.tables[f"ranking{suffix}"] = rank
         parts += [
             "<h3>Classifier ranking</h3>",
-            "<p>Ranked by margin_fp_avg (mean of margin max scale - failure point, never-failed trajectories at the "
-            "margin max scale: larger is more robust). Click a column header to sort by it.</p>",
+            "<p>Ranked by margin_fp_avg, most robust first (mean of margin max scale - failure point, never-failed "
+            "trajectories at the margin max scale, i.e. 0: smaller means later failures). In brackets: bootstrap "
+            "interval. Click a column header to sort by it.</p>",
             ci_table(rank, sortable=True, table_id=f"ranking{suffix}"),
         ]
     result.html = "\n".join(parts)

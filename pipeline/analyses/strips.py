@@ -140,7 +140,7 @@ def render_sheet(
                 mx, my = x + 1 + (k % per) * (MARK + 2), y + px + 2 + (k // per) * (MARK + 2)
                 draw.rectangle([mx, my, mx + MARK - 1, my + MARK - 1], fill=colours[name], outline=(0, 0, 0))
     buf = io.BytesIO()
-    sheet.save(buf, format="PNG", optimize=True)
+    sheet.save(buf, format="PNG")
     geometry = {"width": width, "height": height, "cell_w": cell_w, "cell_h": cell_h, "px": px, "mark_h": mark_h}
     return buf.getvalue(), geometry
 
