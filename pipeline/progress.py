@@ -12,8 +12,9 @@ the line.  When output is not a terminal (CI logs, a file, a test's ``echo``) a 
 line is written at most every ``interval`` seconds (``CNSBENCH_PROGRESS_INTERVAL``,
 default 10) and once at the end, so logs stay short at any benchmark size.
 
-Verbosity: Ray Data's own per-operator progress bars and its execution logs are noise
-next to this line; they stay quiet unless ``cnsbench -v`` (:func:`set_verbose`).
+Verbosity: Ray Data's own per-operator progress bars and its execution logs, and the
+tqdm bars of model libraries, are noise next to this line; they stay quiet unless
+``cnsbench -v`` (:func:`set_verbose`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def set_verbose(value: bool) -> None:
     """``cnsbench -v``: let Ray Data show its own progress bars and logs."""
     global _VERBOSE
     _VERBOSE = bool(value)
+    if not _VERBOSE:
+        # Model libraries' own tqdm bars (weights loading, pipeline components) would break
+        # the one progress line; Ray workers started from here inherit the setting.
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def verbose() -> bool:
@@ -42,11 +47,11 @@ def quiet_ray_data() -> None:
     import logging
 
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "0" if _VERBOSE else "1")
-    if not _VERBOSE:
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
-        import ray.data
+        import ray.data  # configures Ray Data's loggers on first import: quieten them after
 
+        if not _VERBOSE:
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = _VERBOSE
         if hasattr(ctx, "enable_operator_progress_bars"):

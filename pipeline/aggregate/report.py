@@ -18,7 +18,12 @@ into ``report_dir``:
   ``plots=False``): :attr:`Metrics.shift_realisation`, written only when some sample has
   a realisation measure (i.e. the OOC filter scored the images);
 * ``index.html``: self-contained page (inline CSS, relative links only) with counts,
-  the summary table, the shift-realisation table (when present) and the plots.
+  the summary table, the shift-realisation table (when present) and the plots,
+  assembled by :func:`pipeline.aggregate.page.page_html`.
+
+Tables that carry bootstrap intervals (``<metric>_ci_low/_ci_high`` columns, see
+:mod:`pipeline.aggregate.bootstrap`) show them as ``value [low, high]`` and as bands on
+the accuracy-drop and cumulative failure-point plots.
 
 Every file is written to a temporary name in ``report_dir`` and moved into place with
 :func:`os.replace`, so a reader never sees a half-written file; ``index.html`` is written
