@@ -157,7 +157,7 @@ def _evaluate(
     for note in source.notes:
         echo(f"[cnsbench] note: {note}")
 
-    tally = ShardTally(total, done_before, echo)
+    tally = ShardTally(total, done_before, echo, what="evaluate")
 
     if todo:
         executor = get_executor(runner, cfg, address)

@@ -96,6 +96,10 @@ ANALYSES.register(
     "cns", "pipeline.analyses.cns:run",
     "accuracy drop per scale, failure points and their ratios, margins, shift realisation (CNS-Bench)",
 )
+ANALYSES.register("shift_views", "pipeline.analyses.shift_views:run", "per shift: accuracy small multiples, failure-point heat map, ranking")
+ANALYSES.register("strips", "pipeline.analyses.strips:run", "per shift a contact sheet of trajectories x scales with failure marks")
+# Every report has these sections (after the configured analyses), unless configured explicitly.
+REPORT_ANALYSES = ("shift_views", "strips")
 
 ANALYSES.register(
     "corruption_error", "pipeline.analyses.corruption:run",

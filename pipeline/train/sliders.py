@@ -582,7 +582,13 @@ def train_sliders(
         from pipeline.assets import AssetError
 
         raise AssetError("slider training needs files that are missing:\n  " + "\n  ".join(missing))
+    from pipeline.progress import Progress
+
     summary = TrainSummary(total=len(jobs))
+    # Printing (the CLI): a progress line, live on a terminal, with the per-slider lines above
+    # it.  A caller's own echo gets the per-slider lines only.
+    progress = Progress("train-sliders", len(jobs), unit="sliders", done=len(jobs) - len(todo)) if echo is print else None
+    echo = progress.log if progress else echo
     counter = iter(range(1, len(jobs) + 1))
     for job, d in zip(jobs, done):
         if d:
@@ -595,10 +601,14 @@ def train_sliders(
             summary.failed[job.label] = error
             first = error.strip().splitlines()[0] if error.strip() else error
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: FAILED: {first}")
+            if progress:
+                progress.update(failed=1)
         else:
             summary.trained.append(result)
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: final loss {result['final_loss']:.6g} "
                  f"({result['seconds']:.1f} s) -> {job.path}")
+            if progress:
+                progress.update(done=1)
 
     if todo:
         from pipeline.executors import get_executor
@@ -612,6 +622,8 @@ def train_sliders(
         rows = [job.to_dict() for job in todo]
         for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
             pass
+    if progress:
+        progress.close()
     summary.seconds = time.perf_counter() - start
     return summary
 
