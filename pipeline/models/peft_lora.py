@@ -203,9 +203,8 @@ class PeftMixedBank:
             raise KeyError(f"slider {name!r} is not loaded; loaded: {self.names()}")
         adapter = f"{name}@{float(mult):g}".replace(".", "_")
         converted, alphas = self._states[name]
-        unet_sd = {k[len("unet.") :]: v for k, v in converted.items() if k.startswith("unet.")}
-        unet_alphas = {k[len("unet.") :]: v for k, v in (alphas or {}).items() if k.startswith("unet.")}
-        self.unet.load_lora_adapter(unet_sd, network_alphas=unet_alphas or None, adapter_name=adapter, prefix=None)
+        # As ``pipe.load_lora_weights`` hands the converted dict to the UNet.
+        self.unet.load_lora_adapter(dict(converted), network_alphas=alphas, adapter_name=adapter, prefix="unet")
         first = next((a for (n, _), a in self._adapters.items() if n == name), None)
         for layer in _tuner_layers(self.unet, adapter).values():
             layer.set_scale(adapter, float(mult))
