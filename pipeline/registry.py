@@ -49,6 +49,10 @@ FAMILIES.register(
     "prompt", "pipeline.families.slider:PromptFamily",
     "prompt-only baseline (2P): 'a picture of a {token}' at scale 0, '... in {shift words}' at every scale > 0",
 )
+FAMILIES.register(
+    "prompt_nuisance", "pipeline.families.prompt_nuisance:PromptNuisanceFamily",
+    "ImageNet-D: the object under a background/texture/material prompt; scale 0 the plain prompt, 1 the nuisance",
+)
 GENERATORS = FAMILIES  # the name `generator.kind` has always used
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
@@ -85,6 +89,11 @@ ANALYSES = Registry("analysis")
 ANALYSES.register(
     "cns", "pipeline.analyses.cns:run",
     "accuracy drop per scale, failure points and their ratios, margins, shift realisation (CNS-Bench)",
+)
+
+ANALYSES.register(
+    "hard_mining", "pipeline.analyses.hard_mining:run",
+    "ImageNet-D hard set: images >= k of n surrogates get wrong; transfer to held-out classifiers, shared failures",
 )
 
 # How stages run (``--runner``): see pipeline.executors.

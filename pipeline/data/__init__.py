@@ -1,0 +1,1 @@
+"""Package data: vocabularies and label spaces shipped with cnsbench (read, never imported)."""
