@@ -77,6 +77,8 @@ def effective_config(
     raw["benchmark"].update(
         classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=source.scales
     )
+    if source.labels:  # a layout with its own label space (ImageNet-D's 113 classes)
+        raw["benchmark"]["labels"] = source.labels
     raw["filter"]["enabled"] = bool(use_filter)
     raw["classifiers"] = select_classifiers(cfg, classifiers)
     raw["output"]["image_format"] = source.image_format

@@ -33,6 +33,10 @@ Source kinds (auto-detected by :func:`detect_kind`, or chosen explicitly):
     (JSON ``{folder name: class id}``), else from a leading integer in the folder name
     (``022_bald eagle``), else from the folder name as a class name of the label space.
 
+``imagenet_d``
+    The released ImageNet-D layout (:mod:`pipeline.sources.imagenet_d`): nuisance-kind
+    folders of class folders, the 113-class label space with its multi-id rule.
+
 Ids follow :mod:`pipeline.plan` (``painting_style/022/seed_0034_scale_1000``), so an
 evaluate output has the same layout as a build output and resumes the same way.
 Malformed sources raise :class:`SourceError` naming the file and the problem.
@@ -61,7 +65,7 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "folders")
+SOURCE_KINDS = ("cns", "webdataset", "folders", "imagenet_d")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -106,6 +110,7 @@ class Source:
     rows: list[dict[str, Any]]
     image_format: str  # the most common of 'png' / 'jpg' (what the output stores unchanged)
     notes: list[str] = field(default_factory=list)
+    labels: str | None = None  # label space the class ids index (set by layouts with their own, e.g. imagenet_d)
 
     @property
     def scales(self) -> list[float]:
@@ -242,6 +247,10 @@ def detect_kind(location: str) -> str:
         return "cns"
     if _tar_paths(fs, root):
         return "webdataset"
+    from pipeline.sources import imagenet_d
+
+    if imagenet_d.looks_like(fs, root):
+        return "imagenet_d"
     if any(fs.isdir(p) for p in fs.ls(root, detail=False)):
         return "folders"
     raise SourceError(
@@ -281,6 +290,10 @@ def open_source(
         src = load_cns(location, labels)
     elif kind == "webdataset":
         src = load_webdataset(location, labels)
+    elif kind == "imagenet_d":  # the release's own 113-class label space, whatever ``labels`` is
+        from pipeline.sources.imagenet_d import load_imagenet_d
+
+        src = load_imagenet_d(location)
     else:
         src = load_folders(location, labels, label_map)
     if not src.rows:

@@ -1,0 +1,182 @@
+"""ImageNet-D rules on hand-made tables: k-of-n hard mining, the multi-id rule, the transfer table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import imagenet_d
+from pipeline.analyses import hard_mining as hm
+from pipeline.labels import LabelSpace, label_space
+
+
+# --------------------------------------------------------------------------- data
+def test_released_vocabularies_have_the_paper_counts():
+    assert [len(imagenet_d.nuisances(k)) for k in imagenet_d.NUISANCE_KINDS] == [468, 47, 32]
+    assert imagenet_d.nuisances("material")[:3] == ("wood", "painted", "fabric")
+    assert len(imagenet_d.classes()) == 113
+    assert imagenet_d.nuisance_words("forest-broadleaf-s") == "forest broadleaf"
+    assert imagenet_d.shift_name("plastic-opaque") == "plastic_opaque"
+    assert imagenet_d.shift_name("poolroom-home-s") == "poolroom_home"
+
+
+def test_imagenet_d_label_space_names_and_folders():
+    space = label_space("imagenet_d")
+    assert len(space) == 113
+    # The original CLIP evaluation's class text.
+    assert space.name(8) == "binder (closed)"
+    assert space.name(19) == "coffee or french press"
+    assert space.name(89) == "t shirt"
+    # Release folder names resolve too.
+    assert space.resolve("binder_closed") == 8
+    assert space.resolve("banana") == 2
+    assert space.imagenet_ids[16] == (423, 559, 765)  # chair
+
+
+# --------------------------------------------------------------------------- multi-id
+def test_multi_id_rule_maps_every_listed_id_to_its_class():
+    space = label_space("imagenet_d")
+    out = space.outputs_from_imagenet()
+    assert len(out) == 1000
+    assert out[423] == out[559] == out[765] == 16  # chair
+    assert out[409] == out[530] == 0  # alarm clock
+    assert out[954] == 2  # banana
+    assert out[0] == -1  # tench is no ImageNet-D class
+    assert sum(o >= 0 for o in out) == 125
+
+
+def test_multi_id_rule_in_predictions():
+    """A prediction is correct when the top-1 ImageNet id is any of the class's ids."""
+    import torch
+
+    from pipeline.models.classifiers import topk_predictions
+
+    space = LabelSpace("toy", ("chair", "banana"), imagenet_ids=((423, 559, 765), (954,)))
+    out = space.outputs_from_imagenet()
+    logits = torch.full((4, 1000), -10.0)
+    logits[0, 559] = 5  # chair id 2 of 3 -> chair
+    logits[1, 765] = 5  # chair id 3 -> chair, but the image is a banana
+    logits[2, 954] = 5  # banana
+    logits[3, 0] = 5  # tench: no class -> -1
+    truth = [0, 1, 1, 0]
+    top1, top5, p_true = topk_predictions(logits, out, truth)
+    assert top1 == [0, 0, 1, -1]
+    assert [t == c for t, c in zip(top1, truth)] == [True, False, True, False]
+    # p_true sums every output of the true class: row 0 puts almost all mass on 559.
+    assert p_true[0] == pytest.approx(torch.softmax(logits[0], 0)[[423, 559, 765]].sum().item())
+
+
+def test_a_1000_way_model_over_imagenet_d_uses_the_rule():
+    from pipeline.config import ClassifierSpec
+    from pipeline.models.classifiers import Classifier
+
+    clf = Classifier(ClassifierSpec(name="m", model="x"), "cpu", label_space("imagenet_d"))
+    clf._map_outputs(1000)
+    assert clf.out_to_label[423] == 16 and clf.out_to_label[0] == -1
+
+
+def test_an_id_in_two_classes_is_refused():
+    with pytest.raises(ValueError, match="ImageNet id 5 belongs to classes 0 and 1"):
+        LabelSpace("bad", ("a", "b"), imagenet_ids=((5,), (5, 6))).outputs_from_imagenet()
+
+
+# --------------------------------------------------------------------------- k of n
+WRONG = np.array(
+    [
+        [1, 1, 1],  # all three wrong
+        [1, 1, 0],
+        [0, 1, 0],
+        [0, 0, 0],
+        [1, 0, 1],
+    ],
+    dtype=bool,
+)
+
+
+@pytest.mark.parametrize(
+    "k, expected",
+    [(3, [True, False, False, False, False]), (2, [True, True, False, False, True]), (1, [True, True, True, False, True])],
+)
+def test_k_of_n(k, expected):
+    assert hm.hard_mask(WRONG, k).tolist() == expected
+
+
+def test_k_outside_1_to_n_is_refused():
+    with pytest.raises(ValueError, match="k must be in 1..3"):
+        hm.hard_mask(WRONG, 4)
+    with pytest.raises(hm.HardMiningError, match="k: 4 > the 3 surrogates"):
+        hm.parse_options({"surrogates": ["a", "b", "c"], "k": 4}, ["a", "b", "c", "d"])
+    with pytest.raises(hm.HardMiningError, match="surrogates"):
+        hm.parse_options({"surrogates": ["a", "zz"]}, ["a", "b"])
+    with pytest.raises(hm.HardMiningError, match="unknown_key"):
+        hm.parse_options({"unknown_key": 1}, ["a"])
+    opts, sur, k = hm.parse_options({}, ["a", "b"])
+    assert sur == ["a", "b"] and k == 2  # default: every classifier, all wrong
+
+
+# --------------------------------------------------------------------------- transfer
+def _table() -> pd.DataFrame:
+    # 6 candidates; surrogates s1, s2; held-out h.  1 = correct.
+    return pd.DataFrame(
+        {
+            "s1": [0, 0, 1, 1, 0, 1],
+            "s2": [0, 0, 0, 1, 1, 1],
+            "h": [0, 1, 0, 1, 1, 1],
+        },
+        index=[f"img{i}" for i in range(6)],
+        dtype=float,
+    )
+
+
+def test_transfer_table_by_hand():
+    t = hm.transfer_table(_table(), ["s1", "s2"], k=2, repeats=50, seed=3).set_index(["role", "classifier"])
+    held = t.loc[("held_out", "h")]
+    # Hard for both surrogates: img0, img1.  h is right on img1 only.
+    assert held["n_hard"] == 2 and held["n_candidates"] == 6
+    assert held["acc_all"] == pytest.approx(4 / 6)
+    assert held["acc_hard"] == pytest.approx(0.5)
+    assert held["surrogates"] == "s1+s2" and held["k"] == 2
+    # Random subsets of size 2 with the same generator, computed here independently.
+    rng = np.random.default_rng(3)
+    col = _table()["h"].to_numpy()
+    accs = [col[rng.choice(6, size=2, replace=False)].mean() for _ in range(50)]
+    assert held["acc_random_mean"] == pytest.approx(np.mean(accs))
+    assert held["acc_random_std"] == pytest.approx(np.std(accs, ddof=1))
+    assert held["drop_vs_random"] == pytest.approx(np.mean(accs) - 0.5)
+    # Leave-one-out: s1 judged on the images s2 alone gets wrong (img0, img1, img2): s1 right on img2.
+    loo = t.loc[("leave_one_out", "s1")]
+    assert loo["surrogates"] == "s2" and loo["k"] == 1 and loo["n_hard"] == 3
+    assert loo["acc_hard"] == pytest.approx(1 / 3)
+    loo2 = t.loc[("leave_one_out", "s2")]  # images s1 gets wrong: img0, img1, img4; s2 right on img4
+    assert loo2["n_hard"] == 3 and loo2["acc_hard"] == pytest.approx(1 / 3)
+
+
+def test_transfer_with_an_empty_hard_set():
+    t = hm.transfer_table(_table(), ["s1", "s2", "h"], k=3, repeats=5)
+    # Every classifier is a surrogate: only leave-one-out rows; nothing is wrong for all 3.
+    assert set(t["role"]) == {"leave_one_out"}
+    assert hm.hard_mask(_table().to_numpy() == 0, 3).sum() == 1  # img0 only
+
+
+def test_random_subset_accuracy_edges():
+    assert all(math.isnan(v) for v in hm.random_subset_accuracy(np.ones(3), 0, 10, 0))
+    mean, std = hm.random_subset_accuracy(np.array([1.0, 0.0]), 2, 4, 0)
+    assert mean == 0.5 and std == 0.0
+
+
+def test_shared_failures_by_kind_and_nuisance():
+    cand = pd.DataFrame(
+        {"kind": ["bg", "bg", "bg", "tex", "tex"], "shift": ["street", "street", "beach", "dotted", "dotted"]}
+    )
+    hard = np.array([True, True, False, True, False])
+    t = hm.shared_failures(cand, hard)
+    kinds = t[t["level"] == "kind"].set_index("kind")
+    assert kinds.loc["bg", "n_hard"] == 2 and kinds.loc["bg", "n_candidates"] == 3
+    assert kinds.loc["tex", "hard_rate"] == pytest.approx(0.5)
+    assert kinds.loc["bg", "share_of_hard"] == pytest.approx(2 / 3)
+    nuis = t[t["level"] == "nuisance"]
+    assert nuis["shift"].tolist() == ["street", "dotted", "beach"]  # most shared failures first
+    assert nuis.iloc[0]["hard_rate"] == 1.0
