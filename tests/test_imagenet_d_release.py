@@ -54,6 +54,9 @@ def test_unknown_class_folder_is_named(tmp_path):
 
 
 def test_evaluate_release_with_tiny_config(tmp_path, capsys):
+    from pipeline.demo.assets import ensure_tiny_assets
+
+    ensure_tiny_assets()
     root = make_release(tmp_path / "ImageNet-D")
     out = tmp_path / "out"
     rc = cli.main(["evaluate", str(root), "--config", str(REPO / "configs" / "tiny.yaml"), "--output", str(out), "--runner", "local"])
