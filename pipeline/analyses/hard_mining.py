@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 from typing import Any
 
@@ -39,6 +40,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult
+
+log = logging.getLogger(__name__)
 
 HARD_SET = "hard_set.parquet"
 EXPORT_DIR = "hard_set"
@@ -240,8 +243,18 @@ def export_tar(hard: pd.DataFrame, read_image) -> bytes:
     return build_tar(members)
 
 
+def skipped(reason: str) -> AnalysisResult:
+    """The section of an output this analysis cannot run on (e.g. an evaluate run without the surrogates)."""
+    log.warning("hard_mining skipped: %s", reason)
+    return AnalysisResult(title="Hard images", json={"skipped": reason}, html=f"<p>Skipped: {reason}.</p>")
+
+
 def run(ctx: AnalysisContext) -> AnalysisResult:
     classifiers = [c.name for c in ctx.config.classifiers]
+    wanted = ctx.options.get("surrogates")
+    if isinstance(wanted, list) and wanted and not set(wanted) & set(classifiers):
+        # `cnsbench evaluate --classifiers` on a config that mines with other classifiers.
+        return skipped(f"none of the surrogates {wanted} is a classifier of this output ({', '.join(classifiers)})")
     opts, surrogates, k = parse_options(ctx.options, classifiers)
     cand = candidates_of(ctx, opts, surrogates)
     correct = correct_matrix(ctx.predictions, cand["sample_id"].tolist(), classifiers)
