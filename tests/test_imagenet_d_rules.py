@@ -180,3 +180,48 @@ def test_shared_failures_by_kind_and_nuisance():
     nuis = t[t["level"] == "nuisance"]
     assert nuis["shift"].tolist() == ["street", "dotted", "beach"]  # most shared failures first
     assert nuis.iloc[0]["hard_rate"] == 1.0
+
+
+# --------------------------------------------------------------------------- config checks
+def _world_config(tmp_path, edit) -> str:
+    import yaml
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "configs" / "world_imagenet_d.yaml"
+    text = src.read_text().replace("../assets/", str(src.parent.parent / "assets") + "/")
+    raw = yaml.safe_load(text)
+    edit(raw)
+    path = tmp_path / "world.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: r["aggregate"]["analyses"][1].update(surrogates=["linear", "resnet"]), "surrogates"),
+        (lambda r: r["aggregate"]["analyses"][1].update(k=4), "k: 4 > the 3 surrogates"),
+        (lambda r: r["aggregate"]["analyses"][1].update(repeat=3), "repeat"),
+        (lambda r: r["benchmark"].update(shifts=["rotation", "rotatoin"]), "'rotatoin' is not a nuisance of the vocabulary (close: rotation)"),
+        (lambda r: r["generator"]["options"].update(templates={"pose": "a {nuisance}"}), "must name the object"),
+        (lambda r: r["generator"]["options"].update(vocabulary="imagenet_e"), "vocabulary must be 'imagenet_d'"),
+    ],
+)
+def test_bad_world_config_is_refused_before_models_load(tmp_path, capsys, edit, message):
+    from pipeline import cli
+
+    path = _world_config(tmp_path, edit)
+    assert cli.main(["validate", path]) in (1, 2)  # 2: invalid config, 1: problems found by validate
+    captured = capsys.readouterr()
+    assert message in captured.out + captured.err
+
+
+def test_released_vocabulary_checks_shift_names():
+    from pipeline.families.prompt_nuisance import PromptNuisanceFamily, PromptNuisanceOptions, nuisance_kinds
+
+    opts = PromptNuisanceOptions()
+    assert PromptNuisanceFamily.check_shifts(["beach", "forest_broadleaf", "dotted", "plastic_opaque"], opts) == []
+    assert nuisance_kinds(opts, ["beach", "dotted", "wood"]) == {"beach": "background", "dotted": "texture", "wood": "material"}
+    assert opts.template("material").format(token="backpack", nuisance="wood") == "a backpack made of wood"
+    problems = PromptNuisanceFamily.check_shifts(["polka_doted"], opts)
+    assert problems and "polka_dotted" in problems[0]

@@ -243,6 +243,26 @@ def export_tar(hard: pd.DataFrame, read_image) -> bytes:
     return build_tar(members)
 
 
+def _skip_reason(options: dict[str, Any], classifiers: list[str]) -> str | None:
+    wanted = options.get("surrogates")
+    if isinstance(wanted, list) and wanted and not set(wanted) & set(classifiers):
+        # `cnsbench evaluate --classifiers` on a config that mines with other classifiers.
+        return f"none of the surrogates {wanted} is a classifier of this output ({', '.join(classifiers)})"
+    return None
+
+
+def check_options(options: dict[str, Any], cfg: Any) -> list[str]:
+    """Problems with the options for this config (``cnsbench validate``/``build`` call it before models load)."""
+    classifiers = [c.name for c in cfg.classifiers]
+    if _skip_reason(options, classifiers):
+        return []
+    try:
+        parse_options(options, classifiers)
+    except HardMiningError as err:
+        return [str(err).removeprefix("aggregate.analyses[hard_mining]").lstrip(".: ")]
+    return []
+
+
 def skipped(reason: str) -> AnalysisResult:
     """The section of an output this analysis cannot run on (e.g. an evaluate run without the surrogates)."""
     log.warning("hard_mining skipped: %s", reason)
@@ -251,10 +271,9 @@ def skipped(reason: str) -> AnalysisResult:
 
 def run(ctx: AnalysisContext) -> AnalysisResult:
     classifiers = [c.name for c in ctx.config.classifiers]
-    wanted = ctx.options.get("surrogates")
-    if isinstance(wanted, list) and wanted and not set(wanted) & set(classifiers):
-        # `cnsbench evaluate --classifiers` on a config that mines with other classifiers.
-        return skipped(f"none of the surrogates {wanted} is a classifier of this output ({', '.join(classifiers)})")
+    reason = _skip_reason(ctx.options, classifiers)
+    if reason:
+        return skipped(reason)
     opts, surrogates, k = parse_options(ctx.options, classifiers)
     cand = candidates_of(ctx, opts, surrogates)
     correct = correct_matrix(ctx.predictions, cand["sample_id"].tolist(), classifiers)
