@@ -8,16 +8,18 @@ template of the nuisance's kind, filled with the class token and the nuisance's 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.families.prompt_nuisance import PromptNuisanceOptions
 from pipeline.models.sampler import PromptSampler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.families.prompt_nuisance import PromptNuisanceOptions
 
 
 class NuisanceSampler(PromptSampler):
     """The prompt baseline's batched sampler with one prompt template per nuisance kind."""
 
-    def __init__(self, spec: Any, device: str, dtype: Any, options: PromptNuisanceOptions) -> None:
+    def __init__(self, spec: Any, device: str, dtype: Any, options: "PromptNuisanceOptions") -> None:
         if options.plain_prompt:
             spec = spec.model_copy(update={"prompt": options.plain_prompt})
         super().__init__(spec, device, dtype)
