@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -225,3 +226,79 @@ def test_released_vocabulary_checks_shift_names():
     assert opts.template("material").format(token="backpack", nuisance="wood") == "a backpack made of wood"
     problems = PromptNuisanceFamily.check_shifts(["polka_doted"], opts)
     assert problems and "polka_dotted" in problems[0]
+
+
+# --------------------------------------------------------------------------- the analysis end to end
+def _context(options):
+    """A hand-made output: 4 trajectories (shift, class, seed), scale 0 and 1; classifiers a, b, h."""
+    import io
+    import json as _json
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from pipeline.analyses.base import AnalysisContext
+    from pipeline.plan import sample_id, trajectory_id
+
+    trajs = [("street", 0, 1), ("street", 1, 1), ("dotted", 0, 2), ("wood", 1, 2)]
+    kinds = {"street": "background", "dotted": "texture", "wood": "material"}
+    samples, preds = [], []
+    # correct[(traj index, scale)] = (a, b, h)
+    correct = {
+        (0, 0): (1, 1, 1), (0, 1): (0, 0, 0),  # hard for a and b; h wrong too
+        (1, 0): (0, 1, 1), (1, 1): (0, 0, 1),  # hard, but a is wrong on the plain reference
+        (2, 0): (1, 1, 1), (2, 1): (0, 1, 1),  # one surrogate wrong: not hard for k = 2
+        (3, 0): (1, 1, 1), (3, 1): (1, 1, 0),
+    }
+    for i, (shift, cls, seed) in enumerate(trajs):
+        for scale in (0.0, 1.0):
+            sid = sample_id(shift, cls, seed, scale)
+            samples.append({
+                "sample_id": sid, "trajectory_id": trajectory_id(shift, cls, seed), "class_id": cls,
+                "class_name": "ab"[cls], "seed": seed, "shift": shift, "scale": scale, "kept": True,
+                "params": _json.dumps({"kind": kinds[shift]}),
+            })
+            for name, ok in zip("abh", correct[(i, scale)]):
+                preds.append({"sample_id": sid, "classifier": name, "top1": cls if ok else 9, "correct": bool(ok)})
+    cfg = SimpleNamespace(classifiers=[SimpleNamespace(name=n) for n in "abh"])
+
+    def read_image(sid):
+        buf = io.BytesIO()
+        Image.new("RGB", (4, 4), (len(sid), 0, 0)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    return AnalysisContext(cfg, pd.DataFrame(samples), pd.DataFrame(preds), options=options, read_image=read_image)
+
+
+def test_analysis_on_a_hand_made_output():
+    import io
+
+    from pipeline.io.webdataset import iter_tar
+
+    res = hm.run(_context({"surrogates": ["a", "b"], "repeats": 10}))
+    hard = pd.read_parquet(io.BytesIO(res.files["hard_set.parquet"]))
+    assert hard["sample_id"].tolist() == ["street/000/seed_0001_scale_1000", "street/001/seed_0001_scale_1000"]
+    assert hard["kind"].tolist() == ["background", "background"] and hard["n_wrong"].tolist() == [2, 2]
+    held = res.tables["transfer"].set_index("classifier").loc["h"]
+    assert (held["n_candidates"], held["n_hard"]) == (4, 2)
+    assert held["acc_all"] == pytest.approx(0.5) and held["acc_hard"] == pytest.approx(0.5)
+    shared = res.tables["shared_failures"]
+    assert shared.iloc[0][["level", "kind", "n_hard"]].tolist() == ["kind", "background", 2]
+    members = dict(iter_tar(res.files["hard_set/hard_set-000000.tar"]))
+    meta = json.loads(members["street/001/seed_0001_scale_1000"]["json"])
+    assert meta == {"class_id": 1, "class_name": "b", "shift": "street", "kind": "background", "seed": 1,
+                    "scale": 0.0, "source_sample_id": "street/001/seed_0001_scale_1000"}
+    assert res.json["n_hard"] == 2 and res.json["exported"]
+
+
+def test_reference_correct_keeps_nuisance_caused_failures_only():
+    res = hm.run(_context({"surrogates": ["a", "b"], "reference_correct": True, "repeats": 10}))
+    hard = pd.read_parquet(__import__("io").BytesIO(res.files["hard_set.parquet"]))
+    # street/001 is dropped: surrogate a is already wrong on its plain reference.
+    assert hard["sample_id"].tolist() == ["street/000/seed_0001_scale_1000"]
+    assert res.json["n_candidates"] == 3
+
+
+def test_analysis_skips_when_no_surrogate_is_in_the_output():
+    res = hm.run(_context({"surrogates": ["x", "y"]}))
+    assert "skipped" in res.json and not res.files
