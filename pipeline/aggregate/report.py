@@ -4,7 +4,7 @@ Role: the presentation half of aggregation; it computes nothing new.  Files writ
 into ``report_dir``:
 
 * ``accuracy.csv``: :attr:`Metrics.accuracy` (``classifier, shift, scale, n, accuracy,
-  accuracy_drop``);
+  accuracy_change, accuracy_drop``; ``accuracy_drop`` is positive for a drop);
 * ``failure_points.csv``: the failure-point *distribution*,
   :attr:`Metrics.failure_point_table` (``classifier, shift, scale, fp_count, fp_ratio,
   fp_ratio_cumulative``, including the ``shift == "all"`` rows);
@@ -130,7 +130,7 @@ def _plot_accuracy_drop(metrics: Metrics) -> Figure:
         ax.plot(metrics.scales, y, marker="o", label=str(row["classifier"]), color=colours[row["classifier"]])
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("shift scale")
-    ax.set_ylabel("accuracy drop (percentage points)")
+    ax.set_ylabel("accuracy drop (percentage points, positive = drop)")
     ax.set_xticks(metrics.scales)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -282,7 +282,8 @@ def cns_section(metrics: Metrics, plot_files: list[str]) -> str:
     parts += ["<h2>Dataset</h2>", _html_table(counts), _html_table(kept)]
     parts += [
         "<h2>Summary</h2>",
-        "<p>acc_drop_*: accuracy(scale) - accuracy(0), mean over shifts (fractions); "
+        "<p>acc_drop_*: accuracy(0) - accuracy(scale), positive = drop, mean of the per-shift drops (fractions); "
+        "acc_drop_pooled_*: the same with accuracies pooled over the images of all shifts; "
         "fp_avg / fp_std: failure point over failed trajectories; "
         "margin_fp_avg: mean of (margin max scale - failure point), never-failed trajectories at the margin max scale.</p>",
         _html_table(metrics.summary),

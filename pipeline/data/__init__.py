@@ -1,1 +1,1 @@
-"""Package data: vocabularies and label spaces shipped with cnsbench (read, never imported)."""
+"""Small data files shipped with the package (ImageNet-C reference errors, ImageNet WordNet ids, ImageNet-D vocabularies)."""
