@@ -302,3 +302,27 @@ def test_reference_correct_keeps_nuisance_caused_failures_only():
 def test_analysis_skips_when_no_surrogate_is_in_the_output():
     res = hm.run(_context({"surrogates": ["x", "y"]}))
     assert "skipped" in res.json and not res.files
+
+
+def test_user_vocabulary_from_csv_and_lists(tmp_path):
+    from pipeline.families.prompt_nuisance import PromptNuisanceOptions
+
+    csv_file = tmp_path / "scenes.csv"
+    csv_file.write_text("code,name\n1,red-barn-s\n2,ice_rink-outdoor-s\n")
+    opts = PromptNuisanceOptions(
+        vocabulary={"background": str(csv_file), "weather": ["heavy snow", "fog"]},
+        templates={"weather": "a {token} in {nuisance}"},
+    )
+    assert opts.nuisances() == {
+        "red_barn": ("background", "red barn"),
+        "ice_rink_outdoor": ("background", "ice rink outdoor"),
+        "heavy_snow": ("weather", "heavy snow"),
+        "fog": ("weather", "fog"),
+    }
+    assert opts.template("background") == "a {token} in the {nuisance}"  # the released kind's default
+    assert opts.template("weather") == "a {token} in {nuisance}"
+    clash = PromptNuisanceOptions(vocabulary={"a": ["heavy snow"], "b": ["heavy-snow"]})
+    with pytest.raises(ValueError, match="shift name 'heavy_snow'"):
+        clash.nuisances()
+    with pytest.raises(ValueError, match="file not found"):
+        PromptNuisanceOptions(vocabulary={"a": str(tmp_path / "none.csv")}).nuisances()
