@@ -74,7 +74,9 @@ class BenchmarkSpec(Strict):
     """What to build: classes x seeds x shifts x scales."""
 
     name: str = "cns-bench"
-    labels: str | list[str] = Field("imagenet", description="'imagenet', a list of class names, or a file of them")
+    labels: str | list[str] = Field(
+        "imagenet", description="'imagenet', 'imagenet_d' (113 classes, multi-id), a list of class names, or a file of them"
+    )
     classes: list[int | str] = Field(..., min_length=1, description="class ids (ImageNet: 0..999) or class names")
     seeds: list[int] = Field(..., min_length=1)
     shifts: list[str] = Field(..., min_length=1, description="shifts of the primary family (generator.kind)")

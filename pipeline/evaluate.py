@@ -78,6 +78,10 @@ def effective_config(
         # Scale 0 is every grid's reference, also for layouts that may lack it (ImageNet-C).
         classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=sorted({0.0, *source.scales})
     )
+    if source.labels:  # a layout with its own label space (ImageNet-D's 113 classes)
+        raw["benchmark"]["labels"] = source.labels
+        if raw["filter"].get("class_names") == "keras":  # Keras names exist for ImageNet-1k only
+            raw["filter"]["class_names"] = "labels"
     # The margin's "never failed" value must cover the grid (ImageNet-C severities reach 5).
     raw["aggregate"]["margin_max_scale"] = max(raw["aggregate"]["margin_max_scale"], *raw["benchmark"]["scales"])
     configured = {a if isinstance(a, str) else a.get("name") for a in raw["aggregate"]["analyses"]}

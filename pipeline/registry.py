@@ -57,6 +57,10 @@ FAMILIES.register(
     "object_edit", "pipeline.families.object_edit:ObjectEditFamily",
     "ImageNet-E attribute edits of the masked object: size, position, rotation, background complexity/simplicity",
 )
+FAMILIES.register(
+    "prompt_nuisance", "pipeline.families.prompt_nuisance:PromptNuisanceFamily",
+    "ImageNet-D: the object under a background/texture/material prompt; scale 0 the plain prompt, 1 the nuisance",
+)
 GENERATORS = FAMILIES  # the name `generator.kind` has always used
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
@@ -112,6 +116,10 @@ ANALYSES.register(
 ANALYSES.register(
     "attributes", "pipeline.analyses.attributes:run",
     "ImageNet-E: accuracy per attribute and level, drop vs the unedited image, failure points, mean drop at published levels",
+)
+ANALYSES.register(
+    "hard_mining", "pipeline.analyses.hard_mining:run",
+    "ImageNet-D hard set: images >= k of n surrogates get wrong; transfer to held-out classifiers, shared failures",
 )
 
 # How stages run (``--runner``): see pipeline.executors.

@@ -40,6 +40,10 @@ Source kinds (auto-detected by :func:`detect_kind`, or chosen explicitly):
     Released ImageNet-E sets, ``root/<set>/<class folder>/<image>`` with an originals set:
     :mod:`pipeline.sources.imagenet_e` (attribute = shift, level = scale, originals = 0).
 
+``imagenet_d``
+    The released ImageNet-D layout (:mod:`pipeline.sources.imagenet_d`): nuisance-kind
+    folders of class folders, the 113-class label space with its multi-id rule.
+
 Ids follow :mod:`pipeline.plan` (``painting_style/022/seed_0034_scale_1000``), so an
 evaluate output has the same layout as a build output and resumes the same way.
 Malformed sources raise :class:`SourceError` naming the file and the problem.
@@ -69,7 +73,7 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "folders")
+SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "imagenet_d", "folders")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -115,6 +119,7 @@ class Source:
     image_format: str  # the most common of 'png' / 'jpg' (what the output stores unchanged)
     notes: list[str] = field(default_factory=list)
     analyses: list[str] = field(default_factory=list)  # analyses the layout calls for (added to the report)
+    labels: str | None = None  # label space the class ids index (set by layouts with their own, e.g. imagenet_d)
 
     @property
     def scales(self) -> list[float]:
@@ -266,6 +271,10 @@ def detect_kind(location: str) -> str:
         return "cns"
     if _tar_paths(fs, root):
         return "webdataset"
+    from pipeline.sources import imagenet_d
+
+    if imagenet_d.looks_like(fs, root):
+        return "imagenet_d"
     from pipeline.sources import imagenet_c
 
     if imagenet_c.looks_like(fs, root):
@@ -326,6 +335,10 @@ def open_source(
         from pipeline.sources.imagenet_e import load_imagenet_e
 
         src = load_imagenet_e(location, labels)
+    elif kind == "imagenet_d":  # the release's own 113-class label space, whatever ``labels`` is
+        from pipeline.sources.imagenet_d import load_imagenet_d
+
+        src = load_imagenet_d(location)
     else:
         src = load_folders(location, labels, label_map, follow_symlinks)
     if not src.rows:
