@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import pandas as pd
 

@@ -23,8 +23,10 @@ from pipeline.families.corruption.ops import (
     filter2d,
     gaussian_filter,
     gaussian_kernel1d,
-    motion_blur as _motion,
     stack_field,
+)
+from pipeline.families.corruption.ops import (
+    motion_blur as _motion,
 )
 
 Params = Sequence[tuple[float, ...]]

@@ -25,9 +25,11 @@ from pipeline.families.corruption.ops import (
     filter2d,
     gaussian_filter,
     gray,
-    motion_blur as _motion,
     quantize,
     stack_field,
+)
+from pipeline.families.corruption.ops import (
+    motion_blur as _motion,
 )
 
 Params = Sequence[tuple[float, ...]]

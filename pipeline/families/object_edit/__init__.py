@@ -182,7 +182,12 @@ class ObjectEditFamily(Family):
         """Run the guided loop on (start, keep, keep_alpha, lambda) rows; images at the saved size."""
         import torch
 
-        from pipeline.families.object_edit.guidance import DenoiseSettings, MaskedDenoiser, from_tensor, to_tensor
+        from pipeline.families.object_edit.guidance import (
+            DenoiseSettings,
+            MaskedDenoiser,
+            from_tensor,
+            to_tensor,
+        )
 
         gen = self.config.generator
         conditional = self.options.condition == "class"
