@@ -7,7 +7,6 @@ published formula (tests/corruption_reference.py) given the same random draws.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from pipeline.families.corruption import params as P
 from pipeline.families.corruption.ops import Fields
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corruption_reference as ref  # noqa: E402
+import corruption_reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
 

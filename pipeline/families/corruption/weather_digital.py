@@ -8,8 +8,8 @@ family reads a folder of frost images, option ``frost_dir``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -25,9 +25,11 @@ from pipeline.families.corruption.ops import (
     filter2d,
     gaussian_filter,
     gray,
-    motion_blur as _motion,
     quantize,
     stack_field,
+)
+from pipeline.families.corruption.ops import (
+    motion_blur as _motion,
 )
 
 Params = Sequence[tuple[float, ...]]
