@@ -190,6 +190,8 @@ class CorruptionFamily(Family):
                 img = Image.fromarray(a)
                 images.append(img if opts.work_size is None else img.resize(size, Image.BICUBIC))
             info = {k: v for k, v in base.info.items() if isinstance(v, (str, int, float, bool))}
+            if opts.work_size is not None:
+                info["work_size"] = opts.work_size
             params = [{**info, **describe(shift, s)} for s in scales]
             out[shift] = ShiftImages(images=images, params=params, seconds=time.perf_counter() - t0)
         return out
