@@ -308,3 +308,19 @@ def test_work_size_corrupts_at_that_size_and_resizes_back():
     ctx.set_base(BaseImage(image=Image.fromarray(np.uint8(photo(32) * 255))))
     out = fam.generate(ctx, ["pixelate"], [0.0, 5.0])["pixelate"]
     assert out.images[1].size == (32, 32) and out.params[1]["work_size"] == 64
+
+
+def test_validate_names_a_wrong_baseline_and_frost_folder(tmp_path):
+    from pipeline.assets import missing_assets
+    from pipeline.config import load_config
+
+    cfg = load_config(
+        REPO / "configs" / "world_corruptions.yaml",
+        {
+            "aggregate": {"analyses": ["cns", {"name": "corruption_error", "baseline": "alexnet"}]},
+            "families": [{"kind": "corruption", "shifts": ["frost"], "options": {"frost_dir": str(tmp_path / "nope")}}],
+        },
+    )
+    problems = missing_assets(cfg)
+    assert any("aggregate.analyses[1].baseline: 'alexnet' is not a classifier" in p for p in problems)
+    assert any("families[corruption].options.frost_dir: folder not found" in p for p in problems)

@@ -141,6 +141,18 @@ class CorruptionFamily(Family):
 
     @classmethod
     def missing_files(cls, config, group, pairs) -> list[str]:
+        problems = []
+        names = [c.name for c in config.classifiers]
+        for i, (name, opts) in enumerate(config.aggregate.analysis_entries()):
+            base = opts.get("baseline")
+            if name == "corruption_error" and base is not None and base not in names:
+                problems.append(
+                    f"aggregate.analyses[{i}].baseline: {base!r} is not a classifier of this build ({', '.join(names)})"
+                )
+        return problems + cls._frost_problems(group)
+
+    @classmethod
+    def _frost_problems(cls, group) -> list[str]:
         d = group.options.frost_dir
         if d and "frost" in group.shifts:
             from pathlib import Path
