@@ -98,7 +98,7 @@ class ObjectEditOptions(_Strict):
     )
 
     @model_validator(mode="after")
-    def _sizes(self) -> "ObjectEditOptions":
+    def _sizes(self) -> ObjectEditOptions:
         if self.size.tolerance >= min(self.size.share_from, self.size.share_to):
             raise ValueError("size.tolerance must be smaller than both target shares")
         return self
@@ -182,7 +182,12 @@ class ObjectEditFamily(Family):
         """Run the guided loop on (start, keep, keep_alpha, lambda) rows; images at the saved size."""
         import torch
 
-        from pipeline.families.object_edit.guidance import DenoiseSettings, MaskedDenoiser, from_tensor, to_tensor
+        from pipeline.families.object_edit.guidance import (
+            DenoiseSettings,
+            MaskedDenoiser,
+            from_tensor,
+            to_tensor,
+        )
 
         gen = self.config.generator
         conditional = self.options.condition == "class"
