@@ -77,3 +77,31 @@ def test_a_unit_without_an_object_is_unusable_not_failed():
     result = family.generate(ctx, ["size"], SCALES)["size"]
     assert result.unusable and "min_mask_share" in result.unusable
     assert len(result.images) == len(SCALES)
+
+
+@pytest.mark.skipif(not (REPO / "assets" / "world" / "sd" / "model_index.json").is_file(), reason="assets/world not present")
+def test_diffusion_fill_and_background_guidance_with_the_world_model():
+    import torch
+
+    overrides = {
+        "benchmark": {"shifts": ["size", "background_complexity"], "scales": [0, 1.0]},
+        "generator": {"options": {"fill": {"kind": "diffusion", "dilation": 2, "steps": 10, "strength": 0.6}}},
+    }
+    cfg = load_config(REPO / "configs" / "world_imagenet_e.yaml", overrides)
+    family = ObjectEditFamily(cfg, cfg.family_groups()[0], "cpu", torch.float32)
+    family.setup()
+    assert family.sampler is not None
+    img = _digit()
+    mask = ink_mask(img, 0.25)
+    ctx = UnitContext(3, "three", 1)
+    ctx.set_base(BaseImage(img, mask))
+    out = family.generate(ctx, ["size", "background_complexity"], [0.0, 1.0])
+    size_p = out["size"].params[1]
+    assert size_p["fill"] == "diffusion" and size_p["uncovered_share"] > 0
+    assert abs(size_p["share"] - 0.05) <= 0.015
+    bg_p = out["background_complexity"].params[1]
+    assert bg_p["lambda"] == 200.0 and bg_p["hf_after"] > bg_p["hf_before"]
+    # The object's own pixels are kept exactly by the background edit.
+    edited = np.asarray(out["background_complexity"].images[1])
+    assert np.array_equal(edited[mask], np.asarray(img)[mask])
+    assert out["size"].unet_evals > 0
