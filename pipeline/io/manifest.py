@@ -220,7 +220,7 @@ def scan_manifests(store: Any) -> ManifestScan:
             continue  # removed since the listing (a concurrent repair)
         except (ValueError, OSError) as err:
             reason, prefix = str(err), f"malformed manifest {rel}: "
-            reason = "malformed: " + reason[len(prefix) :] if reason.startswith(prefix) else reason
+            reason = "malformed manifest: " + reason[len(prefix) :] if reason.startswith(prefix) else reason
             scan.problems.append(ManifestProblem(rel, reason, "malformed"))
     owner: dict[str, str] = {}
     for _, rel, man in sorted(parsed, key=lambda t: (t[0], t[1])):
