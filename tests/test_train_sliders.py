@@ -298,6 +298,7 @@ def test_failing_pairs_are_reported_and_leave_no_files(tiny_world, tmp_path):
 
 def test_bad_positive_prompt_is_reported_up_front(tiny_world, tmp_path):
     cfg = _config(tiny_world, tmp_path)
-    cfg.slider_training.positive_prompt = "{token} in {shift}"
+    # refused by the config itself (validate), before training could start
     with pytest.raises(ValueError, match=r"slider_training.positive_prompt .*\{shift_words\}"):
+        cfg.slider_training.positive_prompt = "{token} in {shift}"
         sliders.train_sliders(cfg, str(tmp_path / "s"), runner="local", echo=lambda _: None)
