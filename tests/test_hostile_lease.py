@@ -42,7 +42,7 @@ def test_second_writer_is_refused_then_takes_over_a_dead_holder(tmp_path, capsys
         err = capsys.readouterr().err
         assert f"pid {holder.pid}" in err and "being written by" in err
         assert main(["status", str(out)]) == 0
-        assert f"held: cnsbench build on host" in capsys.readouterr().out
+        assert "held: cnsbench build on host" in capsys.readouterr().out
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
