@@ -403,7 +403,7 @@ class SliderTrainingSpec(Strict):
     @field_validator("positive_prompt")
     @classmethod
     def _positive_prompt(cls, value: str) -> str:
-        bounds.check_template(value, {"token", "shift_words"})
+        bounds.check_template(value, {"token", "shift_words"}, where="slider_training.positive_prompt")
         return value
     max_denoise_steps: int = Field(50, ge=1, description="k ~ U{1..max} partial DDIM steps per iteration")
     resolution: int | None = Field(None, ge=8, description="training size in pixels (cns: 512; else generator.resolution)")

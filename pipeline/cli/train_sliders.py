@@ -15,6 +15,9 @@ def _cmd_train_sliders(args: argparse.Namespace) -> int:
     store = args.output or cfg.generator.slider_store
     if not store:
         raise ConfigError("no slider store: pass --output STORE or set generator.slider_store in the config")
+    from pipeline.io.fs import check_writable_dir
+
+    check_writable_dir(store, "slider store")  # a file or an unwritable place fails now, not per pair
     summary = train_sliders(cfg, store, address=args.address, runner=args.runner)
     for line in summary.lines():
         print(f"{LOG_PREFIX} {line}")
