@@ -18,6 +18,8 @@ from pipeline import __version__, plan, schema
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.executors import StageSpec, get_executor
+from pipeline.io.manifest import quarantine
+from pipeline.io.ownership import claim_output
 from pipeline.io.store import OutputStore
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,6 @@ EXTENSIBLE = {
     "benchmark.shifts",
     "benchmark.name",
     "output.path",
-    "output.trajectories_per_shard",
     "aggregate",
     "slider_training",
 }
@@ -120,17 +121,19 @@ def _with_current_defaults(old: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | None:
-    """Compare with the config an existing output was built with; raise if incompatible.
+    """Claim the output and compare with the config it was built with; raise if incompatible.
 
+    The output must be ours (:func:`pipeline.io.ownership.claim_output`: a new or empty
+    directory, or one with our marker), else OwnershipError and nothing is touched.
     Classifiers are compared by name: adding or dropping one is fine (only the new ones
     run, on the committed images), changing the spec behind a name is not.
+    ``output.trajectories_per_shard`` may not change: it decides which trajectories share
+    a shard, and committed shards must not overlap new ones.
     """
-    if not store.exists("config.json"):
+    marker = claim_output(store)
+    if marker is None:
         return None
-    try:
-        old = json.loads(store.read_text("config.json"))["config"]
-    except (ValueError, KeyError) as err:
-        raise IncompatibleOutput(f"{store.url('config.json')} is malformed: {err}") from None
+    old = marker["config"]
     stored = old
     old = _with_current_defaults(old)
     new = resolved_dict(cfg)
@@ -151,12 +154,17 @@ def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | N
 
 def archive_previous(store: OutputStore) -> str | None:
     """Move an existing build's files to ``previous/<old config hash>/`` (nothing is deleted)."""
-    if not store.exists("config.json"):
+    from pipeline.io.ownership import read_marker
+
+    marker = read_marker(store)
+    if marker is None:
         return None
-    old_hash = json.loads(store.read_text("config.json")).get("config_hash", "unknown")[:12]
+    old_hash = marker["config_hash"][:12]
     dest = f"previous/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
+    from pipeline.io.ownership import LEASE
+
     for name in store.top_level():
-        if name != "previous":
+        if name not in ("previous", LEASE):  # the lease stays with its holder
             store.move(name, f"{dest}/{name}")
     return dest
 
@@ -169,10 +177,15 @@ def committed_trajectories(
     A shard whose files are missing, have the wrong size (truncated) or, with ``deep``,
     the wrong SHA-256 (corrupted) is un-committed when ``repair`` is set: its manifest is
     removed first, then its files, so its trajectories are planned and written again.
+    A manifest that is malformed or overlaps an earlier one never counts; with ``repair``
+    it is moved to ``previous/quarantine/`` (:func:`pipeline.io.manifest.quarantine`).
     """
     done: set[str] = set()
     failed: dict[str, str] = {}
-    for manifest in list(store.manifests()):
+    scan = store.scan()
+    if repair and scan.problems:
+        quarantine(store, scan.problems, echo)
+    for manifest in scan.manifests:
         problems = store.verify_shard(manifest, deep=deep)
         if problems:
             if echo:
@@ -290,7 +303,20 @@ def finish_run(
     return summary
 
 
-def build(
+def build(cfg: BuildConfig, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any) -> BuildSummary:
+    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report.
+
+    Holds the output's lease throughout (:mod:`pipeline.io.lease`: one writer per output).
+    ``new_version`` archives an incompatible existing build instead of refusing it;
+    ``verify`` checks every committed file's SHA-256, not only its size.
+    """
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(output, "build", echo):
+        return _build(cfg, output, echo=echo, **kwargs)
+
+
+def _build(
     cfg: BuildConfig,
     output: str,
     *,
@@ -301,11 +327,6 @@ def build(
     verify: bool = False,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report.
-
-    ``new_version`` archives an incompatible existing build instead of refusing it;
-    ``verify`` checks every committed file's SHA-256, not only its size.
-    """
     start = time.perf_counter()
     store = OutputStore(output)
     stored = None

@@ -10,14 +10,13 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Sequence
 
+from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (TINY_CONFIG: for callers)
 from pipeline.config import ConfigError, load_config
+from pipeline.io.retry import StorageError
+from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"  # the trained miniature world (assets/world)
-TINY_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"  # random-weight components made on demand (assets/tiny)
 VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misses thousands of sliders)
 
 
@@ -92,12 +91,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     store = OutputStore(args.output)
     cfg = load_output_config(store)
     done, failed = committed_trajectories(store, repair=False, deep=args.verify, echo=print)
+    problems = store.scan().problems
     total = plan.summarize(cfg).n_trajectories
     n_scales = len(cfg.benchmark.scales)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
+    from pipeline.io.lease import lease_status
+
     print(f"{store.uri}")
+    print(f"  lease       {lease_status(store)}")
     reached = len(done)
     for stage, key in (("generated", "generate"), ("filtered", "filter"), ("classified", "classify")):
         note = f", {failed_at[key]} failed here" if failed_at[key] else ""
@@ -109,11 +112,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
         metrics = json.loads(store.read_text("report/metrics.json"))
         aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
+    if problems:
+        print(f"  problems: {len(problems)} manifest(s) not counted (the next build moves them to previous/quarantine/ and redoes their shards)")
+        for p in problems:
+            print(f"    {p.line()}")
     if failed:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0 if not failed else 3
+    return 0 if not (failed or problems) else 3
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -208,11 +215,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        return args.func(args)
+        with stop_on_signals():
+            return args.func(args)
+    except KeyboardInterrupt:
+        print(interrupted(args.command, argv), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except StorageError as err:  # out of retries, or a full disk: committed work is kept
+        print(f"cnsbench {args.command}: {err.strerror or err}", file=sys.stderr)
+        return 1
     except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
+        print(f"cnsbench {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+
+
+def describe_os_error(err: OSError) -> str:
+    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory`` (the path first)."""
+    path = err.filename if err.filename is not None else ""
+    reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
+    return f"{path}: {reason}" if path else reason
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from pipeline.io import bounds
 from pipeline.labels import LabelSpace, label_space
 
 REFERENCE_SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
@@ -35,7 +36,8 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: NaN or infinite numbers anywhere in a config are refused.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- resources
@@ -44,8 +46,8 @@ class StageResources(Strict):
 
     num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (fractions pack actors on a GPU)")
     num_cpus: float = Field(1.0, gt=0)
-    batch_size: int = Field(1, ge=1, description="rows per map_batches call")
-    pool_size: int = Field(1, ge=1, description="actors started at once")
+    batch_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="rows per map_batches call")
+    pool_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="actors started at once")
     max_pool_size: int | None = Field(None, ge=1, description="autoscale up to this many actors")
     max_retries: int = Field(2, ge=0, description="restarts of a crashed actor before items are failed")
 
@@ -87,10 +89,9 @@ class BenchmarkSpec(Strict):
     def _seed_range(cls, value: Any) -> Any:
         # "1..50" is shorthand for the reference's seeds 1..N.
         if isinstance(value, str):
-            m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", value)
-            if not m or int(m.group(1)) > int(m.group(2)):
-                raise ValueError(f"seed range must look like '1..50', got {value!r}")
-            return list(range(int(m.group(1)), int(m.group(2)) + 1))
+            return bounds.seed_range(value)  # bounded before the list is made
+        if isinstance(value, list) and len(value) > bounds.MAX_SEEDS:
+            raise ValueError(f"{len(value)} seeds; at most {bounds.MAX_SEEDS} are allowed")
         return value
 
     @field_validator("seeds")
@@ -141,6 +142,7 @@ class BenchmarkSpec(Strict):
             raise ValueError("scales must include 0 (the unshifted reference image of every trajectory)")
         if sorted(set(value)) != list(value):
             raise ValueError(f"scales must be unique and ascending, got {value}")
+        bounds.check_scales(value)
         return [float(v) for v in value]
 
 
@@ -181,11 +183,11 @@ class GeneratorSpec(Strict):
     steps: int = Field(50, ge=1, le=1000)
     guidance_scale: float = Field(7.5, ge=0)
     lora_timestep_threshold: int = Field(750, ge=0, le=1000, description="slider on while t <= threshold")
-    resolution: int = Field(768, ge=8, description="generated size in pixels (multiple of 8)")
-    image_size: int = Field(256, ge=8, description="saved size in pixels")
+    resolution: int = Field(768, ge=8, le=bounds.MAX_RESOLUTION, description="generated size in pixels (multiple of 8)")
+    image_size: int = Field(256, ge=8, le=bounds.MAX_RESOLUTION, description="saved size in pixels")
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     share_prefix: bool = Field(True, description="compute pre-window steps and scale 0 once per (class, seed)")
-    branch_batch_size: int = Field(16, ge=1, description="(shift, scale) branches per UNet forward")
+    branch_batch_size: int = Field(16, ge=1, le=bounds.MAX_BATCH, description="(shift, scale) branches per UNet forward")
     attention: Literal["auto", "sdpa", "xformers"] = "auto"
     channels_last: bool = False
     compile: bool = False
@@ -201,8 +203,22 @@ class GeneratorSpec(Strict):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, value: str) -> str:
-        if "{token}" not in value:
-            raise ValueError("prompt must contain '{token}'")
+        bounds.check_template(value, {"token"}, required={"token"})
+        return value
+
+    @field_validator("shift_prompt")
+    @classmethod
+    def _shift_prompt(cls, value: str) -> str:
+        bounds.check_template(value, {"token", "shift_words"})
+        return value
+
+    @field_validator("slider_pattern")
+    @classmethod
+    def _slider_pattern(cls, value: str) -> str:
+        from pipeline.io.fs import normalize_relpath
+
+        bounds.check_template(value, {"shift", "class_id", "class_name"})
+        normalize_relpath(value.replace("{", "").replace("}", ""), "slider_pattern")  # relative, inside the store
         return value
 
 
@@ -271,6 +287,12 @@ class FilterSpec(Strict):
     )
     shift_text: dict[str, str] = Field(default_factory=dict, description="filter text of a shift, overriding the style")
 
+    @field_validator("class_prompt", "shift_prompt")
+    @classmethod
+    def _prompts(cls, value: str) -> str:
+        bounds.check_template(value, {"class_name", "shift_words"})
+        return value
+
 
 # --------------------------------------------------------------------------- classifiers
 class ClassifierSpec(Strict):
@@ -288,11 +310,18 @@ class ClassifierSpec(Strict):
         None, description="cns: Resize(256) bicubic, CenterCrop(224), ImageNet mean/std; model: the model's own"
     )
 
+    @field_validator("templates")
+    @classmethod
+    def _templates(cls, value: str | list[str]) -> str | list[str]:
+        for t in [] if isinstance(value, str) else value:
+            bounds.check_template(t, {"c"}, required={"c"})
+        return value
+
 
 # --------------------------------------------------------------------------- output / aggregate
 class OutputSpec(Strict):
     path: str | None = Field(None, description="directory or URI; `build --output` overrides it")
-    trajectories_per_shard: int = Field(64, ge=1)
+    trajectories_per_shard: int = Field(64, ge=1, le=bounds.MAX_BATCH)
     image_format: Literal["png", "jpg"] = "png"
     jpeg_quality: int = Field(95, ge=1, le=100)
 
@@ -339,6 +368,12 @@ class SliderTrainingSpec(Strict):
     eta: float = Field(4.0, description="guidance of the slider target: neutral + eta * (positive - unconditional)")
     mode: Literal["enhance", "erase"] = Field("enhance", description="erase: neutral - eta * (...)")
     positive_prompt: str = "{token}, in {shift_words}"
+
+    @field_validator("positive_prompt")
+    @classmethod
+    def _positive_prompt(cls, value: str) -> str:
+        bounds.check_template(value, {"token", "shift_words"})
+        return value
     max_denoise_steps: int = Field(50, ge=1, description="k ~ U{1..max} partial DDIM steps per iteration")
     resolution: int | None = Field(None, ge=8, description="training size in pixels (cns: 512; else generator.resolution)")
     batch_size: int = Field(1, ge=1, description="latents per iteration (cns: 16)")
@@ -456,6 +491,10 @@ def _check_scales(scales: list[float], where: str) -> list[float]:
         raise ValueError(f"{where}: scales must include 0 (the unshifted reference image of every trajectory)")
     if sorted(set(scales)) != list(scales):
         raise ValueError(f"{where}: scales must be unique and ascending, got {scales}")
+    try:
+        bounds.check_scales(scales)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
     return [float(v) for v in scales]
 
 
@@ -579,7 +618,17 @@ def format_validation_error(err: ValidationError, source: str) -> str:
 def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> BuildConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid config {source}: the top level must be a mapping, got {type(raw).__name__}")
-    raw = json.loads(json.dumps(raw))  # deep copy, and rejects non-JSON values early
+    try:
+        bounds.check_expansion(raw, source)  # before the copy below expands aliases
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    bad = bounds.nonfinite_path(raw)
+    if bad:
+        raise ConfigError(f"invalid config {source}:\n  {bad}: NaN or infinite numbers are not allowed")
+    try:
+        raw = json.loads(json.dumps(raw))  # deep copy, and rejects non-JSON values early
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid config {source}: {err} (values must be strings, numbers, lists or mappings)") from None
     if base_dir is not None:
         _resolve_paths(raw, base_dir)
     try:
@@ -594,9 +643,9 @@ def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"invalid YAML in {p}: {err}") from None
+        raw = bounds.load_yaml(p)  # bounded size, nesting and alias expansion
+    except (ValueError, OSError) as err:
+        raise ConfigError(str(err)) from None
     if overrides:
         raw = deep_merge(raw or {}, overrides)
     return parse_config(raw, source=str(p), base_dir=p.resolve().parent)

@@ -110,6 +110,20 @@ def _stages(cfg: BuildConfig) -> list[StageSpec]:
 
 
 def evaluate(
+    cfg: BuildConfig, source: Source, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any
+) -> BuildSummary:
+    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
+
+    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
+    build (generation fields None).  Holds the output's lease throughout.
+    """
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(output, "evaluate", echo):
+        return _evaluate(cfg, source, output, echo=echo, **kwargs)
+
+
+def _evaluate(
     cfg: BuildConfig,
     source: Source,
     output: str,
@@ -119,11 +133,6 @@ def evaluate(
     aggregate: bool = True,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
-
-    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
-    build (generation fields None).
-    """
 
     start = time.perf_counter()
     store = OutputStore(output)
@@ -189,7 +198,13 @@ def run_cli(args: argparse.Namespace) -> int:
         if overrides:
             cfg = parse_config(deep_merge(resolved_dict(cfg), overrides), source=f"{args.source}/config.json")
     names = [n.strip() for n in args.classifiers.split(",") if n.strip()] if args.classifiers else None
-    source = open_source(args.source, cfg.benchmark.label_space, kind=args.source_kind, label_map=args.label_map)
+    source = open_source(
+        args.source,
+        cfg.benchmark.label_space,
+        kind=args.source_kind,
+        label_map=args.label_map,
+        follow_symlinks=args.follow_symlinks,
+    )
     eff = effective_config(cfg, source, use_filter=args.filter, classifiers=names)
     summary = evaluate(eff, source, args.output, runner=args.runner, address=args.address)
     for line in summary.lines():
@@ -213,6 +228,9 @@ def add_cli(subparsers: Any) -> None:
     s.add_argument("--classifiers", help="comma-separated classifier names of the config (default: all)")
     s.add_argument("--source-kind", choices=SOURCE_KINDS, help="skip auto-detection of the source layout")
     s.add_argument("--label-map", help="class folders: JSON file {folder name: class id}")
+    s.add_argument(
+        "--follow-symlinks", action="store_true", help="read images through symlinks that lead outside the source"
+    )
     s.add_argument("--filter-thresholds", metavar="YAML", help="merge a `cnsbench calibrate-filter` result")
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")

@@ -8,7 +8,6 @@ temporary directory and uploaded file by file).
 from __future__ import annotations
 
 import io
-import json
 import os
 import tempfile
 
@@ -22,9 +21,14 @@ from pipeline.io.store import OutputStore, ShardManifest
 
 
 def load_output_config(store: OutputStore) -> BuildConfig:
-    if not store.exists("config.json"):
+    from pipeline.io.ownership import read_marker
+
+    if store.local and not store.fs.isdir(store.root):
+        what = "is not a directory" if store.fs.exists(store.root) else "does not exist"
+        raise FileNotFoundError(f"output {store.uri} {what}: is it a cnsbench build output?")
+    data = read_marker(store)
+    if data is None:
         raise FileNotFoundError(f"{store.url('config.json')} not found: is {store.uri} a cnsbench build output?")
-    data = json.loads(store.read_text("config.json"))
     return parse_config(data["config"], source=store.url("config.json"))
 
 

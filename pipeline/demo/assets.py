@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.cli import REPO_ROOT
+from pipeline.checkout import REPO_ROOT
 
 TINY_ROOT = REPO_ROOT / "assets" / "tiny"
 VERSION = "2"  # bump when the builder changes so stale assets are rebuilt

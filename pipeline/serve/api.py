@@ -17,7 +17,6 @@ response that needs no token, and its Content-Security-Policy pins the script by
 import base64
 import functools
 import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from importlib import resources
@@ -69,13 +68,11 @@ def page() -> tuple[str, str]:
 
 
 def parse_json_body(body: bytes) -> Any:
-    """The JSON value of a request body; ValueError (-> 400) when it is not JSON or nested too deeply."""
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(str(err)) from None
+    """The JSON value of a request body; ValueError (-> 400) when it is not JSON, nested too
+    deeply or holds NaN/Infinity."""
+    from pipeline.io.safejson import loads
+
+    return loads(body, "request body")
 
 
 def make_api(

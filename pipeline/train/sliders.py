@@ -608,7 +608,7 @@ def train_sliders(
             job = SliderJob(**json.loads(row["job"]))
             record(job, json.loads(row["result"]) if row["result"] else None, row["error"])
 
-        executor = get_executor(runner, _for_training(cfg, echo), address)
+        executor = get_executor(runner, _for_training(cfg), address, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
         rows = [job.to_dict() for job in todo]
         for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
             pass
@@ -616,24 +616,13 @@ def train_sliders(
     return summary
 
 
-def _cuda_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-def _for_training(cfg: BuildConfig, echo: Callable[[str], None]) -> BuildConfig:
+def _for_training(cfg: BuildConfig) -> BuildConfig:
     """The config the executor sizes its local Ray from: the training pool as the generate pool.
 
     Without CUDA a GPU request could never be met by a real device; the local Ray then
     registers one logical GPU and the actors train on the CPU.
     """
     res = cfg.slider_training.resources
-    if res.num_gpus > 0 and not _cuda_count():
-        echo(f"{LOG_PREFIX} no CUDA device: the training actors run on the CPU")
     return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"generate": res})})
 
 
