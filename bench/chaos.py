@@ -56,7 +56,8 @@ TIMEOUT = 900
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CNSBENCH_FAULT")}
-    env.update(HF_HUB_OFFLINE="1", RAY_DATA_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1")
+    # A killed build's lease expires after 10 s (its pid may live on in another namespace).
+    env.update(HF_HUB_OFFLINE="1", RAY_DATA_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", CNSBENCH_LEASE_TIMEOUT_S="10")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.update(extra or {})
     return env
@@ -99,7 +100,9 @@ def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | Non
     """One build; SIGKILL it all after ``kill_after`` s, or one Ray worker after ``kill_worker_after`` s.
     Returns (exit code or None when killed, wall seconds)."""
     start = time.monotonic()
-    proc = subprocess.Popen(_cmd(cfg, out, runner), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log_path = Path(tempfile.mkstemp(prefix="attempt-", suffix=".log", dir=cfg.parent)[1])
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(_cmd(cfg, out, runner), env=env, stdout=log, stderr=subprocess.STDOUT)
     worker_killed = False
     while True:
         code = proc.poll()
@@ -168,7 +171,7 @@ def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | Non
     clean_out = workdir / "clean"
     code, clean_wall = attempt(cfg, str(clean_out), runner, env)
     if code != 0:
-        raise RuntimeError(f"the clean build failed (exit {code})")
+        raise RuntimeError(f"the clean build failed (exit {code}); its log is the newest attempt-*.log in {workdir}")
     reference = output_digest(str(clean_out))
     echo(f"[chaos] clean build: {clean_wall:.1f} s")
 
@@ -209,6 +212,8 @@ def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | Non
             run_resumes += 1
             if code == 0:
                 break
+            if code == 2:  # most likely the lease of the build killed a moment ago: wait for it to expire
+                time.sleep(11)
             if run_resumes > 6:
                 raise RuntimeError(f"run {run}: the build still fails after {run_resumes} resumes (exit {code})")
         digest = output_digest(out)
@@ -227,6 +232,9 @@ def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | Non
              f"{'same output' if same else 'OUTPUT DIFFERS'}")
         if not s3_url:
             shutil.rmtree(out_local, ignore_errors=True)
+        # What is known so far, for a campaign stopped early.
+        (workdir / "partial.json").write_text(json.dumps({"runs_done": run + 1, "faults": faults, "resumes": resumes,
+                                                         "outputs_differing": differing, "per_run": per_run}))
     return {
         "runs": runs,
         "seed": seed,

@@ -121,6 +121,27 @@ def check_registry_keys(cfg: BuildConfig) -> list[str]:
             problem = timm_name_problem(clf.model, local_weights=bool(clf.checkpoint))
             if problem:
                 problems.append(f"classifiers[{i}] ({clf.name}).model: {problem}")
+    problems.extend(analysis_option_problems(cfg))
+    return problems
+
+
+def analysis_option_problems(cfg: BuildConfig) -> list[str]:
+    """Unknown analyses, and what an analysis module's ``check_options(options, cfg)`` finds wrong."""
+    import importlib
+
+    from pipeline.aggregate.run import analysis_plan
+    from pipeline.registry import ANALYSES
+
+    problems = []
+    for name, options in analysis_plan(cfg):
+        try:
+            run = ANALYSES.get(name)
+        except KeyError as err:
+            problems.append(f"aggregate.analyses: {err.args[0]}")
+            continue
+        check = getattr(importlib.import_module(run.__module__), "check_options", None)
+        if check is not None:
+            problems.extend(f"aggregate.analyses[{name}]: {p}" for p in check(options, cfg))
     return problems
 
 

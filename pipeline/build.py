@@ -239,12 +239,17 @@ def write_config(store: OutputStore, cfg: BuildConfig) -> str:
 
 
 class ShardTally:
-    """Counts the shards a runner reports as committed and prints a progress line for each."""
+    """Counts the shards a runner reports as committed and shows the run's progress
+    (:class:`pipeline.progress.Progress`: a live line on a terminal, periodic lines otherwise)."""
 
-    def __init__(self, total: int, done_before: int, echo: Callable[[str], None]) -> None:
+    def __init__(self, total: int, done_before: int, echo: Callable[[str], None], what: str = "build") -> None:
+        from pipeline.progress import Progress
+
         self.total, self.done_before, self.echo = total, done_before, echo
         self.traj = self.images = self.shards = self.failed = 0
         self.evals = self.gen_s = 0.0
+        # The live line only when printing to a terminal; a caller's own echo gets plain lines.
+        self.progress = Progress(what, total, done=done_before, echo=None if echo is print else echo)
 
     def __call__(self, row: dict) -> None:
         self.traj += row["n_trajectories"]
@@ -253,12 +258,9 @@ class ShardTally:
         self.failed += row["n_failed"]
         self.evals += row["unet_evals"]
         self.gen_s += row["gen_seconds"]
-        failed_note = f", {row['n_failed']} failed" if row["n_failed"] else ""
-        progress = self.done_before + self.traj + self.failed
-        self.echo(
-            f"[cnsbench] shard {row['shard']}: {row['n_trajectories']} trajectories{failed_note} "
-            f"({progress}/{self.total})"
-        )
+        if row["n_failed"]:
+            self.progress.log(f"[cnsbench] shard {row['shard']}: {row['n_failed']} trajectories failed")
+        self.progress.update(done=row["n_trajectories"], images=row["n_samples"], failed=row["n_failed"])
 
 
 def finish_run(
@@ -274,6 +276,7 @@ def finish_run(
     run_info: dict | None = None,
 ) -> BuildSummary:
     """After a run: drop crash bookkeeping, aggregate, and record the run's summary."""
+    tally.progress.close()
     store.remove_tree("attempts")  # crash bookkeeping is per run
     _, failed = committed_trajectories(store, repair=False)
     report = None

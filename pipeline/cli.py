@@ -1,4 +1,4 @@
-"""Command line: ``cnsbench validate|build|aggregate|status|ls|demo|submit|jobs``.
+"""Command line: ``cnsbench validate|build|aggregate|compare|status|ls|demo|submit|jobs``.
 
 Every command is reachable in-process as ``main(argv) -> exit code`` (tests call it
 that way); errors in the user's input print one clear message and return 2.
@@ -199,6 +199,7 @@ def make_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_demo)
 
     from pipeline import calibrate, evaluate, jobs
+    from pipeline.aggregate import compare
     from pipeline.serve import app as serve_app
     from pipeline.train import sliders as train_sliders
 
@@ -207,6 +208,7 @@ def make_parser() -> argparse.ArgumentParser:
     train_sliders.add_cli(sub)
     serve_app.add_cli(sub)
     jobs.add_cli(sub)
+    compare.add_cli(sub)
     return p
 
 
@@ -214,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from pipeline.progress import set_verbose
+
+    set_verbose(args.verbose)
     try:
         with stop_on_signals():
             return args.func(args)

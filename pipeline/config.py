@@ -74,7 +74,9 @@ class BenchmarkSpec(Strict):
     """What to build: classes x seeds x shifts x scales."""
 
     name: str = "cns-bench"
-    labels: str | list[str] = Field("imagenet", description="'imagenet', a list of class names, or a file of them")
+    labels: str | list[str] = Field(
+        "imagenet", description="'imagenet', 'imagenet_d' (113 classes, multi-id), a list of class names, or a file of them"
+    )
     classes: list[int | str] = Field(..., min_length=1, description="class ids (ImageNet: 0..999) or class names")
     seeds: list[int] = Field(..., min_length=1)
     shifts: list[str] = Field(..., min_length=1, description="shifts of the primary family (generator.kind)")
@@ -326,6 +328,25 @@ class OutputSpec(Strict):
     jpeg_quality: int = Field(95, ge=1, le=100)
 
 
+class BootstrapSpec(Strict):
+    """Bootstrap confidence intervals of the report (see docs/report.md)."""
+
+    resamples: int = Field(1000, ge=0, le=100000, description="resamples of trajectories within (shift, class); 0: none")
+    level: float = Field(0.95, gt=0.0, lt=1.0, description="two-sided level of the percentile intervals")
+    seed: int = Field(0, ge=0, description="seed of the resampling (the intervals are deterministic for it)")
+
+
+class StripSpec(Strict):
+    """Image strips of the report: per shift a contact sheet of trajectories x scales."""
+
+    count: int = Field(8, ge=0, le=200, description="trajectories per sheet; 0: no strips")
+    choice: Literal["random", "most_robust", "least_robust"] = Field(
+        "random", description="random (fixed seed) or the trajectories with the latest/earliest failure points"
+    )
+    seed: int = Field(0, ge=0, description="seed of the random choice")
+    thumb_px: int = Field(64, ge=16, le=512, description="thumbnail edge in pixels")
+
+
 class AggregateSpec(Strict):
     margin_max_scale: float = Field(3.0, description="failure point given to never-failed trajectories in the margin")
     fp_std_ddof: int = Field(1, ge=0, le=1, description="1: sample std as the reference code's pandas .std()")
@@ -334,6 +355,8 @@ class AggregateSpec(Strict):
         default_factory=lambda: ["cns"],
         description="analyses to run (registry keys, or {name: key, ...options}); families add their own",
     )
+    bootstrap: BootstrapSpec = BootstrapSpec()
+    strips: StripSpec = StripSpec()
 
     @field_validator("analyses")
     @classmethod
@@ -534,6 +557,9 @@ def _resolve_groups(cfg: "BuildConfig") -> list[FamilyGroup]:
             if scales is None:
                 raise ValueError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
         grid = _check_scales(list(scales), f"{where}.scales")
+        problems = family.check_scales(grid)
+        if problems:
+            raise ValueError(f"{where}.scales: " + "; ".join(problems))
         groups.append(FamilyGroup(kind, tuple(shifts), tuple(grid), opts, primary=(n == 0)))
     return groups
 

@@ -75,8 +75,17 @@ def effective_config(
     """
     raw = resolved_dict(cfg)
     raw["benchmark"].update(
-        classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=source.scales
+        # Scale 0 is every grid's reference, also for layouts that may lack it (ImageNet-C).
+        classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=sorted({0.0, *source.scales})
     )
+    if source.labels:  # a layout with its own label space (ImageNet-D's 113 classes)
+        raw["benchmark"]["labels"] = source.labels
+        if raw["filter"].get("class_names") == "keras":  # Keras names exist for ImageNet-1k only
+            raw["filter"]["class_names"] = "labels"
+    # The margin's "never failed" value must cover the grid (ImageNet-C severities reach 5).
+    raw["aggregate"]["margin_max_scale"] = max(raw["aggregate"]["margin_max_scale"], *raw["benchmark"]["scales"])
+    configured = {a if isinstance(a, str) else a.get("name") for a in raw["aggregate"]["analyses"]}
+    raw["aggregate"]["analyses"] += [a for a in source.analyses if a not in configured]
     raw["filter"]["enabled"] = bool(use_filter)
     raw["classifiers"] = select_classifiers(cfg, classifiers)
     raw["output"]["image_format"] = source.image_format
@@ -152,7 +161,7 @@ def _evaluate(
     for note in source.notes:
         echo(f"[cnsbench] note: {note}")
 
-    tally = ShardTally(total, done_before, echo)
+    tally = ShardTally(total, done_before, echo, what="evaluate")
 
     if todo:
         executor = get_executor(runner, cfg, address)

@@ -67,8 +67,8 @@ def test_keras_names_ship_as_package_data():
     import tomllib
 
     root = REPO
-    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["pipeline"]
-    assert "data/*.json" in data
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["pipeline.data"]
+    assert "*.json" in data
     assert protocol.KERAS_CLASS_INDEX.parent == root / "pipeline" / "data"
 
 

@@ -303,7 +303,8 @@ def test_failing_pairs_are_reported_and_leave_no_files(tiny_world, tmp_path):
 
 
 def test_bad_positive_prompt_is_reported_up_front(tiny_world, tmp_path):
-    cfg = _config(tiny_world, tmp_path)
-    cfg.slider_training.positive_prompt = "{token} in {shift}"
-    with pytest.raises(ValueError, match=r"slider_training.positive_prompt .*\{shift_words\}"):
-        sliders.train_sliders(cfg, str(tmp_path / "s"), runner="local", echo=lambda _: None)
+    """A placeholder the prompt cannot fill is refused when the config is validated, before any training."""
+    raw = _config(tiny_world, tmp_path).model_dump(mode="json")
+    raw["slider_training"]["positive_prompt"] = "{token} in {shift}"
+    with pytest.raises(ValueError, match=r"positive_prompt[\s\S]*unknown field \{shift\}; allowed: \['shift_words', 'token'\]"):
+        BuildConfig.model_validate(raw)

@@ -260,6 +260,16 @@ def _failure_points(ev: _Evaluated) -> pd.DataFrame:
     return _sort(out[FAILURE_POINT_COLUMNS], ev.classifiers, ["shift", "trajectory_id"])
 
 
+def evaluated_rows(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence[float]) -> pd.DataFrame:
+    """The rows every metric is computed from: ``trajectory_id, shift, classifier, scale, correct``.
+
+    One row per evaluated (trajectory, classifier) and benchmark scale (canonical scale
+    values), under the conventions of this module (complete trajectories, every scale
+    predicted).  Used by resampling code (:mod:`pipeline.aggregate.bootstrap`).
+    """
+    return _evaluate(samples, predictions, scales).rows.reset_index(drop=True)
+
+
 def failure_points(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence[float]) -> pd.DataFrame:
     """Failure point of every evaluated (trajectory, classifier).
 

@@ -27,7 +27,9 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "0")
+    from pipeline.progress import quiet_ray_data
+
+    quiet_ray_data()  # Ray Data's own bars and logs only with `cnsbench -v`
     if address or os.environ.get("RAY_ADDRESS"):
         # A Ray job's driver (`cnsbench submit`, KubeRay RayJob) gets the cluster in
         # $RAY_ADDRESS, and ray.init() refuses num_cpus/num_gpus when it connects to one.
@@ -106,7 +108,9 @@ class RayDataExecutor(Executor):
             return
         cfg_dict = self.cfg.model_dump(mode="json")
         cpu_only = cpu_only_local_cluster(self.address)
-        ray.data.DataContext.get_current().enable_progress_bars = True
+        from pipeline.progress import quiet_ray_data
+
+        quiet_ray_data()
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(num_blocks or len(rows), len(rows))))
         for spec in chain:
             r, batch_size = spec.resolved(self.cfg)

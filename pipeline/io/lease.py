@@ -67,7 +67,10 @@ class LeaseInfo:
         )
 
     def is_stale(self, timeout: float, now: float | None = None) -> bool:
-        if self.host == platform.node() and not _pid_alive(self.pid):
+        # On this host a holder whose pid is gone, or is our own pid (a writer asking never
+        # holds the lease it asks about; in a fresh PID namespace the dead holder's pid, often
+        # 1, is ours), is dead.
+        if self.host == platform.node() and (self.pid == os.getpid() or not _pid_alive(self.pid)):
             return True
         return self.age(now) > timeout
 

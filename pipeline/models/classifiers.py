@@ -129,7 +129,10 @@ class Classifier:
     def _map_outputs(self, n_out: int) -> None:
         """Class id of each of ``n_out`` outputs: identity when they match the label space,
         else through ``label_map`` (unmapped outputs get -1)."""
-        if self._label_map is None:
+        if self._label_map is None and self.labels.imagenet_ids is not None and n_out == 1000 != len(self.labels):
+            # An ImageNet-1k model over a space of ImageNet id sets (ImageNet-D): the multi-id rule.
+            self._out_to_label = self.labels.outputs_from_imagenet(n_out)
+        elif self._label_map is None:
             if n_out != len(self.labels):
                 raise ValueError(
                     f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "

@@ -207,6 +207,10 @@ def make_api(
         headers = {"content-security-policy": "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'"}
         return Response(data, media_type=mime, headers=headers)
 
+    from pipeline.serve.review_api import add_review_routes
+
+    add_review_routes(app, need_index)
+
     # Starlette runs the last added middleware first: hosts, then auth, then the body limit.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(BearerAuth, token=token)

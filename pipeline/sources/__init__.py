@@ -26,12 +26,23 @@ Source kinds (auto-detected by :func:`detect_kind`, or chosen explicitly):
     ``label`` / ``cls`` / ``class``, ``shift`` [default ``none``], ``seed`` [default: index
     within the class], ``scale`` [default 0]).  Images are read by byte range, the tars
     are never unpacked.
+``imagenet_c``
+    The ImageNet-C release: ``<corruption>/<severity 1..5>/<wnid>/*.JPEG`` (optional
+    ``clean/<wnid>/`` as scale 0); corruptions are shifts, severities scales
+    (:mod:`pipeline.sources.imagenet_c`).
 ``folders``
     ``root/<class folder>/<image>``: one image per trajectory, shift ``none``, scale 0,
     seed = index of the image within its class (files sorted by folder, then name; adding
     files therefore renumbers later ones).  Folder -> class id comes from a label map
     (JSON ``{folder name: class id}``), else from a leading integer in the folder name
     (``022_bald eagle``), else from the folder name as a class name of the label space.
+``imagenet_e``
+    Released ImageNet-E sets, ``root/<set>/<class folder>/<image>`` with an originals set:
+    :mod:`pipeline.sources.imagenet_e` (attribute = shift, level = scale, originals = 0).
+
+``imagenet_d``
+    The released ImageNet-D layout (:mod:`pipeline.sources.imagenet_d`): nuisance-kind
+    folders of class folders, the 113-class label space with its multi-id rule.
 
 Ids follow :mod:`pipeline.plan` (``painting_style/022/seed_0034_scale_1000``), so an
 evaluate output has the same layout as a build output and resumes the same way.
@@ -62,7 +73,7 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "folders")
+SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "imagenet_d", "folders")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -107,6 +118,8 @@ class Source:
     rows: list[dict[str, Any]]
     image_format: str  # the most common of 'png' / 'jpg' (what the output stores unchanged)
     notes: list[str] = field(default_factory=list)
+    analyses: list[str] = field(default_factory=list)  # analyses the layout calls for (added to the report)
+    labels: str | None = None  # label space the class ids index (set by layouts with their own, e.g. imagenet_d)
 
     @property
     def scales(self) -> list[float]:
@@ -258,6 +271,18 @@ def detect_kind(location: str) -> str:
         return "cns"
     if _tar_paths(fs, root):
         return "webdataset"
+    from pipeline.sources import imagenet_d
+
+    if imagenet_d.looks_like(fs, root):
+        return "imagenet_d"
+    from pipeline.sources import imagenet_c
+
+    if imagenet_c.looks_like(fs, root):
+        return "imagenet_c"
+    from pipeline.sources.imagenet_e import looks_like as _looks_like_imagenet_e
+
+    if _looks_like_imagenet_e(fs, root):
+        return "imagenet_e"
     if any(fs.isdir(p) for p in fs.ls(root, detail=False)):
         return "folders"
     raise SourceError(
@@ -302,6 +327,18 @@ def open_source(
         src = load_cns(location, labels, follow_symlinks)
     elif kind == "webdataset":
         src = load_webdataset(location, labels, follow_symlinks)
+    elif kind == "imagenet_c":
+        from pipeline.sources.imagenet_c import load_imagenet_c
+
+        src = load_imagenet_c(location, labels)
+    elif kind == "imagenet_e":
+        from pipeline.sources.imagenet_e import load_imagenet_e
+
+        src = load_imagenet_e(location, labels)
+    elif kind == "imagenet_d":  # the release's own 113-class label space, whatever ``labels`` is
+        from pipeline.sources.imagenet_d import load_imagenet_d
+
+        src = load_imagenet_d(location)
     else:
         src = load_folders(location, labels, label_map, follow_symlinks)
     if not src.rows:

@@ -36,10 +36,20 @@ class FilterStage(Stage):
         self.device = pick_device(self.device_override)
         cls = registry.FILTERS.get(spec.kind) if spec.enabled else KeepAll
         self.filter = cls(spec, self.device)
+        # Shifts of families that bypass the filter (e.g. corruptions): kept, scores NaN.
+        self.unfiltered = {
+            s
+            for g in self.config.family_groups()
+            if not registry.FAMILIES.get(g.kind).uses_ooc_filter(g.options)
+            for s in g.shifts
+        }
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """GENERATED rows -> FILTERED rows, same order."""
-        todo = [i for i, r in enumerate(rows) if not r.get("error") and r.get("images")]
+        todo = [
+            i for i, r in enumerate(rows)
+            if not r.get("error") and r.get("images") and r.get("shift") not in self.unfiltered
+        ]
         items = [
             (
                 [decode_image(b) for b in rows[i]["images"]],
@@ -53,9 +63,21 @@ class FilterStage(Stage):
         out = []
         for i, row in enumerate(rows):
             extra = results.get(i) or {k: [] for k in _ADDED}
+            if i not in results and row.get("shift") in self.unfiltered and not row.get("error"):
+                extra = _unscored(len(row.get("images") or []))
             if row.get("unusable") and extra.get("kept"):
                 # The family marked the whole trajectory unusable (e.g. its object mask failed
                 # the quality check): scored as usual, but every image is filtered out.
                 extra = {**extra, "kept": [False] * len(extra["kept"])}
             out.append({**row, **extra})
         return out
+
+
+def _unscored(n: int) -> dict[str, Any]:
+    """Filter columns of images the filter does not judge: scores NaN, ``n_pass`` 0, kept."""
+    nan = [float("nan")] * n
+    return {
+        **{c: list(nan) for c in (*schema.SCORE_COLUMNS, *schema.REALISATION_COLUMNS)},
+        "n_pass": [0] * n,
+        "kept": [True] * n,
+    }

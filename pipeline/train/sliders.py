@@ -29,12 +29,13 @@ Since the unconditional prompt *is* the target prompt, the guided prediction
 denoising runs one UNet row per step instead of two (the original sliders code uses
 guidance 3 there, to the same effect).
 
-Gradients reach the LoRA through :class:`~pipeline.models.lora.SliderBank`: the
-trainable ``lora_down``/``lora_up`` tensors are ``nn.Parameter`` leaves registered with
-``bank.add``, which keeps them by reference (``Tensor.to`` on a tensor that already has
-the UNet's device and dtype returns the tensor itself); the bank's forward hooks add
-``up(down(x)) * multiplier * alpha / rank`` to each frozen layer's output, so autograd
-differentiates the UNet output with respect to those leaves and nothing else.
+The LoRA is peft's: :class:`~pipeline.models.peft_lora.PeftSlider` injects a
+``LoraConfig`` over exactly the published slider's layers (``slider_training.targets`` /
+``method``; rank and ``lora_alpha`` from the spec) into the frozen UNet, with the
+reference initialisation copied in (:func:`init_slider_params`).  "LoRA on" and "LoRA
+off" are peft's ``enable_adapters``; the optimiser steps peft's ``lora_A``/``lora_B``
+weights, and the trained adapter leaves through ``get_peft_model_state_dict`` renamed to
+the published ``lora_unet_*`` layout.  The original layers are put back afterwards.
 
 Public API: :func:`train_slider` (one slider on a loaded pipeline),
 :func:`train_sliders` (every (class, shift) pair of a config, under Ray or in-process,
@@ -52,14 +53,13 @@ import json
 import os
 import posixpath
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec, load_config
 from pipeline.models import diffusion
-from pipeline.models.lora import SliderBank, lora_key, save_slider_file, target_modules
+from pipeline.models.lora import lora_key, save_slider_file, target_modules
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,6 @@ LOG_PREFIX = "[train-sliders]"
 SLIDER_SUFFIXES = (".safetensors", ".pt", ".pth")
 # Guidance of the LoRA-on partial denoising (the reference's CFG scale).
 TRAIN_GUIDANCE = 7.5
-_TRAIN_NAME = "__training__"  # bank name of the slider being trained
 
 
 # --------------------------------------------------------------------------- one slider
@@ -90,7 +89,8 @@ def positive_prompt(spec: SliderTrainingSpec, token: str, shift: str) -> str:
 def init_slider_params(
     unet: "torch.nn.Module", spec: SliderTrainingSpec, generator: "torch.Generator", device, dtype
 ) -> dict[str, "torch.nn.Parameter"]:
-    """Fresh trainable LoRA tensors keyed like a published slider state dict.
+    """Fresh LoRA tensors keyed like a published slider state dict: the reference initialisation,
+    which :func:`train_slider` copies into the peft adapter.
 
     ``lora_down`` is kaiming-uniform (``a=1``, as the original ``LoRAModule``), ``lora_up``
     zero, so the slider starts as the identity.  Linear: down ``[rank, in]``, up
@@ -139,9 +139,9 @@ def train_slider(
 
     ``pipe`` is a loaded ``StableDiffusionPipeline`` on ``device`` with the class token
     installed; its dtype is the training dtype (bf16 on GPU, float32 on CPU -- the caller
-    loads it so).  Its UNet is frozen (``requires_grad_(False)``) and left so; the LoRA is
-    attached through hooks that are removed before returning, so the pipeline is otherwise
-    unchanged.  ``resolution`` (pixels) defaults to the UNet's native size.
+    loads it so).  Its UNet is frozen (``requires_grad_(False)``) and left so; the peft LoRA
+    layers are injected for the run and removed before returning, so the pipeline is
+    otherwise unchanged.  ``resolution`` (pixels) defaults to the UNet's native size.
 
     The state dict has CPU float32 tensors in the published key layout
     (``lora_unet_<path>.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha``), loadable by
@@ -153,6 +153,8 @@ def train_slider(
     import torch.nn.functional as F
     from diffusers import DDIMScheduler
     from diffusers.utils.torch_utils import randn_tensor
+
+    from pipeline.models.peft_lora import PeftSlider
 
     dev = torch.device(device)
     unet = pipe.unet
@@ -174,12 +176,7 @@ def train_slider(
     unet.eval()
 
     gen = torch.Generator().manual_seed(seed)
-    params = init_slider_params(unet, spec, gen, dev, dtype)
-    alphas = {
-        f"{k[: -len('.lora_down.weight')]}.alpha": torch.tensor(float(spec.alpha))
-        for k in params
-        if k.endswith(".lora_down.weight")
-    }
+    init = init_slider_params(unet, spec, gen, dev, dtype)
 
     # Prompt embeddings, each distinct prompt encoded once ([1, L, D]).
     token = class_token
@@ -208,17 +205,11 @@ def train_slider(
     batch = spec.batch_size
     latent_shape = (batch, unet.config.in_channels, res // vae_factor, res // vae_factor)
 
-    bank = SliderBank(unet)
+    slider = PeftSlider(unet, spec.rank, spec.alpha, spec.targets, spec.method)
     try:
-        bank.add(_TRAIN_NAME, {**params, **alphas}, source=f"training {shift}/{class_token}")
-        adapters = bank._sliders[_TRAIN_NAME]
-        # Gradient flow relies on the bank holding the Parameters themselves, not copies.
-        held = {id(a.down) for a in adapters.values()} | {id(a.up) for a in adapters.values()}
-        if held != {id(p) for p in params.values()}:
-            raise RuntimeError(
-                "train_slider: SliderBank copied the trainable LoRA tensors; gradients would not reach them"
-            )
-
+        slider.load_published(init)
+        params = slider.parameters()  # peft's lora_A / lora_B weights, keyed like the published layout
+        slider.enable(False)
         optimizer = torch.optim.AdamW(list(params.values()), lr=spec.learning_rate)
         losses: list[float] = []
         for it in range(spec.iterations):
@@ -227,9 +218,8 @@ def train_slider(
             with torch.no_grad():
                 sched.set_timesteps(max_steps, device=dev)
                 latents = latents * sched.init_noise_sigma
-                n_rows = denoise_embeds.shape[0] * batch
                 rows_embeds = denoise_embeds.repeat_interleave(batch, dim=0)  # [e0 x batch, e1 x batch]
-                bank.route_uniform(_TRAIN_NAME, 1.0, n_rows)
+                slider.enable(True)
                 for t in sched.timesteps[:k]:
                     model_in = sched.scale_model_input(torch.cat([latents] * denoise_embeds.shape[0]), t)
                     out = unet(model_in, t, encoder_hidden_states=rows_embeds, return_dict=False)[0]
@@ -237,7 +227,7 @@ def train_slider(
                         uncond, cond = out.chunk(2)
                         out = uncond + guidance_scale * (cond - uncond)
                     latents = sched.step(out, t, latents, return_dict=False)[0]
-                bank.clear_route()
+                slider.enable(False)
 
                 t = full.timesteps[min(int(k * num_train / max_steps), len(full.timesteps) - 1)].to(dev)
                 n_off = off_embeds.shape[0]
@@ -249,11 +239,12 @@ def train_slider(
                 direction = pred[prompts["positive"]] - pred[prompts["unconditional"]]
                 goal = neutral + spec.eta * direction if spec.mode == "enhance" else neutral - spec.eta * direction
 
-            bank.route_uniform(_TRAIN_NAME, 1.0, batch)
+            # LoRA on for the target; it stays on through backward, since peft's "off" also
+            # clears requires_grad on the adapter, which would drop the gradients just built.
+            slider.enable(True)
             target_in = sched.scale_model_input(latents, t)
             target_rows = emb["target"].expand(batch, -1, -1)
             target = unet(target_in, t, encoder_hidden_states=target_rows, return_dict=False)[0]
-            bank.clear_route()
             # The loss in float32: a bf16 mean over a 96x96x4 latent loses the small late-training values.
             loss = F.mse_loss(target.float(), goal.float())
             if not torch.isfinite(loss):
@@ -264,12 +255,10 @@ def train_slider(
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
+        state = slider.state_dict()
     finally:
-        bank.clear_route()
-        bank.detach()
+        slider.remove()
 
-    state = {k: v.detach().float().cpu().clone() for k, v in params.items()}
-    state.update(alphas)
     return state, losses
 
 
@@ -582,7 +571,13 @@ def train_sliders(
         from pipeline.assets import AssetError
 
         raise AssetError("slider training needs files that are missing:\n  " + "\n  ".join(missing))
+    from pipeline.progress import Progress
+
     summary = TrainSummary(total=len(jobs))
+    # Printing (the CLI): a progress line, live on a terminal, with the per-slider lines above
+    # it.  A caller's own echo gets the per-slider lines only.
+    progress = Progress("train-sliders", len(jobs), unit="sliders", done=len(jobs) - len(todo)) if echo is print else None
+    echo = progress.log if progress else echo
     counter = iter(range(1, len(jobs) + 1))
     for job, d in zip(jobs, done):
         if d:
@@ -595,10 +590,14 @@ def train_sliders(
             summary.failed[job.label] = error
             first = error.strip().splitlines()[0] if error.strip() else error
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: FAILED: {first}")
+            if progress:
+                progress.update(failed=1)
         else:
             summary.trained.append(result)
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: final loss {result['final_loss']:.6g} "
                  f"({result['seconds']:.1f} s) -> {job.path}")
+            if progress:
+                progress.update(done=1)
 
     if todo:
         from pipeline.executors import get_executor
@@ -612,6 +611,8 @@ def train_sliders(
         rows = [job.to_dict() for job in todo]
         for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
             pass
+    if progress:
+        progress.close()
     summary.seconds = time.perf_counter() - start
     return summary
 
