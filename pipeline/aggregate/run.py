@@ -8,8 +8,6 @@ temporary directory and uploaded file by file).
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 
 import pandas as pd
 import pyarrow as pa

@@ -138,7 +138,10 @@ def make_api(
             raise
         except Exception as err:
             # Serve's own overload errors keep their 503 handlers; anything else is a model failure.
-            from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+            from ray.serve.exceptions import (
+                BackPressureError,
+                DeploymentUnavailableError,
+            )
 
             if isinstance(err, (BackPressureError, DeploymentUnavailableError)):
                 raise
