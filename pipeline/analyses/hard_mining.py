@@ -231,9 +231,12 @@ def export_tar(hard: pd.DataFrame, read_image) -> bytes:
     """The hard images as one WebDataset shard: ``<sample id>.<ext>`` + ``.json`` (class, nuisance, seed)."""
     from pipeline.io.webdataset import build_tar, metadata_json
 
+    ids = hard["sample_id"].tolist()
+    many = getattr(read_image, "many", None)  # ImageReader reads each tar once for many ids
+    images = many(ids) if many is not None else {sid: read_image(sid) for sid in ids}
     members = []
     for r in hard.itertuples(index=False):
-        data = read_image(r.sample_id)
+        data = images[r.sample_id]
         ext = "png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "jpg"
         meta = {
             "class_id": int(r.class_id), "class_name": r.class_name, "shift": r.shift, "kind": r.kind,
