@@ -289,6 +289,10 @@ def test_analysis_on_a_hand_made_output():
     assert meta == {"class_id": 1, "class_name": "b", "shift": "street", "kind": "background", "seed": 1,
                     "scale": 0.0, "source_sample_id": "street/001/seed_0001_scale_1000"}
     assert res.json["n_hard"] == 2 and res.json["exported"]
+    from PIL import Image
+
+    sheet = Image.open(io.BytesIO(res.files["hard_set.png"]))  # reference | hard image, 4 pairs per row
+    assert sheet.size == (4 * (2 * 64 + 4 + 8), 64 + 14 + 6) and 'src="hard_set.png"' in res.html
 
 
 def test_reference_correct_keeps_nuisance_caused_failures_only():
