@@ -330,3 +330,16 @@ def test_user_vocabulary_from_csv_and_lists(tmp_path):
         clash.nuisances()
     with pytest.raises(ValueError, match="file not found"):
         PromptNuisanceOptions(vocabulary={"a": str(tmp_path / "none.csv")}).nuisances()
+
+
+def test_kinds_come_from_the_vocabulary_without_params():
+    from types import SimpleNamespace
+
+    from pipeline.families.prompt_nuisance import PromptNuisanceOptions
+
+    ctx = _context({"surrogates": ["a", "b"], "repeats": 2, "export": False})
+    ctx.samples = ctx.samples.assign(params=None)
+    group = SimpleNamespace(kind="prompt_nuisance", options=PromptNuisanceOptions(), shifts=("street", "dotted", "wood"))
+    ctx.config.family_groups = lambda: [group]
+    shared = hm.run(ctx).tables["shared_failures"]
+    assert set(shared.loc[shared["level"] == "kind", "kind"]) == {"background", "texture", "material"}

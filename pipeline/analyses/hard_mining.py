@@ -196,8 +196,15 @@ def parse_options(options: dict[str, Any], classifiers: list[str]) -> tuple[Hard
 
 
 def _kinds(ctx: AnalysisContext, samples: pd.DataFrame) -> pd.Series:
-    """Nuisance kind per sample: the family's record (params ``kind``), else the shift itself."""
-    kinds = pd.Series(samples["shift"].to_numpy(), index=samples.index, dtype=object)
+    """Nuisance kind per sample: the family's record (params ``kind``), else the vocabulary of a
+    ``prompt_nuisance`` family, else the shift itself (e.g. the released layout's kinds)."""
+    from pipeline.families.prompt_nuisance import nuisance_kinds
+
+    by_shift: dict[str, str] = {}
+    for group in getattr(ctx.config, "family_groups", lambda: [])():
+        if group.kind == "prompt_nuisance":
+            by_shift.update(nuisance_kinds(group.options, list(group.shifts)))
+    kinds = pd.Series([by_shift.get(s, s) for s in samples["shift"]], index=samples.index, dtype=object)
     raw = samples.get("params")
     if raw is not None:
         for idx, value in raw.items():
