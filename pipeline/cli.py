@@ -1,4 +1,4 @@
-"""Command line: ``cnsbench validate|build|aggregate|status|ls|demo|submit|jobs``.
+"""Command line: ``cnsbench validate|build|aggregate|compare|status|ls|demo|submit|jobs``.
 
 Every command is reachable in-process as ``main(argv) -> exit code`` (tests call it
 that way); errors in the user's input print one clear message and return 2.
@@ -10,19 +10,19 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Sequence
 
+from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (TINY_CONFIG: for callers)
 from pipeline.config import ConfigError, load_config
+from pipeline.io.retry import StorageError
+from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"  # the trained miniature world (assets/world)
-TINY_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"  # random-weight components made on demand (assets/tiny)
+VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misses thousands of sliders)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from pipeline import plan
-    from pipeline.assets import check_registry_keys, missing_assets
+    from pipeline.assets import check_registry_keys, missing_assets, remote_weights_not_cached
     from pipeline.config import config_hash
 
     cfg = load_config(args.config)
@@ -31,12 +31,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     for line in summary.lines():
         print(f"  {line}")
     print(f"  classifiers: {', '.join(c.name for c in cfg.classifiers)}")
+    print(f"  protocol: {cfg.protocol} (see docs/protocol.md)")
     problems = check_registry_keys(cfg) + missing_assets(cfg)
+    remote = remote_weights_not_cached(cfg)
+    if remote:
+        print(f"  weights fetched on first use, not in this machine's caches ({len(remote)}):")
+        for line in remote:
+            print(f"    {line}")
     if problems:
+        # Bad input, as for `build`: the config names things that do not exist.
         print(f"{len(problems)} problem(s):")
-        for p in problems:
+        for p in problems[:VALIDATE_SHOWN]:
             print(f"  - {p}")
-        return 1
+        if len(problems) > VALIDATE_SHOWN:
+            print(f"  ... and {len(problems) - VALIDATE_SHOWN} more")
+        return 2
     print("  all assets present")
     return 0
 
@@ -82,12 +91,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     store = OutputStore(args.output)
     cfg = load_output_config(store)
     done, failed = committed_trajectories(store, repair=False, deep=args.verify, echo=print)
+    problems = store.scan().problems
     total = plan.summarize(cfg).n_trajectories
     n_scales = len(cfg.benchmark.scales)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
+    from pipeline.io.lease import lease_status
+
     print(f"{store.uri}")
+    print(f"  lease       {lease_status(store)}")
     reached = len(done)
     for stage, key in (("generated", "generate"), ("filtered", "filter"), ("classified", "classify")):
         note = f", {failed_at[key]} failed here" if failed_at[key] else ""
@@ -99,11 +112,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
         metrics = json.loads(store.read_text("report/metrics.json"))
         aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
+    if problems:
+        print(f"  problems: {len(problems)} manifest(s) not counted (the next build moves them to previous/quarantine/ and redoes their shards)")
+        for p in problems:
+            print(f"    {p.line()}")
     if failed:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0 if not failed else 3
+    return 0 if not (failed or problems) else 3
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -182,6 +199,7 @@ def make_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_demo)
 
     from pipeline import calibrate, evaluate, jobs
+    from pipeline.aggregate import compare
     from pipeline.serve import app as serve_app
     from pipeline.train import sliders as train_sliders
 
@@ -190,6 +208,7 @@ def make_parser() -> argparse.ArgumentParser:
     train_sliders.add_cli(sub)
     serve_app.add_cli(sub)
     jobs.add_cli(sub)
+    compare.add_cli(sub)
     return p
 
 
@@ -197,12 +216,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from pipeline.progress import set_verbose
+
+    set_verbose(args.verbose)
     try:
-        return args.func(args)
+        with stop_on_signals():
+            return args.func(args)
+    except KeyboardInterrupt:
+        print(interrupted(args.command, argv), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except StorageError as err:  # out of retries, or a full disk: committed work is kept
+        print(f"cnsbench {args.command}: {err.strerror or err}", file=sys.stderr)
+        return 1
     except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
+        print(f"cnsbench {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+
+
+def describe_os_error(err: OSError) -> str:
+    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory`` (the path first)."""
+    path = err.filename if err.filename is not None else ""
+    reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
+    return f"{path}: {reason}" if path else reason
 
 
 if __name__ == "__main__":

@@ -75,8 +75,17 @@ def effective_config(
     """
     raw = resolved_dict(cfg)
     raw["benchmark"].update(
-        classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=source.scales
+        # Scale 0 is every grid's reference, also for layouts that may lack it (ImageNet-C).
+        classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=sorted({0.0, *source.scales})
     )
+    if source.labels:  # a layout with its own label space (ImageNet-D's 113 classes)
+        raw["benchmark"]["labels"] = source.labels
+        if raw["filter"].get("class_names") == "keras":  # Keras names exist for ImageNet-1k only
+            raw["filter"]["class_names"] = "labels"
+    # The margin's "never failed" value must cover the grid (ImageNet-C severities reach 5).
+    raw["aggregate"]["margin_max_scale"] = max(raw["aggregate"]["margin_max_scale"], *raw["benchmark"]["scales"])
+    configured = {a if isinstance(a, str) else a.get("name") for a in raw["aggregate"]["analyses"]}
+    raw["aggregate"]["analyses"] += [a for a in source.analyses if a not in configured]
     raw["filter"]["enabled"] = bool(use_filter)
     raw["classifiers"] = select_classifiers(cfg, classifiers)
     raw["output"]["image_format"] = source.image_format
@@ -110,6 +119,20 @@ def _stages(cfg: BuildConfig) -> list[StageSpec]:
 
 
 def evaluate(
+    cfg: BuildConfig, source: Source, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any
+) -> BuildSummary:
+    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
+
+    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
+    build (generation fields None).  Holds the output's lease throughout.
+    """
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(output, "evaluate", echo):
+        return _evaluate(cfg, source, output, echo=echo, **kwargs)
+
+
+def _evaluate(
     cfg: BuildConfig,
     source: Source,
     output: str,
@@ -119,11 +142,6 @@ def evaluate(
     aggregate: bool = True,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
-
-    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
-    build (generation fields None).
-    """
 
     start = time.perf_counter()
     store = OutputStore(output)
@@ -143,7 +161,7 @@ def evaluate(
     for note in source.notes:
         echo(f"[cnsbench] note: {note}")
 
-    tally = ShardTally(total, done_before, echo)
+    tally = ShardTally(total, done_before, echo, what="evaluate")
 
     if todo:
         executor = get_executor(runner, cfg, address)
@@ -189,7 +207,13 @@ def run_cli(args: argparse.Namespace) -> int:
         if overrides:
             cfg = parse_config(deep_merge(resolved_dict(cfg), overrides), source=f"{args.source}/config.json")
     names = [n.strip() for n in args.classifiers.split(",") if n.strip()] if args.classifiers else None
-    source = open_source(args.source, cfg.benchmark.label_space, kind=args.source_kind, label_map=args.label_map)
+    source = open_source(
+        args.source,
+        cfg.benchmark.label_space,
+        kind=args.source_kind,
+        label_map=args.label_map,
+        follow_symlinks=args.follow_symlinks,
+    )
     eff = effective_config(cfg, source, use_filter=args.filter, classifiers=names)
     summary = evaluate(eff, source, args.output, runner=args.runner, address=args.address)
     for line in summary.lines():
@@ -213,6 +237,9 @@ def add_cli(subparsers: Any) -> None:
     s.add_argument("--classifiers", help="comma-separated classifier names of the config (default: all)")
     s.add_argument("--source-kind", choices=SOURCE_KINDS, help="skip auto-detection of the source layout")
     s.add_argument("--label-map", help="class folders: JSON file {folder name: class id}")
+    s.add_argument(
+        "--follow-symlinks", action="store_true", help="read images through symlinks that lead outside the source"
+    )
     s.add_argument("--filter-thresholds", metavar="YAML", help="merge a `cnsbench calibrate-filter` result")
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")

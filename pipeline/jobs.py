@@ -218,16 +218,13 @@ def _check_config_paths(cfg: Path, working_dir: Path, excludes: Sequence[str]) -
 
 def build_accepts(*build_args: str) -> bool | None:
     """Whether this checkout's ``cnsbench build`` accepts ``build_args`` (e.g. ``--new-version``);
-    ``None`` when ``pipeline.cli`` cannot be imported here (the cluster will tell)."""
-    try:
-        from pipeline.cli import make_parser
-
-        parser = make_parser()
-    except Exception:  # pragma: no cover - CLI missing or broken locally
+    ``None`` when no command line registered its build parser here (the cluster will tell)."""
+    parser = _BUILD_PARSER.get("build")
+    if parser is None:
         return None
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            _, unknown = parser.parse_known_args(["build", "config.yaml", *build_args])
+            _, unknown = parser.parse_known_args(["config.yaml", *build_args])
     except SystemExit:  # an invalid value for a known option
         return False
     return not unknown
@@ -440,8 +437,10 @@ def _address(args: argparse.Namespace) -> str | None:
 
 
 def _report(err: BaseException) -> int:
+    """Print one line; exit 2 for bad input (a value, a missing or wrong kind of file), else 1."""
     print(f"cnsbench: error: {err}", file=sys.stderr)
-    return 1
+    bad_input = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    return 2 if isinstance(err, bad_input) else 1
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -522,9 +521,16 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# The ``build`` parser of the command line this module is registered on (see add_cli):
+# submit asks it which options the checkout's build accepts, without importing the CLI.
+_BUILD_PARSER: dict[str, Any] = {}
+
+
 def add_cli(subparsers: Any) -> None:
     """Register ``submit`` and ``jobs {status,logs,stop,wait}`` on an argparse
     ``subparsers`` object; each parser sets ``func(args) -> int`` (the exit code)."""
+    if "build" in subparsers.choices:
+        _BUILD_PARSER["build"] = subparsers.choices["build"]
     sp = subparsers.add_parser(
         "submit",
         help="submit a build to a Ray cluster (Ray Jobs API); prints the job id",

@@ -50,6 +50,18 @@ def noise_seed(class_id: int, seed: int) -> int:
     return seed
 
 
+def field_seed(class_id: int, seed: int, shift: str) -> int:
+    """Seed of the random fields a transforming family draws for one (image, seed, shift).
+
+    The same at every scale of the trajectory, so a corruption's noise is drawn once and
+    only its strength changes along the trajectory.
+    """
+    import hashlib
+
+    digest = hashlib.sha256(f"{class_id}/{seed}/{shift}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
 @dataclass(frozen=True)
 class WorkUnit:
     """One generation call: a (class, seed) group and the shifts still to make."""

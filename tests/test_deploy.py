@@ -458,6 +458,9 @@ def test_config_paths_must_be_uploaded(tmp_path):
 
 
 def test_build_accepts_reads_the_build_cli():
+    from pipeline.cli import make_parser
+
+    make_parser()  # registers the build parser with pipeline.jobs
     assert jobs.build_accepts("--output", "s3://b/p") is True
     assert jobs.build_accepts("--no-such-option") is False
 

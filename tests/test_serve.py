@@ -790,7 +790,7 @@ def test_serve_package_modules_stay_small_and_ray_free():
 
 # =========================================================================== the real thing
 @pytest.mark.slow
-def test_live_ray_serve_smoke(built, tables):
+def test_live_ray_serve_smoke(built, tables, ray_session):
     """The application on Ray Serve: three deployments, token, Host guard, browse and preview over HTTP."""
     import urllib.error
     import urllib.request
@@ -801,9 +801,6 @@ def test_live_ray_serve_smoke(built, tables):
     from pipeline.serve import run_server
 
     cfg_path, out = built
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         url = run_server(
             str(cfg_path), str(out), host="127.0.0.1", port=free_port(), token=TOKEN, blocking=False, echo=lambda *_: None
@@ -851,5 +848,3 @@ def test_live_ray_serve_smoke(built, tables):
         assert after["PreviewClassifier"]["images"] == before["PreviewClassifier"]["images"] + 2
     finally:
         serve.shutdown()
-        if started:
-            ray.shutdown()

@@ -209,16 +209,11 @@ def test_demo_names_the_missing_world(tmp_path, monkeypatch, capsys):
 
 # --------------------------------------------------------------------------- the build
 @pytest.fixture(scope="module")
-def world_build(tmp_path_factory):
+def world_build(tmp_path_factory, ray_session):
     if not (WORLD_ASSETS / "world.json").is_file():
         pytest.skip("assets/world not trained")
-    import ray
-
     out = tmp_path_factory.mktemp("world") / "out"
-    try:
-        assert main(["demo", "--output", str(out)]) == 0
-    finally:
-        ray.shutdown()
+    assert main(["demo", "--output", str(out)]) == 0
     samples = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "samples").glob("*.parquet"))])
     preds = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "predictions").glob("*.parquet"))])
     return {

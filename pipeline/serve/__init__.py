@@ -45,6 +45,7 @@ HTTP API
 ``GET /api/benchmarks/image/{id}``     the stored image of a sample id (PNG or JPEG)
 ``GET /api/report``                    ``report/metrics.json``
 ``GET /report/{file}``                 a file of ``report/`` (plots, CSVs, index.html)
+``GET /review``, ``/api/review/...``   review of a mined set (:mod:`pipeline.serve.review_api`)
 
 Errors are JSON ``{"detail": ...}``; an unknown class or shift is a 404 whose body also
 holds ``"choices"``.  Bad input is rejected before it reaches a model: 422 for invalid

@@ -17,7 +17,6 @@ response that needs no token, and its Content-Security-Policy pins the script by
 import base64
 import functools
 import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from importlib import resources
@@ -69,13 +68,11 @@ def page() -> tuple[str, str]:
 
 
 def parse_json_body(body: bytes) -> Any:
-    """The JSON value of a request body; ValueError (-> 400) when it is not JSON or nested too deeply."""
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(str(err)) from None
+    """The JSON value of a request body; ValueError (-> 400) when it is not JSON, nested too
+    deeply or holds NaN/Infinity."""
+    from pipeline.io.safejson import loads
+
+    return loads(body, "request body")
 
 
 def make_api(
@@ -209,6 +206,10 @@ def make_api(
         data, mime = need_index().report_file(name)
         headers = {"content-security-policy": "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'"}
         return Response(data, media_type=mime, headers=headers)
+
+    from pipeline.serve.review_api import add_review_routes
+
+    add_review_routes(app, need_index)
 
     # Starlette runs the last added middleware first: hosts, then auth, then the body limit.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

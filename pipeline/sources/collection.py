@@ -92,7 +92,12 @@ class FoldersSource(CollectionSource):
     def read_source(cls, config):
         from pipeline.sources import load_folders
 
-        return load_folders(config.source.path, config.benchmark.label_space, config.source.label_map)
+        return load_folders(
+            config.source.path,
+            config.benchmark.label_space,
+            config.source.label_map,
+            follow_symlinks=config.source.follow_symlinks,
+        )
 
 
 class WebDatasetSource(CollectionSource):
@@ -102,4 +107,6 @@ class WebDatasetSource(CollectionSource):
     def read_source(cls, config):
         from pipeline.sources import load_webdataset
 
-        return load_webdataset(config.source.path, config.benchmark.label_space)
+        return load_webdataset(
+            config.source.path, config.benchmark.label_space, follow_symlinks=config.source.follow_symlinks
+        )

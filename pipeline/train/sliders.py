@@ -53,7 +53,6 @@ import json
 import os
 import posixpath
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -202,7 +201,9 @@ def train_slider(
     sched = DDIMScheduler.from_config(sched_config)
     full = DDIMScheduler.from_config(sched_config)
     full.set_timesteps(num_train)  # the reference reads t from the full schedule
-    latent_shape = (1, unet.config.in_channels, res // vae_factor, res // vae_factor)
+    # batch_size latents per iteration (the original trains with 16), all at the same timestep.
+    batch = spec.batch_size
+    latent_shape = (batch, unet.config.in_channels, res // vae_factor, res // vae_factor)
 
     slider = PeftSlider(unet, spec.rank, spec.alpha, spec.targets, spec.method)
     try:
@@ -217,10 +218,11 @@ def train_slider(
             with torch.no_grad():
                 sched.set_timesteps(max_steps, device=dev)
                 latents = latents * sched.init_noise_sigma
+                rows_embeds = denoise_embeds.repeat_interleave(batch, dim=0)  # [e0 x batch, e1 x batch]
                 slider.enable(True)
                 for t in sched.timesteps[:k]:
                     model_in = sched.scale_model_input(torch.cat([latents] * denoise_embeds.shape[0]), t)
-                    out = unet(model_in, t, encoder_hidden_states=denoise_embeds, return_dict=False)[0]
+                    out = unet(model_in, t, encoder_hidden_states=rows_embeds, return_dict=False)[0]
                     if cfg_needed:
                         uncond, cond = out.chunk(2)
                         out = uncond + guidance_scale * (cond - uncond)
@@ -229,9 +231,10 @@ def train_slider(
 
                 t = full.timesteps[min(int(k * num_train / max_steps), len(full.timesteps) - 1)].to(dev)
                 n_off = off_embeds.shape[0]
-                off_in = sched.scale_model_input(latents.expand(n_off, -1, -1, -1), t)
-                off = unet(off_in, t, encoder_hidden_states=off_embeds, return_dict=False)[0]
-                pred = {p: off[i : i + 1] for i, p in enumerate(off_prompts)}
+                off_in = sched.scale_model_input(torch.cat([latents] * n_off), t)
+                off_rows = off_embeds.repeat_interleave(batch, dim=0)
+                off = unet(off_in, t, encoder_hidden_states=off_rows, return_dict=False)[0]
+                pred = {p: off[i * batch : (i + 1) * batch] for i, p in enumerate(off_prompts)}
                 neutral = pred[prompts["neutral"]]
                 direction = pred[prompts["positive"]] - pred[prompts["unconditional"]]
                 goal = neutral + spec.eta * direction if spec.mode == "enhance" else neutral - spec.eta * direction
@@ -240,7 +243,8 @@ def train_slider(
             # clears requires_grad on the adapter, which would drop the gradients just built.
             slider.enable(True)
             target_in = sched.scale_model_input(latents, t)
-            target = unet(target_in, t, encoder_hidden_states=emb["target"], return_dict=False)[0]
+            target_rows = emb["target"].expand(batch, -1, -1)
+            target = unet(target_in, t, encoder_hidden_states=target_rows, return_dict=False)[0]
             # The loss in float32: a bf16 mean over a 96x96x4 latent loses the small late-training values.
             loss = F.mse_loss(target.float(), goal.float())
             if not torch.isfinite(loss):
@@ -478,9 +482,10 @@ class SliderTrainer:
         spec = self.cfg.slider_training
         token = self.tokens[job.class_id]
         start = time.perf_counter()
-        state, losses = train_slider(
-            self.pipe, token, job.shift, spec, self.device, job.seed, resolution=self.cfg.generator.resolution
-        )
+        # slider_training.resolution: 512 under the cns protocol (the original trains at 512 and
+        # generates at 768), generator.resolution otherwise.
+        resolution = spec.resolution or self.cfg.generator.resolution
+        state, losses = train_slider(self.pipe, token, job.shift, spec, self.device, job.seed, resolution=resolution)
         seconds = time.perf_counter() - start
         meta: dict[str, Any] = {
             "class_id": job.class_id,
@@ -498,7 +503,8 @@ class SliderTrainer:
             "learning_rate": spec.learning_rate,
             "max_denoise_steps": spec.max_denoise_steps,
             "guidance_scale": TRAIN_GUIDANCE,
-            "resolution": self.cfg.generator.resolution,
+            "resolution": resolution,
+            "batch_size": spec.batch_size,
             "seed": job.seed,
             "dtype": str(self.pipe.unet.dtype).replace("torch.", ""),
             "device": self.device,
@@ -565,7 +571,13 @@ def train_sliders(
         from pipeline.assets import AssetError
 
         raise AssetError("slider training needs files that are missing:\n  " + "\n  ".join(missing))
+    from pipeline.progress import Progress
+
     summary = TrainSummary(total=len(jobs))
+    # Printing (the CLI): a progress line, live on a terminal, with the per-slider lines above
+    # it.  A caller's own echo gets the per-slider lines only.
+    progress = Progress("train-sliders", len(jobs), unit="sliders", done=len(jobs) - len(todo)) if echo is print else None
+    echo = progress.log if progress else echo
     counter = iter(range(1, len(jobs) + 1))
     for job, d in zip(jobs, done):
         if d:
@@ -578,10 +590,14 @@ def train_sliders(
             summary.failed[job.label] = error
             first = error.strip().splitlines()[0] if error.strip() else error
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: FAILED: {first}")
+            if progress:
+                progress.update(failed=1)
         else:
             summary.trained.append(result)
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: final loss {result['final_loss']:.6g} "
                  f"({result['seconds']:.1f} s) -> {job.path}")
+            if progress:
+                progress.update(done=1)
 
     if todo:
         from pipeline.executors import get_executor
@@ -591,32 +607,23 @@ def train_sliders(
             job = SliderJob(**json.loads(row["job"]))
             record(job, json.loads(row["result"]) if row["result"] else None, row["error"])
 
-        executor = get_executor(runner, _for_training(cfg, echo), address)
+        executor = get_executor(runner, _for_training(cfg), address, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
         rows = [job.to_dict() for job in todo]
         for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
             pass
+    if progress:
+        progress.close()
     summary.seconds = time.perf_counter() - start
     return summary
 
 
-def _cuda_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-def _for_training(cfg: BuildConfig, echo: Callable[[str], None]) -> BuildConfig:
+def _for_training(cfg: BuildConfig) -> BuildConfig:
     """The config the executor sizes its local Ray from: the training pool as the generate pool.
 
     Without CUDA a GPU request could never be met by a real device; the local Ray then
     registers one logical GPU and the actors train on the CPU.
     """
     res = cfg.slider_training.resources
-    if res.num_gpus > 0 and not _cuda_count():
-        echo(f"{LOG_PREFIX} no CUDA device: the training actors run on the CPU")
     return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"generate": res})})
 
 
