@@ -187,7 +187,8 @@ def test_slider_trained_before_and_after_peft_load_the_same_way(world, tmp_path)
         with torch.no_grad():
             theirs = user.unet(x, 300, encoder_hidden_states=emb).sample
         adapted = {n for n, m in user.unet.named_modules() if hasattr(m, "lora_A") and name in m.lora_A}
-        assert {f"lora_unet_{n}".replace(".", "_") for n in adapted} == {k[: -len(".alpha")] for k in state if k.endswith(".alpha")}
+        slider_layers = {k[: -len(".alpha")] for k in state if k.endswith(".alpha")}
+        assert {f"lora_unet_{n}".replace(".", "_") for n in adapted} == slider_layers
         assert torch.allclose(ours, theirs, atol=1e-5), name
         user.delete_adapters([name])
 

@@ -10,6 +10,9 @@ number of loaded sliders.  Before each UNet call, :meth:`SliderBank.route` says 
 slider and which multiplier each batch row uses, so one forward can carry several
 (shift, scale) branches of a trajectory group -- the reference applies one slider at
 one multiplier per pipeline call, which is the special case of a uniform route.
+
+Training builds the same layout with peft (:mod:`pipeline.models.peft_lora`), and
+diffusers' ``load_lora_weights`` reads these files as they are (``docs/lora.md``).
 """
 
 from __future__ import annotations

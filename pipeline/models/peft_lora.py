@@ -100,10 +100,11 @@ class PeftSlider:
         self._had_config = hasattr(unet, "peft_config")
         inject_adapter_in_model(self.config, unet, adapter_name=adapter)
         self.layers = _tuner_layers(unet, adapter)
-        missing = sorted(set(paths) - set(self.layers))
-        if missing:  # peft's name matching must hit exactly the slider's layers
+        # peft matches target names as suffixes; it must have hit exactly the slider's layers.
+        missing, extra = sorted(set(paths) - set(self.layers)), sorted(set(self.layers) - set(paths))
+        if missing or extra:
             self.remove()
-            raise RuntimeError(f"peft injected no LoRA into {len(missing)} slider layers, e.g. {missing[:3]}")
+            raise RuntimeError(f"peft adapted other layers than the slider's: missing {missing[:3]}, extra {extra[:3]}")
         self.paths = paths
 
     # ------------------------------------------------------------------ weights
@@ -176,7 +177,7 @@ class PeftMixedBank:
     def __init__(self, unet: nn.Module, share_weights: bool = True) -> None:
         self.unet = unet
         self.share_weights = share_weights
-        self._states: dict[str, dict[str, torch.Tensor]] = {}
+        self._states: dict[str, tuple[dict[str, torch.Tensor], dict[str, float] | None]] = {}
         self._adapters: dict[tuple[str, float], str] = {}
         self._hooks: list = []
 
@@ -187,6 +188,7 @@ class PeftMixedBank:
         return list(self._states)
 
     def add(self, name: str, state: dict[str, torch.Tensor], source: str = "<state dict>") -> None:
+        """Register a published-layout slider under ``name``; adapters are made per multiplier by :meth:`route`."""
         from diffusers import StableDiffusionPipeline
 
         if "@" in name:
