@@ -161,7 +161,7 @@ def sheet_html(shift: str, fname: str, rows: list[dict[str, Any]], scales: Seque
     ]
     for i, row in enumerate(rows):
         y = HEADER_H + i * geo["cell_h"]
-        style = f"left:0;top:{_pct(y, h)};width:{_pct(116, w)};height:{_pct(geo['px'], h)}"
+        style = f"left:0;top:{_pct(y, h)};width:{_pct(LABEL_W - 2, w)};height:{_pct(geo['px'], h)}"
         parts.append(
             f'<div class="cell label" style="{style}" data-trajectory="{e(row["trajectory_id"], quote=True)}"'
             f' data-complete="{int(row["complete"])}" title="{e(row["title"], quote=True)}"></div>'

@@ -1,0 +1,37 @@
+"""The report page's assembly (pipeline.aggregate.page): contents, anchors, interval cells."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from pipeline.aggregate.page import ci_table, page_html
+
+
+def test_contents_list_every_section_and_heading_with_unique_anchors():
+    sections = [
+        ("", "<h2>Summary</h2><p>x</p><h2>Plots</h2>"),
+        ("Per-shift views", "<h2>Accuracy per shift</h2><h3>Summary</h3>"),
+        ("Image strips", "<h3>snow &amp; fog</h3>"),
+    ]
+    text = page_html("t", "abc", sections, ["summary.csv"])
+    # a titled section's own h2 moves one level down
+    assert '<h3 id="accuracy-per-shift">Accuracy per shift</h3>' in text
+    assert '<h2 id="summary">Summary</h2>' in text and '<h3 id="summary-2">Summary</h3>' in text
+    assert '<h3 id="snow-fog">snow &amp; fog</h3>' in text
+    toc = text[text.index('<nav class="toc"'):text.index("</nav>")]
+    hrefs = [part.split('"')[0] for part in toc.split('href="#')[1:]]
+    assert hrefs == ["summary", "plots", "per-shift-views", "accuracy-per-shift", "summary-2", "image-strips", "snow-fog", "files"]
+    assert toc.count("<ol>") == 3  # top level, and the sublists of the two titled sections
+    assert "http" not in text and "<script>" in text  # offline: nothing fetched
+
+
+def test_interval_columns_fold_into_one_cell():
+    df = pd.DataFrame({"classifier": ["a", "b"], "fp_avg": [1.25, math.nan], "fp_avg_ci_low": [1.0, math.nan],
+                       "fp_avg_ci_high": [1.5, math.nan], "n": [3, 4]})
+    html = ci_table(df, sortable=True, table_id="rank")
+    assert html.startswith('<table class="sortable" id="rank">')
+    assert "<th>fp_avg_ci_low</th>" not in html and "<th>fp_avg</th>" in html
+    assert '<td>1.2500 <span class="ci">[1.0000, 1.5000]</span></td>' in html
+    assert '<td data-sort="">n/a <span class="ci">[n/a, n/a]</span></td>' in html  # NaN sorts last
