@@ -232,7 +232,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
             complete = set(fps.loc[fps["shift"] == shift, "trajectory_id"])
             traj["complete"] = traj["trajectory_id"].isin(complete)
             chosen = choose(traj, fps[fps["shift"] == shift], spec.count, spec.choice, spec.seed, shift, metrics.margin_max_scale)
-            rows, wanted = [], []
+            rows, wanted, marks_rows = [], [], []
             info = traj.set_index("trajectory_id")
             for r, tid in enumerate(chosen):
                 tf = fps[fps["trajectory_id"] == tid]
@@ -272,9 +272,15 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
                 rows.append({"trajectory_id": tid, "complete": is_complete, "label": label, "title": title, "cells": cells})
                 for c in classifiers:
                     if c in fp_of:
-                        table_rows.append([shift, r, tid, is_complete, c, fp_of[c]])
+                        marks_rows.append([shift, r, tid, is_complete, c, fp_of[c]])
             many = getattr(ctx.read_image, "many", None)
-            images = many(wanted) if many else {sid: ctx.read_image(sid) for sid in wanted}
+            try:
+                images = many(wanted) if many else {sid: ctx.read_image(sid) for sid in wanted}
+            except (KeyError, ValueError, OSError) as err:  # a report without a sheet beats no report
+                msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+                sections.append(f"<h3>{html.escape(shift)}</h3><p>No strip: {html.escape(str(msg))}</p>")
+                continue
+            table_rows.extend(marks_rows)
             png, geo = render_sheet(rows, scales, images, classifiers, colours, spec.thumb_px)
             fname = strip_file(shift)
             result.files[fname] = png
