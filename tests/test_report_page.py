@@ -35,3 +35,23 @@ def test_interval_columns_fold_into_one_cell():
     assert "<th>fp_avg_ci_low</th>" not in html and "<th>fp_avg</th>" in html
     assert '<td>1.2500 <span class="ci">[1.0000, 1.5000]</span></td>' in html
     assert '<td data-sort="">n/a <span class="ci">[n/a, n/a]</span></td>' in html  # NaN sorts last
+
+
+def test_strip_choice_random_is_seeded_and_robust_choices_rank_failure_points():
+    from pipeline.analyses.strips import choose
+
+    traj = pd.DataFrame({"trajectory_id": [f"s/00{c}/seed_000{k}" for c in (1, 2) for k in (1, 2, 3)],
+                         "class_id": [1, 1, 1, 2, 2, 2], "seed": [1, 2, 3] * 2})
+    fps = pd.DataFrame({
+        "trajectory_id": ["s/001/seed_0001"] * 2 + ["s/001/seed_0002"] * 2 + ["s/002/seed_0001"] * 2,
+        "classifier": ["a", "b"] * 3,
+        "failure_point": [0.5, 1.0, math.nan, math.nan, 2.0, math.nan],  # means (never = 3): 0.75, 3, 2.5
+    })
+    a = choose(traj, fps, 4, "random", 0, "s", 3.0)
+    assert a == choose(traj, fps, 4, "random", 0, "s", 3.0) and len(set(a)) == 4
+    assert a == sorted(a)  # shown in class, seed order
+    assert {tuple(choose(traj, fps, 4, "random", seed, "s", 3.0)) for seed in range(10)} != {tuple(a)}
+    assert choose(traj, fps, 2, "most_robust", 0, "s", 3.0) == ["s/001/seed_0002", "s/002/seed_0001"]
+    # incomplete trajectories (no failure points) only fill up
+    assert choose(traj, fps, 4, "least_robust", 0, "s", 3.0) == [
+        "s/001/seed_0001", "s/002/seed_0001", "s/001/seed_0002", "s/001/seed_0003"]

@@ -62,17 +62,17 @@ def choose(
     ``fps``: the failure points of its evaluated trajectories.
     """
     ids = sorted(trajectories["trajectory_id"].astype(str))
-    if count >= len(ids):
-        chosen = ids
-    elif choice == "random":
-        rng = np.random.default_rng([seed, zlib.crc32(shift.encode())])
-        chosen = [ids[i] for i in rng.choice(len(ids), size=count, replace=False)]
-    else:
+    if choice != "random":
+        # Ranked order is the message of these sheets: keep it.
         censored = fps.assign(fp=fps["failure_point"].fillna(margin_max)).groupby("trajectory_id")["fp"].mean()
         ranked = sorted(censored.index, key=lambda t: (-censored[t] if choice == "most_robust" else censored[t], t))
         rest = [t for t in ids if t not in censored.index]
-        chosen = (ranked + rest)[:count]
-        return chosen  # ranked order is the message of these sheets
+        return [str(t) for t in (ranked + rest)[:count]]
+    if count >= len(ids):
+        chosen = ids
+    else:
+        rng = np.random.default_rng([seed, zlib.crc32(shift.encode())])
+        chosen = [ids[i] for i in rng.choice(len(ids), size=count, replace=False)]
     order = trajectories.set_index("trajectory_id").loc[chosen].sort_values(["class_id", "seed"]).index
     return [str(t) for t in order]
 
