@@ -308,5 +308,5 @@ def test_bad_positive_prompt_is_reported_up_front(tiny_world, tmp_path):
     """A placeholder the prompt cannot fill is refused when the config is validated, before any training."""
     raw = _config(tiny_world, tmp_path).model_dump(mode="json")
     raw["slider_training"]["positive_prompt"] = "{token} in {shift}"
-    with pytest.raises(ValueError, match=r"positive_prompt[\s\S]*unknown field \{shift\}; allowed: \['shift_words', 'token'\]"):
+    with pytest.raises(ValueError, match=r"positive_prompt[\s\S]*unknown field \{shift\}; allowed: \{shift_words\}, \{token\}"):
         BuildConfig.model_validate(raw)

@@ -69,11 +69,9 @@ class LeaseInfo:
         )
 
     def is_stale(self, timeout: float, now: float | None = None) -> bool:
-        # On this host: a holder whose process is gone (or whose pid now names another
-        # process, or is our own pid: PID namespaces reuse pids) is dead.
-        if self.host == platform.node() and (
-            self.pid == os.getpid() or not _same_process_alive(self.pid, self.proc_start)
-        ):
+        # On this host: a holder whose process is gone, or whose pid now names another
+        # process (started at another time: pids are reused, across PID namespaces too), is dead.
+        if self.host == platform.node() and not _same_process_alive(self.pid, self.proc_start):
             return True
         return self.age(now) > timeout
 
