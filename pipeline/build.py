@@ -214,7 +214,11 @@ def add_classifiers(
     store: OutputStore, cfg: BuildConfig, built_with: list[str], runner: str, address: str | None, echo
 ) -> None:
     """Run newly configured classifiers on the images of already committed shards."""
-    from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage, missing_classifiers
+    from pipeline.stages.reclassify import (
+        RECLASSIFY,
+        ReclassifyStage,
+        missing_classifiers,
+    )
 
     rows = missing_classifiers(store, [c.name for c in cfg.classifiers], built_with)
     if not rows:

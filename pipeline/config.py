@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.io import bounds
 from pipeline.labels import LabelSpace, label_space
@@ -234,8 +242,8 @@ class ClipModelSpec(Strict):
 class PreprocessSpec(Strict):
     """An explicit eval transform: resize the shorter side, center-crop, scale to [0, 1], normalise."""
 
-    resize: int = Field(..., ge=1)
-    crop: int = Field(..., ge=1)
+    resize: int = Field(..., ge=1, le=bounds.MAX_RESOLUTION)
+    crop: int = Field(..., ge=1, le=bounds.MAX_RESOLUTION)
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bicubic"
     mean: list[float] = Field(..., min_length=1)
     std: list[float] = Field(..., min_length=1)
@@ -395,11 +403,13 @@ class SliderTrainingSpec(Strict):
     @field_validator("positive_prompt")
     @classmethod
     def _positive_prompt(cls, value: str) -> str:
-        bounds.check_template(value, {"token", "shift_words"})
+        bounds.check_template(value, {"token", "shift_words"}, where="slider_training.positive_prompt")
         return value
     max_denoise_steps: int = Field(50, ge=1, description="k ~ U{1..max} partial DDIM steps per iteration")
-    resolution: int | None = Field(None, ge=8, description="training size in pixels (cns: 512; else generator.resolution)")
-    batch_size: int = Field(1, ge=1, description="latents per iteration (cns: 16)")
+    resolution: int | None = Field(
+        None, ge=8, le=bounds.MAX_RESOLUTION, description="training size in pixels (cns: 512; else generator.resolution)"
+    )
+    batch_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="latents per iteration (cns: 16)")
     seed: int = 0
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     resources: StageResources = StageResources(num_gpus=1.0)

@@ -11,9 +11,7 @@ so one generation call computes them once (see ``pipeline.models.sampler``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pipeline.config import BenchmarkSpec
 

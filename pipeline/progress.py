@@ -52,6 +52,8 @@ def quiet_ray_data() -> None:
 
         if not _VERBOSE:
             logging.getLogger("ray.data").setLevel(logging.WARNING)
+            # Its only message is "Progress bars disabled. To enable, ...": that is the point.
+            logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = _VERBOSE
         if hasattr(ctx, "enable_operator_progress_bars"):

@@ -124,6 +124,9 @@ def resolve(cfg: Any) -> None:
             "filter.class_names: 'keras' names exist for the ImageNet-1k label space only; "
             f"benchmark.labels is {cfg.benchmark.labels!r} (use 'labels')"
         )
+    unknown = sorted(set(flt.shift_text) - set(cfg.benchmark.shifts) - {s for f in cfg.families for s in f.shifts})
+    if unknown:
+        raise ValueError(f"filter.shift_text: {unknown} are not shifts of this build")
     if flt.shift_text_style is None:
         flt.__dict__["shift_text_style"] = "verbatim" if cns else "words"
     if flt.dino.preprocess is None:

@@ -7,7 +7,6 @@ published formula (tests/corruption_reference.py) given the same random draws.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from pipeline.families.corruption import params as P
 from pipeline.families.corruption.ops import Fields
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corruption_reference as ref  # noqa: E402
+import corruption_reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -290,3 +289,38 @@ def test_frost_folder_option(tmp_path):
     assert layer.shape == (3, 40, 40) and torch.allclose(layer, torch.full_like(layer, 200 / 255), atol=1e-6)
     with pytest.raises(FileNotFoundError, match="frost_dir"):
         folder_frost(Fields(1), 8, 8, str(tmp_path / "none")) if (tmp_path / "none").mkdir() is None else None
+
+
+def test_work_size_corrupts_at_that_size_and_resizes_back():
+    from PIL import Image
+
+    from pipeline.config import load_config
+    from pipeline.families.base import BaseImage, UnitContext
+    from pipeline.families.corruption import CorruptionFamily
+
+    cfg = load_config(
+        REPO / "configs" / "world_corruptions.yaml",
+        {"families": [{"kind": "corruption", "shifts": ["pixelate"], "options": {"work_size": 64}}]},
+    )
+    fam = CorruptionFamily(cfg, cfg.family_groups()[1])
+    fam.setup()
+    ctx = UnitContext(3, "three", 1)
+    ctx.set_base(BaseImage(image=Image.fromarray(np.uint8(photo(32) * 255))))
+    out = fam.generate(ctx, ["pixelate"], [0.0, 5.0])["pixelate"]
+    assert out.images[1].size == (32, 32) and out.params[1]["work_size"] == 64
+
+
+def test_validate_names_a_wrong_baseline_and_frost_folder(tmp_path):
+    from pipeline.assets import missing_assets
+    from pipeline.config import load_config
+
+    cfg = load_config(
+        REPO / "configs" / "world_corruptions.yaml",
+        {
+            "aggregate": {"analyses": ["cns", {"name": "corruption_error", "baseline": "alexnet"}]},
+            "families": [{"kind": "corruption", "shifts": ["frost"], "options": {"frost_dir": str(tmp_path / "nope")}}],
+        },
+    )
+    problems = missing_assets(cfg)
+    assert any("aggregate.analyses[1].baseline: 'alexnet' is not a classifier" in p for p in problems)
+    assert any("families[corruption].options.frost_dir: folder not found" in p for p in problems)

@@ -106,3 +106,33 @@ def test_clean_folder_gives_scale_zero(tiny_assets, tmp_path):
     assert set(acc["shift"]) == {"fog"} and set(acc["scale"]) == {0.0, 1.0, 2.0, 3.0, 4.0, 5.0}
     ce = pd.read_csv(out / "report" / "corruption_error.csv").set_index("corruption")
     assert not np.isnan(ce.loc["fog", "error_clean"]) and not np.isnan(ce.loc["fog", "relative_ce_alexnet"])
+
+
+def test_corruption_of_an_image_collection(tiny_assets, tmp_path):
+    """generator.kind corruption over class folders: no text-to-image model, the folder images are scale 0."""
+    from pipeline.build import build
+    from pipeline.config import load_config
+
+    rng = np.random.default_rng(1)
+    for folder in ("001_goldfish", "022_bald eagle"):
+        (tmp_path / "photos" / folder).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "photos" / folder / f"{i}.png")
+    cfg = load_config(
+        TINY_CONFIG,
+        {
+            "benchmark": {"seeds": [0, 1], "shifts": ["gaussian_noise", "pixelate"], "scales": [0, 1, 2.5, 5]},
+            "generator": {"kind": "corruption", "model": str(tmp_path / "no-model")},
+            "source": {"kind": "folders", "path": str(tmp_path / "photos")},
+            "filter": {"enabled": False},
+            "aggregate": {"margin_max_scale": 5.0},
+        },
+    )
+    out = tmp_path / "out"
+    build(cfg, str(out), runner="local")
+    samples = read_dir(out, "samples")
+    assert len(samples) == 2 * 2 * 2 * 4 and set(samples["shift"]) == {"gaussian_noise", "pixelate"}
+    p = json.loads(samples.set_index("sample_id").loc["pixelate/022/seed_0001_scale_2500", "params"])
+    assert p == {"source": "folders", "relpath": "022_bald eagle/1.png", "corruption": "pixelate", "severity": 2.5, "table": [0.45]}
+    ce = pd.read_csv(out / "report" / "corruption_error.csv")
+    assert set(ce["corruption"]) == {"gaussian_noise", "pixelate", "mean"}

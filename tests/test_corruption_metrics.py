@@ -19,10 +19,10 @@ def hand_errors():
     rows = []
     # classifier a: fog errors 0.1..0.5 by severity, clean 0.1; speckle (extra) all 0.2
     # classifier b: fog errors 0.2..1.0, clean 0.2; speckle all 0.4
-    for s, (ea, eb) in zip(range(0, 6), [(0.1, 0.2), (0.1, 0.2), (0.2, 0.4), (0.3, 0.6), (0.4, 0.8), (0.5, 1.0)]):
+    for s, (ea, eb) in zip(range(6), [(0.1, 0.2), (0.1, 0.2), (0.2, 0.4), (0.3, 0.6), (0.4, 0.8), (0.5, 1.0)]):
         rows.append(("a", "fog", float(s), 10, ea))
         rows.append(("b", "fog", float(s), 10, eb))
-    for s in range(0, 6):
+    for s in range(6):
         rows.append(("a", "speckle_noise", float(s), 10, 0.1 if s == 0 else 0.2))
         rows.append(("b", "speckle_noise", float(s), 10, 0.2 if s == 0 else 0.4))
     return errors_table(rows)

@@ -30,6 +30,7 @@ def world_output(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # about 3 CPU-minutes; a shared machine can stretch that a lot
 def test_corruption_world(world_output):
     report = world_output / "report"
     acc = pd.read_csv(report / "accuracy.csv")

@@ -52,7 +52,7 @@ def tiny_assets():
 
 def evaluate_cli(argv: list[str]) -> int:
     """``cnsbench evaluate ...`` through its own argparse registration (as cli.main would)."""
-    from pipeline.evaluate import add_cli
+    from pipeline.cli.evaluate import register as add_cli
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers())

@@ -42,7 +42,7 @@ def test_second_writer_is_refused_then_takes_over_a_dead_holder(tmp_path, capsys
         err = capsys.readouterr().err
         assert f"pid {holder.pid}" in err and "being written by" in err
         assert main(["status", str(out)]) == 0
-        assert f"held: cnsbench build on host" in capsys.readouterr().out
+        assert "held: cnsbench build on host" in capsys.readouterr().out
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -114,3 +114,17 @@ def test_second_cli_build_exits_2_while_the_first_runs(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_reused_pid_does_not_keep_a_dead_holders_lease(tmp_path):
+    """Same host, same pid number, another process (pid reuse, another PID namespace): stale."""
+    import platform
+
+    from pipeline.io.lease import LeaseInfo, _proc_start
+
+    now = time.time()
+    mine = _proc_start(os.getpid())
+    alive = LeaseInfo(platform.node(), os.getpid(), "build", now, now, "t", mine)
+    assert not alive.is_stale(60, now)
+    if mine:  # /proc is there: a different start time is a different process
+        assert LeaseInfo(platform.node(), os.getpid(), "build", now, now, "t", "1").is_stale(60, now)

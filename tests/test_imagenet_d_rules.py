@@ -289,6 +289,10 @@ def test_analysis_on_a_hand_made_output():
     assert meta == {"class_id": 1, "class_name": "b", "shift": "street", "kind": "background", "seed": 1,
                     "scale": 0.0, "source_sample_id": "street/001/seed_0001_scale_1000"}
     assert res.json["n_hard"] == 2 and res.json["exported"]
+    from PIL import Image
+
+    sheet = Image.open(io.BytesIO(res.files["hard_set.png"]))  # reference | hard image, 4 pairs per row
+    assert sheet.size == (4 * (2 * 64 + 4 + 8), 64 + 14 + 6) and 'src="hard_set.png"' in res.html
 
 
 def test_reference_correct_keeps_nuisance_caused_failures_only():
@@ -326,3 +330,16 @@ def test_user_vocabulary_from_csv_and_lists(tmp_path):
         clash.nuisances()
     with pytest.raises(ValueError, match="file not found"):
         PromptNuisanceOptions(vocabulary={"a": str(tmp_path / "none.csv")}).nuisances()
+
+
+def test_kinds_come_from_the_vocabulary_without_params():
+    from types import SimpleNamespace
+
+    from pipeline.families.prompt_nuisance import PromptNuisanceOptions
+
+    ctx = _context({"surrogates": ["a", "b"], "repeats": 2, "export": False})
+    ctx.samples = ctx.samples.assign(params=None)
+    group = SimpleNamespace(kind="prompt_nuisance", options=PromptNuisanceOptions(), shifts=("street", "dotted", "wood"))
+    ctx.config.family_groups = lambda: [group]
+    shared = hm.run(ctx).tables["shared_failures"]
+    assert set(shared.loc[shared["level"] == "kind", "kind"]) == {"background", "texture", "material"}

@@ -37,6 +37,7 @@ def test_contract_files(built):
     assert set(transfer["role"]) == {"held_out", "leave_one_out"}
     assert (report / "shared_failures.csv").is_file()
     assert list((report / "hard_set").glob("*.tar"))
+    assert (report / "hard_set.png").is_file() and 'src="hard_set.png"' in (report / "index.html").read_text()
     metrics = json.loads((report / "metrics.json").read_text())["analyses"]["hard_mining"]
     assert metrics["n_hard"] == len(hard) and metrics["surrogates"] == ["linear", "cnn", "clip-zs"]
 

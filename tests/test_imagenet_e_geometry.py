@@ -75,7 +75,7 @@ def test_translation_moves_the_centroid_by_the_offset(dy, dx):
 @pytest.mark.parametrize("distance", [4.0, 8.0, 12.5])
 def test_offset_for_a_requested_distance(distance):
     mask = _ellipse()
-    dy, dx, angle, fits = G.offset_for(mask, distance, angle=0.3)
+    dy, dx, _angle, fits = G.offset_for(mask, distance, angle=0.3)
     assert fits and G.feasible_offset(mask, dy, dx)
     layer = G.translate_object(_image(mask), mask, dy, dx)
     moved = math.hypot(*np.subtract(G.centroid(layer.mask), G.centroid(mask)))

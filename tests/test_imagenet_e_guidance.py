@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -128,11 +129,11 @@ def test_guidance_raises_and_lowers_background_detail_and_keeps_the_object(world
     }
     up, down = [0.0, 10.0, 20.0, 40.0], [0.0, -10.0, -20.0, -40.0]
     # Complexity: background detail and the guided objective rise with the level ...
-    assert all(hf[a] < hf[b] for a, b in zip(up, up[1:])), hf
-    assert all(amp[a] < amp[b] for a, b in zip(up, up[1:])), amp
+    assert all(hf[a] < hf[b] for a, b in itertools.pairwise(up)), hf
+    assert all(amp[a] < amp[b] for a, b in itertools.pairwise(up)), amp
     # ... simplicity: they fall.
-    assert all(hf[a] > hf[b] for a, b in zip(down, down[1:])), hf
-    assert all(amp[a] > amp[b] for a, b in zip(down, down[1:])), amp
+    assert all(hf[a] > hf[b] for a, b in itertools.pairwise(down)), hf
+    assert all(amp[a] > amp[b] for a, b in itertools.pairwise(down)), amp
     # The object is kept: mean absolute change inside its mask stays tiny.
     for a in images.values():
         assert float(np.abs(a - img)[mask].mean()) < 0.01

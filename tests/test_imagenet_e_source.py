@@ -123,3 +123,13 @@ def test_evaluate_reports_accuracy_per_attribute_and_level(tmp_path):
     summ = pd.read_csv(out / "report" / "attributes_summary.csv")
     # Every released set is a published ImageNet-E level: 2 size + full + bg +-20 + adv + rp + rd.
     assert set(summ["n_published"]) == {8}
+
+
+def test_cli_names_an_unknown_set_folder_with_exit_code_2(tmp_path, capsys):
+    from pipeline.cli import main
+
+    root = _release(tmp_path / "ie", sets=("ori", "bg_20", "mystery"))
+    code = main(["evaluate", str(root), "--config", str(REPO / "configs" / "world_imagenet_e.yaml"),
+                 "--output", str(tmp_path / "out"), "--runner", "local", "--source-kind", "imagenet_e"])
+    assert code == 2
+    assert "'mystery'" in capsys.readouterr().err

@@ -110,6 +110,11 @@ def test_keras_names_on_a_non_imagenet_label_space_are_refused():
         })
 
 
+def test_shift_text_of_an_unknown_shift_is_refused():
+    with pytest.raises(ConfigError, match=r"filter.shift_text: \['heavy_snwo'\]"):
+        cfg_of(filter={"shift_text": {"heavy_snwo": "snow"}})
+
+
 def test_explicit_preprocess_is_validated():
     ok = cfg_of(classifiers=[{"name": "c", "model": "resnet18", "preprocess": {
         "resize": 336, "crop": 336, "mean": [0.5] * 3, "std": [0.5] * 3}}])

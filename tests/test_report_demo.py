@@ -146,6 +146,8 @@ def test_csvs_carry_bootstrap_intervals(demo):
     pairwise = pd.read_csv(report / "pairwise.csv")
     n = len(summary)
     assert len(pairwise) == 2 * n * (n - 1) // 2 and set(pairwise["excludes_zero"]) <= {True, False}
+    doc = json.loads((report / "metrics.json").read_text())
+    assert len(doc["pairwise"]) == len(pairwise) and "fp_avg_ci_low" in doc["summary"][0]
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -192,7 +192,9 @@ def _config(tiny_world, tmp_path, shifts=("heavy_snow", "cartoon_style"), iterat
 def _run_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
-    sliders.add_cli(sub)
+    from pipeline.cli.train_sliders import register
+
+    register(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -198,9 +198,9 @@ def test_world_assets_are_small_and_load():
 
 
 def test_demo_names_the_missing_world(tmp_path, monkeypatch, capsys):
-    import pipeline.cli as cli
+    import pipeline.cli.demo as demo
 
-    monkeypatch.setattr(cli, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(demo, "REPO_ROOT", tmp_path)
     assert main(["demo", "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "assets" / "world" / "world.json") in err and "train_world" in err

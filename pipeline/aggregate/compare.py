@@ -70,7 +70,11 @@ def labels_for(outputs: Sequence[str], labels: Sequence[str] | None) -> list[str
 
 
 def load(uri: str, label: str) -> Loaded:
-    from pipeline.aggregate.run import load_output_config, load_predictions, load_samples
+    from pipeline.aggregate.run import (
+        load_output_config,
+        load_predictions,
+        load_samples,
+    )
     from pipeline.config import config_hash
 
     store = OutputStore(uri)
@@ -208,22 +212,3 @@ def _outputs_section(outputs: list[Loaded], checked: list[str]) -> str:
         + "<p>Comparable: " + e("; ".join(checked)) + ". Classifiers are named <code>label.classifier</code>; an image "
         "counts as kept only when every output kept it, so all classifiers are measured on the same trajectories.</p>"
     )
-
-
-def add_cli(sub) -> None:
-    s = sub.add_parser("compare", help="one report over several outputs of the same benchmark (classifiers side by side)")
-    s.add_argument("outputs", nargs="+", metavar="OUTPUT", help="build or evaluate outputs (at least two)")
-    s.add_argument("--output", required=True, help="folder (or URI) of the comparison report")
-    s.add_argument("--labels", help="comma-separated names of the outputs (default: their folder names)")
-    s.add_argument("--image-check", type=int, default=64, metavar="N",
-                   help="compare the pixels of N sampled images (0: all) (default 64)")
-    s.set_defaults(func=_cmd_compare)
-
-
-def _cmd_compare(args) -> int:
-    if args.image_check < 0:
-        raise ValueError(f"--image-check must be >= 0, got {args.image_check}")
-    labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
-    url = compare_outputs(args.outputs, args.output, labels=labels, image_check=args.image_check)
-    print(f"[cnsbench] comparison: {url}")
-    return 0

@@ -394,7 +394,7 @@ def summary_table(
       all-shift view): the mean of the per-shift drops weighted by each shift's
       number of evaluated trajectories.
     * ``accuracy_scale0``: the unweighted mean over shifts of the accuracy at scale 0
-      (the same averaging as the drops, so ``accuracy_scale0 + acc_drop_{tag}`` is the
+      (the same averaging as the drops, so ``accuracy_scale0 - acc_drop_{tag}`` is the
       shift-averaged accuracy at that scale).
     * ``fp_avg``: mean failure point over the classifier's *failed* evaluated
       trajectories, pooled over all shifts; NaN when none failed.

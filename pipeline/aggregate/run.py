@@ -8,8 +8,6 @@ temporary directory and uploaded file by file).
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 
 import pandas as pd
 import pyarrow as pa
@@ -66,30 +64,6 @@ def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -
     return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
 
 
-def image_reader(store: OutputStore, samples: pd.DataFrame):
-    """``sample_id -> image bytes`` from the committed tars, read by byte range (each tar indexed once)."""
-    import tarfile
-
-    where = dict(zip(samples["sample_id"], zip(samples["shard"], samples["key"])))
-    members: dict[str, dict[str, tuple[int, int]]] = {}
-
-    def read(sample_id: str) -> bytes:
-        shard, key = where[sample_id]
-        fs, path = store.fs, store.path(shard)
-        if shard not in members:
-            index: dict[str, tuple[int, int]] = {}
-            with fs.open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
-                for info in tar:
-                    stem, _, ext = info.name.rpartition(".")
-                    if ext in ("png", "jpg"):
-                        index[stem] = (info.offset_data, info.size)
-            members[shard] = index
-        offset, size = members[shard][key]
-        return fs.cat_file(path, start=offset, end=offset + size)
-
-    return read
-
-
 def analysis_plan(cfg: BuildConfig) -> list[tuple[str, dict]]:
     """(analysis key, options): the configured ones, then those the build's families add."""
     from pipeline.registry import FAMILIES, REPORT_ANALYSES
@@ -140,6 +114,7 @@ def render_report(
     index's URL.  ``progress`` (a :class:`pipeline.progress.Progress`) counts the analyses."""
     import json
 
+    from pipeline.aggregate.images import ImageReader
     from pipeline.aggregate.report import _png_bytes, page_html
     from pipeline.analyses.base import AnalysisContext
     from pipeline.registry import ANALYSES
@@ -150,7 +125,7 @@ def render_report(
     for name, options in analysis_plan(cfg):
         ctx = AnalysisContext(
             cfg, samples, predictions, options=options, config_hash=digest,
-            read_image=read_image or image_reader(store, samples),
+            read_image=read_image or ImageReader(store, samples),
         )
         result = ANALYSES.get(name)(ctx)
         files.update(result.files)

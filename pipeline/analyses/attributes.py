@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import pandas as pd
 
@@ -127,7 +126,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
                 "classifier": clf,
                 "accuracy_original": float(t.loc[t["level"] == 0, "accuracy"].mean()),
                 "mean_drop_published": float(pub["accuracy_drop"].mean()) if len(pub) else float("nan"),
-                "n_published": int(len(pub)),
+                "n_published": len(pub),
                 "mean_drop_all_levels": float(edited["accuracy_drop"].mean()) if len(edited) else float("nan"),
                 "published_levels": " ".join(f"{a}@{lv:g}" for a, lv in zip(pub["attribute"], pub["level"])),
             }

@@ -10,6 +10,8 @@ family's plots carry its kind as a suffix (``accuracy_drop_corruption.png``).
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult
@@ -71,10 +73,11 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     files, plot_files = cns_files(primary, plots=plots)
     result.files.update(files)
     sections = [cns_section(primary, plot_files)]
+    result.json = primary.to_json()
     if primary_group.kind in pairwise:
         result.tables["pairwise"] = pairwise[primary_group.kind]
+        result.json["pairwise"] = json.loads(pairwise[primary_group.kind].to_json(orient="records"))
         sections.append(pairwise_section(pairwise[primary_group.kind], ctx.config.aggregate.bootstrap))
-    result.json = primary.to_json()
     if len(per_group) > 1:
         tables = {"accuracy.csv": "accuracy", "failure_points.csv": "failure_point_table", "summary.csv": "summary"}
         for fname, attr in tables.items():

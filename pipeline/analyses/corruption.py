@@ -29,7 +29,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult

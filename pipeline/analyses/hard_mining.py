@@ -196,8 +196,15 @@ def parse_options(options: dict[str, Any], classifiers: list[str]) -> tuple[Hard
 
 
 def _kinds(ctx: AnalysisContext, samples: pd.DataFrame) -> pd.Series:
-    """Nuisance kind per sample: the family's record (params ``kind``), else the shift itself."""
-    kinds = pd.Series(samples["shift"].to_numpy(), index=samples.index, dtype=object)
+    """Nuisance kind per sample: the family's record (params ``kind``), else the vocabulary of a
+    ``prompt_nuisance`` family, else the shift itself (e.g. the released layout's kinds)."""
+    from pipeline.families.prompt_nuisance import nuisance_kinds
+
+    by_shift: dict[str, str] = {}
+    for group in getattr(ctx.config, "family_groups", lambda: [])():
+        if group.kind == "prompt_nuisance":
+            by_shift.update(nuisance_kinds(group.options, list(group.shifts)))
+    kinds = pd.Series([by_shift.get(s, s) for s in samples["shift"]], index=samples.index, dtype=object)
     raw = samples.get("params")
     if raw is not None:
         for idx, value in raw.items():
@@ -231,9 +238,12 @@ def export_tar(hard: pd.DataFrame, read_image) -> bytes:
     """The hard images as one WebDataset shard: ``<sample id>.<ext>`` + ``.json`` (class, nuisance, seed)."""
     from pipeline.io.webdataset import build_tar, metadata_json
 
+    ids = hard["sample_id"].tolist()
+    many = getattr(read_image, "many", None)  # ImageReader reads each tar once for many ids
+    images = many(ids) if many is not None else {sid: read_image(sid) for sid in ids}
     members = []
     for r in hard.itertuples(index=False):
-        data = read_image(r.sample_id)
+        data = images[r.sample_id]
         ext = "png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "jpg"
         meta = {
             "class_id": int(r.class_id), "class_name": r.class_name, "shift": r.shift, "kind": r.kind,
@@ -269,6 +279,32 @@ def skipped(reason: str) -> AnalysisResult:
     return AnalysisResult(title="Hard images", json={"skipped": reason}, html=f"<p>Skipped: {reason}.</p>")
 
 
+def hard_set_sheet(hard: pd.DataFrame, read_image, count: int = 32, thumb: int = 64, per_row: int = 4) -> bytes:
+    """PNG contact sheet of the first ``count`` hard images, each after its plain reference (scale 0)."""
+    from PIL import Image, ImageDraw
+
+    from pipeline.plan import sample_id
+
+    rows = list(hard.head(count).itertuples(index=False))
+    refs = {r.sample_id: sample_id(r.shift, int(r.class_id), int(r.seed), 0.0) for r in rows}
+    ids = sorted(set(refs) | set(refs.values()))
+    many = getattr(read_image, "many", None)
+    images = many(ids) if many is not None else {sid: read_image(sid) for sid in ids}
+    cell_w, cell_h = 2 * thumb + 4, thumb + 14
+    n_rows = -(-len(rows) // per_row)
+    sheet = Image.new("RGB", (per_row * (cell_w + 8), n_rows * (cell_h + 6)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, r in enumerate(rows):
+        x, y = (i % per_row) * (cell_w + 8), (i // per_row) * (cell_h + 6)
+        for j, sid in enumerate((refs[r.sample_id], r.sample_id)):
+            img = Image.open(io.BytesIO(images[sid])).convert("RGB").resize((thumb, thumb), Image.NEAREST)
+            sheet.paste(img, (x + j * (thumb + 4), y))
+        draw.text((x, y + thumb + 1), f"{r.class_name} | {r.shift}"[: cell_w // 6], fill=(40, 40, 40))
+    buf = io.BytesIO()
+    sheet.save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def run(ctx: AnalysisContext) -> AnalysisResult:
     classifiers = [c.name for c in ctx.config.classifiers]
     reason = _skip_reason(ctx.options, classifiers)
@@ -290,10 +326,16 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.files[HARD_SET] = buf.getvalue()
     result.tables["transfer"] = transfer
     result.tables["shared_failures"] = shared
-    exported = False
+    exported = sheet = False
     if opts.export and ctx.read_image is not None and len(hard_set):
         result.files[f"{EXPORT_DIR}/hard_set-000000.tar"] = export_tar(hard_set, ctx.read_image)
         exported = True
+    if ctx.read_image is not None and len(hard_set):
+        try:
+            result.files["hard_set.png"] = hard_set_sheet(hard_set, ctx.read_image)
+            sheet = True
+        except KeyError as err:  # a reference image that is not in the output (e.g. filtered shards)
+            log.warning("hard_mining: no contact sheet: %s", err)
     rule = f"hard when >= {k} of {len(surrogates)} surrogates ({', '.join(surrogates)}) are wrong"
     if opts.reference_correct:
         rule += ", among images whose plain reference all surrogates classify correctly"
@@ -311,7 +353,9 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.html = (
         f"<p>{rule}: <b>{int(hard.sum())}</b> hard images of {len(cand)} candidates "
         f"(<code>{HARD_SET}</code>{', export in <code>' + EXPORT_DIR + '/</code>' if exported else ''}).</p>"
-        "<h3>Transfer (accuracy on all candidates, the hard set, random subsets of its size)</h3>"
+        + (f"<h3>Hard images (plain reference | nuisance image; first {min(32, len(hard_set))})</h3>"
+           '<img src="hard_set.png" alt="hard images">' if sheet else "")
+        + "<h3>Transfer (accuracy on all candidates, the hard set, random subsets of its size)</h3>"
         + transfer.to_html(index=False, formatters=fmt, na_rep="–", border=0)
         + "<h3>Nuisances with the most shared failures</h3>"
         + (top.to_html(index=False, border=0, float_format="{:.3f}".format) if len(top) else "<p>none</p>")

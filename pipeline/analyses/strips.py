@@ -62,17 +62,17 @@ def choose(
     ``fps``: the failure points of its evaluated trajectories.
     """
     ids = sorted(trajectories["trajectory_id"].astype(str))
-    if count >= len(ids):
-        chosen = ids
-    elif choice == "random":
-        rng = np.random.default_rng([seed, zlib.crc32(shift.encode())])
-        chosen = [ids[i] for i in rng.choice(len(ids), size=count, replace=False)]
-    else:
+    if choice != "random":
+        # Ranked order is the message of these sheets: keep it.
         censored = fps.assign(fp=fps["failure_point"].fillna(margin_max)).groupby("trajectory_id")["fp"].mean()
         ranked = sorted(censored.index, key=lambda t: (-censored[t] if choice == "most_robust" else censored[t], t))
         rest = [t for t in ids if t not in censored.index]
-        chosen = (ranked + rest)[:count]
-        return chosen  # ranked order is the message of these sheets
+        return [str(t) for t in (ranked + rest)[:count]]
+    if count >= len(ids):
+        chosen = ids
+    else:
+        rng = np.random.default_rng([seed, zlib.crc32(shift.encode())])
+        chosen = [ids[i] for i in rng.choice(len(ids), size=count, replace=False)]
     order = trajectories.set_index("trajectory_id").loc[chosen].sort_values(["class_id", "seed"]).index
     return [str(t) for t in order]
 
@@ -161,7 +161,7 @@ def sheet_html(shift: str, fname: str, rows: list[dict[str, Any]], scales: Seque
     ]
     for i, row in enumerate(rows):
         y = HEADER_H + i * geo["cell_h"]
-        style = f"left:0;top:{_pct(y, h)};width:{_pct(116, w)};height:{_pct(geo['px'], h)}"
+        style = f"left:0;top:{_pct(y, h)};width:{_pct(LABEL_W - 2, w)};height:{_pct(geo['px'], h)}"
         parts.append(
             f'<div class="cell label" style="{style}" data-trajectory="{e(row["trajectory_id"], quote=True)}"'
             f' data-complete="{int(row["complete"])}" title="{e(row["title"], quote=True)}"></div>'
@@ -232,7 +232,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
             complete = set(fps.loc[fps["shift"] == shift, "trajectory_id"])
             traj["complete"] = traj["trajectory_id"].isin(complete)
             chosen = choose(traj, fps[fps["shift"] == shift], spec.count, spec.choice, spec.seed, shift, metrics.margin_max_scale)
-            rows, wanted = [], []
+            rows, wanted, marks_rows = [], [], []
             info = traj.set_index("trajectory_id")
             for r, tid in enumerate(chosen):
                 tf = fps[fps["trajectory_id"] == tid]
@@ -272,9 +272,15 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
                 rows.append({"trajectory_id": tid, "complete": is_complete, "label": label, "title": title, "cells": cells})
                 for c in classifiers:
                     if c in fp_of:
-                        table_rows.append([shift, r, tid, is_complete, c, fp_of[c]])
+                        marks_rows.append([shift, r, tid, is_complete, c, fp_of[c]])
             many = getattr(ctx.read_image, "many", None)
-            images = many(wanted) if many else {sid: ctx.read_image(sid) for sid in wanted}
+            try:
+                images = many(wanted) if many else {sid: ctx.read_image(sid) for sid in wanted}
+            except (KeyError, ValueError, OSError) as err:  # a report without a sheet beats no report
+                msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+                sections.append(f"<h3>{html.escape(shift)}</h3><p>No strip: {html.escape(str(msg))}</p>")
+                continue
+            table_rows.extend(marks_rows)
             png, geo = render_sheet(rows, scales, images, classifiers, colours, spec.thumb_px)
             fname = strip_file(shift)
             result.files[fname] = png

@@ -10,9 +10,9 @@ iterates the small per-shard rows, so its memory does not grow with the plan.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
-import logging
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.config import BuildConfig, StageResources

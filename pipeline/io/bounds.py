@@ -129,27 +129,32 @@ def check_scales(scales: Iterable[float]) -> None:
 _SAMPLE = {"token": "tok", "shift_words": "words", "class_name": "name", "class_id": 1, "shift": "shift", "c": "name"}
 
 
-def check_template(template: str, allowed: Iterable[str], required: Iterable[str] = ()) -> None:
-    """ValueError unless ``template`` uses only the named ``allowed`` fields with valid formats."""
+def check_template(template: str, allowed: Iterable[str], required: Iterable[str] = (), where: str = "") -> None:
+    """ValueError unless ``template`` uses only the named ``allowed`` fields with valid formats.
+
+    ``where`` (a config key) starts the message when given.
+    """
     allowed, required = set(allowed), set(required)
+    fields = ", ".join("{" + n + "}" for n in sorted(allowed))
+    template_text = f"{where} {template!r}" if where else repr(template)
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as err:
-        raise ValueError(f"{template!r} is not a valid format string: {err} (write '{{{{' for a literal brace)") from None
+        raise ValueError(f"{template_text} is not a valid format string: {err} (write '{{{{' for a literal brace)") from None
     names = set()
     for _, field_name, _, _ in parsed:
         if field_name is None:
             continue
         base = re.split(r"[.\[]", field_name, maxsplit=1)[0]
         if base == "" or base.isdigit():
-            raise ValueError(f"{template!r}: positional field {{{field_name}}}; use named fields {sorted(allowed)}")
+            raise ValueError(f"{template_text}: positional field {{{field_name}}}; use named fields {fields}")
         if base not in allowed or base != field_name:
-            raise ValueError(f"{template!r}: unknown field {{{field_name}}}; allowed: {sorted(allowed)}")
+            raise ValueError(f"{template_text}: unknown field {{{field_name}}}; allowed: {fields}")
         names.add(base)
     missing = required - names
     if missing:
-        raise ValueError(f"{template!r} must contain {', '.join('{' + n + '}' for n in sorted(missing))}")
+        raise ValueError(f"{template_text} must contain {', '.join('{' + n + '}' for n in sorted(missing))}")
     try:
         template.format(**{k: v for k, v in _SAMPLE.items() if k in allowed})
     except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise ValueError(f"{template!r}: bad format specification: {err}") from None
+        raise ValueError(f"{template_text}: bad format specification: {err}") from None

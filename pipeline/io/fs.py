@@ -87,3 +87,29 @@ def confined_local(root: str, path: str, what: str = "path") -> None:
     """Raise :class:`PathEscape` unless the local ``path`` resolves inside ``root``."""
     if not _inside(os.path.realpath(root), os.path.realpath(path)):
         raise PathEscape(f"{what}: {path} resolves outside {root}")
+
+
+class PathKindError(ValueError):
+    """A path argument of the wrong kind: a file where a directory is expected, unwritable, ..."""
+
+
+def check_writable_dir(path: str, what: str) -> None:
+    """A local location that must be a writable directory, or creatable as one (URLs pass).
+
+    Raises :class:`PathKindError` naming ``what`` and the path; creates nothing.
+    """
+    if is_url(path) and not path.startswith("file://"):
+        return
+    path = path[len("file://") :] if path.startswith("file://") else path
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise PathKindError(f"{what} {path}: exists and is not a directory")
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe.rstrip(os.sep)) or "."
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise PathKindError(f"{what} {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PathKindError(f"{what} {path}: {probe} is not writable")

@@ -55,6 +55,8 @@ class LeaseInfo:
     started: float
     heartbeat: float
     token: str
+    proc_start: str = ""  # start time of the holder process (/proc/<pid>/stat), to tell a reused pid
+
 
     def age(self, now: float | None = None) -> float:
         return (now or time.time()) - self.heartbeat
@@ -67,12 +69,34 @@ class LeaseInfo:
         )
 
     def is_stale(self, timeout: float, now: float | None = None) -> bool:
-        # On this host a holder whose pid is gone, or is our own pid (a writer asking never
-        # holds the lease it asks about; in a fresh PID namespace the dead holder's pid, often
-        # 1, is ours), is dead.
-        if self.host == platform.node() and (self.pid == os.getpid() or not _pid_alive(self.pid)):
+        # On this host: a holder whose process is gone (or whose pid now names another
+        # process, or is our own pid: PID namespaces reuse pids) is dead.
+        if self.host == platform.node() and (
+            self.pid == os.getpid() or not _same_process_alive(self.pid, self.proc_start)
+        ):
             return True
         return self.age(now) > timeout
+
+
+def _proc_start(pid: int) -> str:
+    """The start time (clock ticks since boot) of process ``pid``, '' where /proc is not there."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return stat[stat.rindex(")") + 2 :].split()[19]
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def _same_process_alive(pid: int, proc_start: str) -> bool:
+    """Whether the holder still runs: its pid is alive and (where known) started when it did.
+
+    The start time tells a reused pid, or the same pid number in another PID namespace
+    (containers, ``unshare``), from the holder itself.
+    """
+    if not _pid_alive(pid):
+        return False
+    return not proc_start or _proc_start(pid) == proc_start
 
 
 def _pid_alive(pid: int) -> bool:
@@ -98,6 +122,7 @@ def read_lease(store: Any) -> LeaseInfo | None:
             started=float(data["started"]),
             heartbeat=float(data["heartbeat"]),
             token=str(data["token"]),
+            proc_start=str(data.get("proc_start", "")),
         )
     except FileNotFoundError:
         return None
@@ -165,7 +190,7 @@ def acquire(store: Any, command: str, echo: Callable[[str], None] | None = None)
         msg = f"[cnsbench] warning: taking over the stale lease of {store.uri} from {current.describe()}"
         (echo or log.warning)(msg)
     now = time.time()
-    info = LeaseInfo(platform.node(), os.getpid(), command, now, now, uuid.uuid4().hex)
+    info = LeaseInfo(platform.node(), os.getpid(), command, now, now, uuid.uuid4().hex, _proc_start(os.getpid()))
     store.write_text(LEASE, json.dumps(asdict(info), indent=1))
     time.sleep(SETTLE_S)
     back = read_lease(store)

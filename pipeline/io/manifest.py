@@ -219,7 +219,9 @@ def scan_manifests(store: Any) -> ManifestScan:
         except FileNotFoundError:
             continue  # removed since the listing (a concurrent repair)
         except (ValueError, OSError) as err:
-            scan.problems.append(ManifestProblem(rel, str(err), "malformed"))
+            reason, prefix = str(err), f"malformed manifest {rel}: "
+            reason = "malformed manifest: " + reason[len(prefix) :] if reason.startswith(prefix) else reason
+            scan.problems.append(ManifestProblem(rel, reason, "malformed"))
     owner: dict[str, str] = {}
     for _, rel, man in sorted(parsed, key=lambda t: (t[0], t[1])):
         clash = [t for t in man.trajectories if t in owner]

@@ -13,9 +13,9 @@ vouches for (:func:`pipeline.io.manifest.is_own_file`); everything else is left 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from pipeline.io.fs import PathKindError, check_writable_dir
 from pipeline.io.safejson import loads
 
 MARKER = "config.json"
@@ -47,22 +47,6 @@ def read_marker(store: Any) -> dict[str, Any] | None:
     return data
 
 
-def _check_local_dir(path: str) -> None:
-    """A local output location must be a writable directory, or creatable as one."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise OwnershipError(f"--output {path}: exists and is not a directory")
-    probe = path
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe.rstrip(os.sep)) or "."
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe):
-        raise OwnershipError(f"--output {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise OwnershipError(f"--output {path}: {probe} is not writable")
-
-
 def claim_output(store: Any) -> dict[str, Any] | None:
     """Make sure ``store`` is ours to write (creating a new local directory); return its marker.
 
@@ -70,7 +54,10 @@ def claim_output(store: Any) -> dict[str, Any] | None:
     non-empty directory without our marker; nothing is created or deleted then.
     """
     if store.local:
-        _check_local_dir(store.root)
+        try:
+            check_writable_dir(store.root, "--output")
+        except PathKindError as err:
+            raise OwnershipError(str(err)) from None
     marker = read_marker(store)
     if marker is None:
         found = [name for name in store.top_level() if name not in PRE_MARKER]

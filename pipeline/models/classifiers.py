@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 import torch
 
-from pipeline.labels import LabelSpace, label_space
 from pipeline.config import ClassifierSpec
+from pipeline.labels import LabelSpace, label_space
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
 
 # Images per forward inside predict(); bounds activation memory of big models.

@@ -71,13 +71,12 @@ Importing the package does not import Ray or torch.
 
 from pipeline.serve.deployments import build_app, in_process_api, make_app
 from pipeline.serve.index import BenchmarkIndex
-from pipeline.serve.launch import add_cli, run_server
+from pipeline.serve.launch import run_server
 from pipeline.serve.options import ServeOptions, deployment_options
 
 __all__ = [
     "BenchmarkIndex",
     "ServeOptions",
-    "add_cli",
     "build_app",
     "deployment_options",
     "in_process_api",

@@ -17,6 +17,7 @@ response that needs no token, and its Content-Security-Policy pins the script by
 import base64
 import functools
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from importlib import resources
@@ -68,11 +69,13 @@ def page() -> tuple[str, str]:
 
 
 def parse_json_body(body: bytes) -> Any:
-    """The JSON value of a request body; ValueError (-> 400) when it is not JSON, nested too
-    deeply or holds NaN/Infinity."""
-    from pipeline.io.safejson import loads
-
-    return loads(body, "request body")
+    """The JSON value of a request body; ValueError (-> 400) when it is not JSON or nested too deeply."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(str(err)) from None
 
 
 def make_api(
@@ -138,7 +141,10 @@ def make_api(
             raise
         except Exception as err:
             # Serve's own overload errors keep their 503 handlers; anything else is a model failure.
-            from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+            from ray.serve.exceptions import (
+                BackPressureError,
+                DeploymentUnavailableError,
+            )
 
             if isinstance(err, (BackPressureError, DeploymentUnavailableError)):
                 raise

@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import posixpath
-from typing import Any
 
 from pipeline.families.base import BaseImage, UnitContext
 from pipeline.sources.base import ImageSource

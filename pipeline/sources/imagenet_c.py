@@ -50,7 +50,16 @@ def looks_like(fs, root: str) -> bool:
 def load_imagenet_c(location: str, labels: LabelSpace):
     """Index an ImageNet-C layout into pointer rows (see the module docstring)."""
     from pipeline.imagenet import wnid_index
-    from pipeline.sources import IMAGE_EXTENSIONS, Source, SourceError, _dominant_format, _fs, _group_rows, _Image, _url
+    from pipeline.sources import (
+        IMAGE_EXTENSIONS,
+        Source,
+        SourceError,
+        _dominant_format,
+        _fs,
+        _group_rows,
+        _Image,
+        _url,
+    )
 
     if len(labels) != 1000:
         raise SourceError(

@@ -39,13 +39,12 @@ the published ``lora_unet_*`` layout.  The original layers are put back afterwar
 
 Public API: :func:`train_slider` (one slider on a loaded pipeline),
 :func:`train_sliders` (every (class, shift) pair of a config, under Ray or in-process,
-resumable), :class:`SliderTrainer` (the per-worker state), :func:`add_cli`
-(``cnsbench train-sliders``).
+resumable) and :class:`SliderTrainer` (the per-worker state);
+``cnsbench train-sliders`` is :mod:`pipeline.cli.train_sliders`.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import hashlib
@@ -57,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec, load_config
+from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec
 from pipeline.models import diffusion
 from pipeline.models.lora import lora_key, save_slider_file, target_modules
 
@@ -625,34 +624,3 @@ def _for_training(cfg: BuildConfig) -> BuildConfig:
     """
     res = cfg.slider_training.resources
     return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"generate": res})})
-
-
-# --------------------------------------------------------------------------- CLI
-def _cmd_train_sliders(args: argparse.Namespace) -> int:
-    overrides = {"slider_training": {"iterations": args.iterations}} if args.iterations is not None else None
-    cfg = load_config(args.config, overrides)
-    store = args.output or cfg.generator.slider_store
-    if not store:
-        raise ConfigError("no slider store: pass --output STORE or set generator.slider_store in the config")
-    summary = train_sliders(cfg, store, address=args.address, runner=args.runner)
-    for line in summary.lines():
-        print(f"{LOG_PREFIX} {line}")
-    return 0 if not summary.failed else 3
-
-
-def add_cli(subparsers: Any) -> None:
-    """Register ``train-sliders CONFIG --output STORE [--address A] [--runner ray|local]
-    [--iterations N]`` on an argparse ``subparsers`` object; sets ``func(args) -> int``."""
-    p = subparsers.add_parser(
-        "train-sliders",
-        help="train the (class, shift) concept sliders of a config into a slider store",
-        description="Train one LoRA concept slider per (class, shift) of the config's benchmark with the "
-        "text-slider objective (slider_training section) and write them as generator.slider_pattern "
-        "files plus a metadata JSON each. Pairs already done are skipped, so rerunning resumes.",
-    )
-    p.add_argument("config")
-    p.add_argument("--output", metavar="STORE", help="slider store directory or URI (default: generator.slider_store)")
-    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' trains in-process, no Ray")
-    p.add_argument("--iterations", type=int, metavar="N", help="override slider_training.iterations")
-    p.set_defaults(func=_cmd_train_sliders)

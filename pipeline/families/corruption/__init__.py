@@ -19,7 +19,8 @@ not the class.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -140,6 +141,18 @@ class CorruptionFamily(Family):
 
     @classmethod
     def missing_files(cls, config, group, pairs) -> list[str]:
+        problems = []
+        names = [c.name for c in config.classifiers]
+        for i, (name, opts) in enumerate(config.aggregate.analysis_entries()):
+            base = opts.get("baseline")
+            if name == "corruption_error" and base is not None and base not in names:
+                problems.append(
+                    f"aggregate.analyses[{i}].baseline: {base!r} is not a classifier of this build ({', '.join(names)})"
+                )
+        return problems + cls._frost_problems(group)
+
+    @classmethod
+    def _frost_problems(cls, group) -> list[str]:
         d = group.options.frost_dir
         if d and "frost" in group.shifts:
             from pathlib import Path
@@ -189,6 +202,8 @@ class CorruptionFamily(Family):
                 img = Image.fromarray(a)
                 images.append(img if opts.work_size is None else img.resize(size, Image.BICUBIC))
             info = {k: v for k, v in base.info.items() if isinstance(v, (str, int, float, bool))}
+            if opts.work_size is not None:
+                info["work_size"] = opts.work_size
             params = [{**info, **describe(shift, s)} for s in scales]
             out[shift] = ShiftImages(images=images, params=params, seconds=time.perf_counter() - t0)
         return out

@@ -11,7 +11,7 @@ every severity (e.g. Poisson counts by inverse CDF of one uniform field).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -23,8 +23,10 @@ from pipeline.families.corruption.ops import (
     filter2d,
     gaussian_filter,
     gaussian_kernel1d,
-    motion_blur as _motion,
     stack_field,
+)
+from pipeline.families.corruption.ops import (
+    motion_blur as _motion,
 )
 
 Params = Sequence[tuple[float, ...]]
@@ -221,7 +223,18 @@ def zoom_blur(x: torch.Tensor, params: Params, fields: Sequence[Fields]) -> torc
 
 
 __all__ = [
-    "gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise",
-    "gaussian_blur", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
-    "disk_kernel", "glass_shuffle_index", "glass_draws", "poisson_from_uniform", "gaussian_kernel1d",
+    "defocus_blur",
+    "disk_kernel",
+    "gaussian_blur",
+    "gaussian_kernel1d",
+    "gaussian_noise",
+    "glass_blur",
+    "glass_draws",
+    "glass_shuffle_index",
+    "impulse_noise",
+    "motion_blur",
+    "poisson_from_uniform",
+    "shot_noise",
+    "speckle_noise",
+    "zoom_blur",
 ]  # fmt: skip

@@ -8,8 +8,8 @@ family reads a folder of frost images, option ``frost_dir``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -25,9 +25,11 @@ from pipeline.families.corruption.ops import (
     filter2d,
     gaussian_filter,
     gray,
-    motion_blur as _motion,
     quantize,
     stack_field,
+)
+from pipeline.families.corruption.ops import (
+    motion_blur as _motion,
 )
 
 Params = Sequence[tuple[float, ...]]
@@ -191,8 +193,7 @@ def _canny(img: torch.Tensor, low: float, high: float) -> torch.Tensor:
 
 def _distance_to_edges(edges: torch.Tensor, cap: float) -> torch.Tensor:
     """Chamfer (1, 1.4) distance of every pixel to the nearest edge pixel, capped at ``cap``."""
-    inf = torch.tensor(1e6)
-    d = torch.where(edges, torch.zeros_like(edges, dtype=torch.float32), inf)
+    d = torch.where(edges, torch.zeros_like(edges, dtype=torch.float32), torch.full_like(edges, 1e6, dtype=torch.float32))
     for _ in range(int(cap) + 2):
         p = F.pad(d, (1, 1, 1, 1), value=1e6)
         h, w = d.shape[-2:]
@@ -209,7 +210,7 @@ def _distance_to_edges(edges: torch.Tensor, cap: float) -> torch.Tensor:
 def _equalize_hist(img: torch.Tensor) -> torch.Tensor:
     """``cv2.equalizeHist`` of an 8-bit image (values 0..255 as floats)."""
     v = img.flatten().long()
-    hist = torch.bincount(v, minlength=256).double()
+    hist = torch.bincount(v, minlength=256).double().cpu()
     total = float(v.numel())
     first = int(torch.nonzero(hist)[0])
     if hist[first] == total:
@@ -217,7 +218,7 @@ def _equalize_hist(img: torch.Tensor) -> torch.Tensor:
     scale = 255.0 / (total - float(hist[first]))
     lut = torch.zeros(256, dtype=torch.float64)
     lut[first + 1 :] = torch.round(torch.cumsum(hist[first + 1 :], 0) * scale).clamp(0, 255)
-    return lut[v].view_as(img).to(img.dtype)
+    return lut.to(img.device)[v].view_as(img).to(img.dtype)
 
 
 def spatter(x: torch.Tensor, params: Params, fields: Sequence[Fields]) -> torch.Tensor:

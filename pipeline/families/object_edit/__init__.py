@@ -98,7 +98,7 @@ class ObjectEditOptions(_Strict):
     )
 
     @model_validator(mode="after")
-    def _sizes(self) -> "ObjectEditOptions":
+    def _sizes(self) -> ObjectEditOptions:
         if self.size.tolerance >= min(self.size.share_from, self.size.share_to):
             raise ValueError("size.tolerance must be smaller than both target shares")
         return self
@@ -178,11 +178,25 @@ class ObjectEditFamily(Family):
             kind = "prompt" if self.config.generator.kind == "prompt" else "slider"
             self.sampler = shared_sampler(self.config, kind, self.device, self.dtype)
 
+    def _empty_prompt(self):
+        """Embedding of the empty prompt: the model's unconditional branch (CFG dropout caption)."""
+        import torch
+
+        if getattr(self, "_empty", None) is None:
+            with torch.no_grad():
+                self._empty = self.sampler.pipe.encode_prompt("", self.sampler.device, 1, False)[0]
+        return self._empty
+
     def _denoise(self, class_id: int, seed: int, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, float]], steps, strength):
         """Run the guided loop on (start, keep, keep_alpha, lambda) rows; images at the saved size."""
         import torch
 
-        from pipeline.families.object_edit.guidance import DenoiseSettings, MaskedDenoiser, from_tensor, to_tensor
+        from pipeline.families.object_edit.guidance import (
+            DenoiseSettings,
+            MaskedDenoiser,
+            from_tensor,
+            to_tensor,
+        )
 
         gen = self.config.generator
         conditional = self.options.condition == "class"
@@ -190,9 +204,10 @@ class ObjectEditFamily(Family):
             steps=steps or gen.steps, strength=strength, guidance_scale=gen.guidance_scale if conditional else 1.0
         )
         denoiser = MaskedDenoiser(self.sampler.pipe, settings)
-        neg, pos = self.sampler.prompt_embeds(class_id)
-        if not conditional:
-            pos = neg  # the unconditional (empty or negative) prompt only
+        if conditional:
+            neg, pos = self.sampler.prompt_embeds(class_id)
+        else:
+            neg = pos = self._empty_prompt()
         embeds = (neg.detach().clone(), pos.detach().clone())  # plain tensors: usable with autograd
         res, size = gen.resolution, gen.image_size
         out: list[np.ndarray] = []

@@ -213,12 +213,12 @@ def offset_for(mask: np.ndarray, distance: float, angle: float, tries: int = 24)
     """
     for k in range(tries):
         a = angle + 2 * math.pi * k / tries
-        dy, dx = int(round(-distance * math.sin(a))), int(round(distance * math.cos(a)))
+        dy, dx = round(-distance * math.sin(a)), round(distance * math.cos(a))
         if feasible_offset(mask, dy, dx):
             return dy, dx, a, True
     best = (0, 0)
-    for step in np.linspace(distance, 0.0, 64):
-        dy, dx = int(round(-step * math.sin(angle))), int(round(step * math.cos(angle)))
+    for step in np.linspace(distance, 0.0, 64).tolist():
+        dy, dx = round(-step * math.sin(angle)), round(step * math.cos(angle))
         if feasible_offset(mask, dy, dx):
             best = (dy, dx)
             break

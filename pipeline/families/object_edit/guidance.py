@@ -31,8 +31,9 @@ This path is separate from the slider family's inference-mode sampler
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -134,7 +135,7 @@ class MaskedDenoiser:
         dev, dtype = pipe.unet.device, pipe.unet.dtype
         sched = copy.deepcopy(pipe.scheduler)
         sched.set_timesteps(self.settings.steps, device=dev)
-        n_run = max(1, int(round(self.settings.steps * self.settings.strength)))
+        n_run = max(1, round(self.settings.steps * self.settings.strength))
         timesteps = sched.timesteps[len(sched.timesteps) - n_run :]
         abars = sched.alphas_cumprod.to(dev, torch.float32)
         final_abar = torch.as_tensor(float(sched.final_alpha_cumprod), device=dev)
