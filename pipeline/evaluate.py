@@ -80,6 +80,8 @@ def effective_config(
     raw["filter"]["enabled"] = bool(use_filter)
     raw["classifiers"] = select_classifiers(cfg, classifiers)
     raw["output"]["image_format"] = source.image_format
+    named = {a if isinstance(a, str) else a.get("name") for a in raw["aggregate"]["analyses"]}
+    raw["aggregate"]["analyses"] += [a for a in source.analyses if a not in named]
     return parse_config(raw, source=f"evaluate config for {source.location}")
 
 

@@ -62,6 +62,27 @@ def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -
     return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
 
 
+def image_reader(store: OutputStore, samples: pd.DataFrame):
+    """``read_image(sample_id) -> bytes`` over the committed WebDataset shards (one shard cached)."""
+    from pipeline.io.webdataset import iter_tar
+
+    where = dict(zip(samples["sample_id"], zip(samples["shard"], samples["key"])))
+    cache: dict[str, dict[str, dict[str, bytes]]] = {}
+
+    def read(sample_id: str) -> bytes:
+        shard, key = where[sample_id]
+        if shard not in cache:
+            cache.clear()
+            cache[shard] = dict(iter_tar(store.read_bytes(shard), source=store.url(shard)))
+        members = cache[shard].get(key, {})
+        for ext in ("png", "jpg", "jpeg", "webp"):
+            if ext in members:
+                return members[ext]
+        raise KeyError(f"{store.url(shard)} has no image for sample {sample_id!r}")
+
+    return read
+
+
 def analysis_plan(cfg: BuildConfig) -> list[tuple[str, dict]]:
     """(analysis key, options): the configured ones, then those the build's families add."""
     from pipeline.registry import FAMILIES
@@ -91,12 +112,13 @@ def aggregate_output(store: OutputStore, cfg: BuildConfig, digest: str | None = 
 
     samples = load_samples(store)
     predictions = load_predictions(store, [c.name for c in cfg.classifiers])
+    reader = image_reader(store, samples)
     title = f"{cfg.benchmark.name}: accuracy drop and failure points"
     doc: dict = {"title": title, "config_hash": digest}
     sections: list[tuple[str, str]] = []
     files: dict[str, bytes] = {}
     for name, options in analysis_plan(cfg):
-        ctx = AnalysisContext(cfg, samples, predictions, options=options, config_hash=digest, read_image=None)
+        ctx = AnalysisContext(cfg, samples, predictions, options=options, config_hash=digest, read_image=reader)
         result = ANALYSES.get(name)(ctx)
         files.update(result.files)
         for tname, table in result.tables.items():

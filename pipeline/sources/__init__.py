@@ -61,7 +61,7 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "folders")
+SOURCE_KINDS = ("cns", "webdataset", "folders", "ximagenet")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -106,6 +106,7 @@ class Source:
     rows: list[dict[str, Any]]
     image_format: str  # the most common of 'png' / 'jpg' (what the output stores unchanged)
     notes: list[str] = field(default_factory=list)
+    analyses: list[str] = field(default_factory=list)  # analyses the layout's benchmark defines (added to the report)
 
     @property
     def scales(self) -> list[float]:
@@ -242,6 +243,10 @@ def detect_kind(location: str) -> str:
         return "cns"
     if _tar_paths(fs, root):
         return "webdataset"
+    from pipeline.sources.ximagenet import is_ximagenet
+
+    if is_ximagenet(fs, root):
+        return "ximagenet"
     if any(fs.isdir(p) for p in fs.ls(root, detail=False)):
         return "folders"
     raise SourceError(
@@ -281,6 +286,10 @@ def open_source(
         src = load_cns(location, labels)
     elif kind == "webdataset":
         src = load_webdataset(location, labels)
+    elif kind == "ximagenet":  # the released XIMAGENET-12 tree (pipeline/sources/ximagenet.py)
+        from pipeline.sources.ximagenet import load_ximagenet
+
+        src = load_ximagenet(location, labels)
     else:
         src = load_folders(location, labels, label_map)
     if not src.rows:
