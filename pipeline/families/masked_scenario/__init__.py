@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.families.base import Family, ShiftImages, UnitContext
 from pipeline.families.masked_scenario.scenarios import ALL_NAMES, GENERATED, SCENARIOS
 
-MAX_BACKGROUNDS_CACHED = 64
+MAX_BACKGROUND_BYTES = 256 * 2**20  # originals kept per worker for random backgrounds
 
 
 class MaskedScenarioOptions(BaseModel):
@@ -98,10 +98,14 @@ class MaskedScenarioFamily(Family):
         key = (cid, seed)
         if key not in self._backgrounds:
             other = ctx.sibling(cid, bench.class_name(cid), seed).base()
-            self._backgrounds[key] = np.asarray(other.image.convert("RGB"))
-            while len(self._backgrounds) > MAX_BACKGROUNDS_CACHED:
-                self._backgrounds.popitem(last=False)
+            self._remember(key, np.asarray(other.image.convert("RGB")))
         return self._backgrounds[key], {"background_class": cid, "background_seed": seed}
+
+    def _remember(self, key: tuple[int, int], arr) -> None:
+        self._backgrounds[key] = arr
+        self._backgrounds.move_to_end(key)
+        while sum(a.nbytes for a in self._backgrounds.values()) > MAX_BACKGROUND_BYTES and len(self._backgrounds) > 1:
+            self._backgrounds.popitem(last=False)
 
     def _paint(self):
         if self._painter is None:
@@ -127,6 +131,7 @@ class MaskedScenarioFamily(Family):
             raise ValueError("masked_scenario needs an object mask; set source.masks")
         img = np.asarray(base.image.convert("RGB"))
         mask = np.asarray(base.mask, dtype=bool)
+        self._remember((ctx.class_id, ctx.seed), img)  # a later unit may draw this one as its background
         if mask.shape != img.shape[:2]:
             raise ValueError(f"object mask {mask.shape} does not match the image {img.shape[:2]}")
         mask_info = {k: base.info[k] for k in ("mask_kind", "mask_area", "mask_components", "mask_main_share", "mask_iou", "attention_area", "mask_unusable") if k in base.info}
