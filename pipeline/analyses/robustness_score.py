@@ -237,15 +237,19 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.tables["scenario_curves"] = curves
     if ctx.config.aggregate.plots and not curves.empty:
         result.figures["scenario_curves"] = _curve_figure(curves)
-    same = list(table.sort_values("score", ascending=False)["classifier"]) == list(table.sort_values("mu", ascending=False)["classifier"])
+    ties = bool(table["mu"].duplicated().any())
+    same = (not ties) and list(table.sort_values("score", ascending=False)["classifier"]) == list(
+        table.sort_values("mu", ascending=False)["classifier"]
+    )
     result.json = {
         "variance": opts.variance,
         "strengths": strengths,
         "scores": {r["classifier"]: _num(r["score"]) for r in rows},
         "ranking_matches_clean_accuracy": bool(same),
+        "clean_accuracy_ties": ties,
         "notes": notes,
     }
-    result.html = _html(table, accuracy, opts, same, notes, bool(ctx.config.aggregate.plots and not curves.empty))
+    result.html = _html(table, accuracy, opts, same, ties, notes, bool(ctx.config.aggregate.plots and not curves.empty))
     return result
 
 
@@ -309,7 +313,7 @@ def _curve_figure(curves: pd.DataFrame):
     return fig
 
 
-def _html(table, accuracy, opts, same, notes, figure) -> str:
+def _html(table, accuracy, opts, same, ties, notes, figure) -> str:
     show = table[["classifier", "score", "score_table", "score_equation", "mu", "mu_inner", "var_cross_table", "var_inner_table", "rank_score", "rank_clean"]]
     pivot = accuracy.pivot(index="classifier", columns="scenario", values="drop_cross")
     parts = [
@@ -318,7 +322,8 @@ def _html(table, accuracy, opts, same, notes, figure) -> str:
         show.to_html(index=False, float_format=lambda v: f"{v:.4f}"),
         "<p>Accuracy drop mu - C(i) per scenario (trained on originals):</p>",
         pivot.to_html(float_format=lambda v: f"{v:.3f}"),
-        f"<p>Ranking by score {'matches' if same else 'differs from'} the ranking by clean accuracy.</p>",
+        "<p>" + ("Clean accuracy ties between classifiers: the score separates what clean accuracy cannot."
+                 if ties else f"Ranking by score {'matches' if same else 'differs from'} the ranking by clean accuracy.") + "</p>",
     ]
     if figure:
         parts.append('<img src="scenario_curves.png" alt="accuracy per scenario and strength">')
