@@ -3,6 +3,7 @@ probes, the regression, mask statistics and the released layout."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -167,3 +168,44 @@ def test_masked_scenario_config_errors():
     assert any("needs object masks" in p for p in missing_assets(cfg))
     cfg = load_config(world, {"source": {"masks": {"options": {"treshold": 0.3}}}})
     assert any("source.masks.options.treshold" in p for p in missing_assets(cfg))
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[1] / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
+def test_evaluate_on_a_release_tree_reports_scenarios_and_score(tmp_path):
+    """A small tree in the released layout, made of held-out world digits: evaluate in process."""
+    from pipeline.cli import main
+    from pipeline.demo.world_data import load_digits_tensor, split, to_pil
+    from pipeline.families.masked_scenario.scenarios import apply
+
+    x, y = load_digits_tensor()
+    _, test = split(y)
+    root = tmp_path / "x12"
+    picks = {c: [int(i) for i in test if int(y[i]) == c][:5] for c in (3, 7)}
+    for c, idx in picks.items():
+        other = picks[7 if c == 3 else 3]
+        for k, i in enumerate(idx):
+            img = np.asarray(to_pil(x[i : i + 1])[0])
+            mask = img.mean(-1) >= 64
+            bg = np.asarray(to_pil(x[other[k] : other[k] + 1])[0])
+            for folder, out in (
+                ("image", img),
+                ("segmented_image", apply("segmented_image", img, mask, 1.0, {})),
+                ("Rand_bg", apply("random_background", img, mask, 1.0, {"background": bg})),
+            ):
+                d = root / folder / f"{c:03d}_digit"
+                d.mkdir(parents=True, exist_ok=True)
+                from PIL import Image
+
+                Image.fromarray(out).save(d / f"img_{k:02d}.png")
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    rc = main(["evaluate", str(root), "--config", str(repo / "configs" / "demo.yaml"), "--output", str(out),
+               "--classifiers", "linear,cnn", "--runner", "local"])
+    assert rc == 0
+    score = pd.read_csv(out / "report" / "robustness_score.csv")
+    assert list(score["classifier"]) == ["linear", "cnn"] and score["score"].notna().all()
+    acc = pd.read_csv(out / "report" / "scenario_accuracy.csv").set_index(["classifier", "scenario"])
+    assert set(acc.index.get_level_values("scenario")) == {"random_background", "segmented_image"}
+    assert acc.loc[("cnn", "random_background"), "C"] < acc.loc[("cnn", "segmented_image"), "C"]
+    assert acc["C_prime"].notna().all()
+    assert (out / "report" / "regression.csv").is_file()

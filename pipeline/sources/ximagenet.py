@@ -106,7 +106,7 @@ def class_of_folder(folder: str, labels: LabelSpace) -> int | None:
 
 
 def is_ximagenet(fs: Any, root: str) -> bool:
-    """A root with an originals folder and at least one other folder of class folders."""
+    """A root with an originals folder of class folders (wnids or ``NNN_name``) and at least one other folder."""
     try:
         subs = [p for p in fs.ls(root, detail=False) if fs.isdir(p)]
     except FileNotFoundError:
@@ -116,7 +116,7 @@ def is_ximagenet(fs: Any, root: str) -> bool:
     if not originals or len(names) < 2:
         return False
     inner = [posixpath.basename(p.rstrip("/")) for p in fs.ls(originals[0], detail=False) if fs.isdir(p)]
-    return any(n in XIMAGENET_CLASSES for n in inner)
+    return any(n in XIMAGENET_CLASSES or re.match(r"^\d+[_\- ]", n) for n in inner)
 
 
 def load_ximagenet(location: str, labels: LabelSpace):

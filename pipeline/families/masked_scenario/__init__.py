@@ -73,10 +73,12 @@ class MaskedScenarioFamily(Family):
         if config.source.masks.kind == "none":
             problems.append("source.masks.kind: masked_scenario needs object masks (e.g. 'folder', 'cross_attention', 'ink')")
         if GENERATED in group.shifts and config.source.kind != "seed":
+            import os
+
             from pipeline.models.diffusion import is_local_path
 
             model = config.generator.model
-            if is_local_path(model) and not __import__("os").path.isdir(model):
+            if is_local_path(model) and not os.path.isdir(model):
                 problems.append(f"generator.model: generated_background needs the text-to-image model, not found: {model}")
         return problems
 
