@@ -22,6 +22,7 @@ needs_world = pytest.mark.skipif(not WORLD.is_file(), reason="assets/world not t
 
 
 @pytest.fixture(scope="module")
+@pytest.mark.timeout(3600)
 def world_output(tmp_path_factory):
     from pipeline.build import build
     from pipeline.config import load_config
@@ -47,8 +48,11 @@ def _images(out: Path) -> dict[str, np.ndarray]:
 
 @needs_world
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # about 3 CPU minutes; wall time grows on a busy machine
 def test_world_build_effects(world_output):
     out = world_output
+    for name in ("robustness_score", "scenario_accuracy", "mask_quality"):  # shown with -s
+        print(pd.read_csv(out / "report" / f"{name}.csv").to_string())
     score = pd.read_csv(out / "report" / "robustness_score.csv")
     assert list(score.columns[:2]) == ["classifier", "score"]
     assert sorted(score["classifier"]) == ["clip-zs", "cnn", "linear", "vit"]

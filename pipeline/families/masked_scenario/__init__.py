@@ -69,7 +69,8 @@ class MaskedScenarioFamily(Family):
         problems = []
         bad = [s for s in group.scales if not 0.0 <= s <= 1.0]
         if bad:
-            problems.append(f"{group.where}.scales: masked_scenario strengths must be in [0, 1], got {bad}")
+            key = "benchmark.scales" if group.primary else f"{group.where}.scales"
+            problems.append(f"{key}: masked_scenario strengths must be in [0, 1], got {bad}")
         if config.source.masks.kind == "none":
             problems.append("source.masks.kind: masked_scenario needs object masks (e.g. 'folder', 'cross_attention', 'ink')")
         if GENERATED in group.shifts and config.source.kind != "seed":
