@@ -22,7 +22,6 @@ needs_world = pytest.mark.skipif(not WORLD.is_file(), reason="assets/world not t
 
 
 @pytest.fixture(scope="module")
-@pytest.mark.timeout(3600)
 def world_output(tmp_path_factory):
     from pipeline.build import build
     from pipeline.config import load_config
