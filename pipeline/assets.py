@@ -87,8 +87,11 @@ def missing_sliders(cfg: BuildConfig, pairs: Iterable[tuple[int, str]]) -> list[
 
 
 def check_registry_keys(cfg: BuildConfig) -> list[str]:
-    """Unknown generator/filter/classifier kinds and unknown timm model names."""
-    problems = []
+    """Unknown generator/filter/classifier kinds, unknown timm model names, and the
+    combinations the evaluation protocol refuses (:func:`pipeline.protocol.problems`)."""
+    from pipeline.protocol import problems as protocol_problems
+
+    problems = protocol_problems(cfg)
     for reg, key, where in (
         (FAMILIES, cfg.generator.kind, "generator.kind"),
         (FILTERS, cfg.filter.kind, "filter.kind"),
@@ -105,12 +108,40 @@ def check_registry_keys(cfg: BuildConfig) -> list[str]:
         except KeyError as err:
             problems.append(f"classifiers[{i}] ({clf.name}).kind: {err.args[0]}")
             continue
+        if clf.kind == "torch_hub":
+            from pipeline.models.classifiers import parse_hub_model
+
+            try:
+                parse_hub_model(clf.model, f"classifiers[{i}] ({clf.name})")
+            except ValueError as err:
+                problems.append(str(err))
         if clf.kind == "timm":
             from pipeline.models.classifiers import timm_name_problem
 
             problem = timm_name_problem(clf.model, local_weights=bool(clf.checkpoint))
             if problem:
                 problems.append(f"classifiers[{i}] ({clf.name}).model: {problem}")
+    problems.extend(analysis_option_problems(cfg))
+    return problems
+
+
+def analysis_option_problems(cfg: BuildConfig) -> list[str]:
+    """Unknown analyses, and what an analysis module's ``check_options(options, cfg)`` finds wrong."""
+    import importlib
+
+    from pipeline.aggregate.run import analysis_plan
+    from pipeline.registry import ANALYSES
+
+    problems = []
+    for name, options in analysis_plan(cfg):
+        try:
+            run = ANALYSES.get(name)
+        except KeyError as err:
+            problems.append(f"aggregate.analyses: {err.args[0]}")
+            continue
+        check = getattr(importlib.import_module(run.__module__), "check_options", None)
+        if check is not None:
+            problems.extend(f"aggregate.analyses[{name}]: {p}" for p in check(options, cfg))
     return problems
 
 
@@ -121,3 +152,93 @@ def check_build(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None
         raise AssetError(
             f"{len(problems)} problem(s) before the build could start:\n" + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+# --------------------------------------------------------------------------- hub weights
+def _hf_cached(repo_id: str, filenames: Iterable[str]) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in filenames:
+        try:
+            hit = try_to_load_from_cache(repo_id, name)
+        except Exception:  # a malformed id: not something this check can decide
+            return True
+        if isinstance(hit, str):
+            return True
+    return False
+
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def _timm_cached(name: str) -> bool:
+    from timm.models import get_pretrained_cfg
+
+    try:
+        pcfg = get_pretrained_cfg(name)
+    except Exception:
+        pcfg = None
+    if pcfg is None:
+        return True  # unknown tag: check_registry_keys reports it
+    if pcfg.hf_hub_id:
+        return _hf_cached(pcfg.hf_hub_id, _WEIGHT_FILES)
+    if pcfg.url:
+        import torch.hub
+
+        return os.path.isfile(os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(pcfg.url)))
+    return True
+
+
+def _open_clip_cached(model: str, tag: str) -> bool:
+    from open_clip.pretrained import get_pretrained_cfg
+
+    pcfg = get_pretrained_cfg(model, tag) or {}
+    hub = pcfg.get("hf_hub")
+    if hub:  # "org/repo/" or "org/repo/filename"
+        parts = hub.strip("/").split("/")
+        names = ["/".join(parts[2:])] if len(parts) > 2 else []
+        return _hf_cached("/".join(parts[:2]), (*names, *_WEIGHT_FILES))
+    return True
+
+
+def _torch_hub_cached(repo: str) -> bool:
+    import glob
+
+    import torch.hub
+
+    owner_name = repo.split(":", 1)[0].replace("/", "_")
+    return bool(glob.glob(os.path.join(torch.hub.get_dir(), f"{owner_name}_*")))
+
+
+def remote_weights_not_cached(cfg: BuildConfig) -> list[str]:
+    """Weights the config names by hub id (SD2, timm and open_clip tags, torch hub entry points)
+    that are not in this machine's caches, one line each.
+
+    Informational: a build downloads them on first use (on a cluster, into the image's
+    model cache); offline, such a build would fail when the model loads.
+    """
+    out: list[str] = []
+    gen = cfg.generator
+    families = [FAMILIES.get(g.kind) for g in cfg.family_groups()]
+    uses_model = any(f.generates_base for f in families) or cfg.source.kind == "seed"
+    if uses_model and not is_local_path(gen.model) and not _hf_cached(gen.model, ("model_index.json",)):
+        out.append(f"generator.model: {gen.model} (Hugging Face hub)")
+    flt = cfg.filter
+    if flt.enabled and flt.kind != "none":
+        clip_tag = flt.clip.pretrained
+        if clip_tag and not _local_file_ref(clip_tag) and not _open_clip_cached(flt.clip.model, clip_tag):
+            out.append(f"filter.clip: open_clip {flt.clip.model} pretrained={clip_tag}")
+        if not flt.dino.checkpoint and not _timm_cached(flt.dino.model):
+            out.append(f"filter.dino: timm {flt.dino.model}")
+    for i, clf in enumerate(cfg.classifiers):
+        where = f"classifiers[{i}] ({clf.name})"
+        if clf.kind == "timm" and not clf.checkpoint and not _timm_cached(clf.model):
+            out.append(f"{where}: timm {clf.model}")
+        elif clf.kind == "open_clip_zeroshot" and clf.checkpoint and not _local_file_ref(clf.checkpoint):
+            if not _open_clip_cached(clf.model, clf.checkpoint):
+                out.append(f"{where}: open_clip {clf.model} pretrained={clf.checkpoint}")
+        elif clf.kind == "torch_hub":
+            repo = clf.model.rpartition(":")[0]
+            if repo and not os.path.isdir(repo) and not _torch_hub_cached(repo):
+                out.append(f"{where}: torch hub {clf.model}")
+    return out

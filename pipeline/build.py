@@ -18,6 +18,8 @@ from pipeline import __version__, plan, schema
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.executors import StageSpec, get_executor
+from pipeline.io.manifest import quarantine
+from pipeline.io.ownership import claim_output
 from pipeline.io.store import OutputStore
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,6 @@ EXTENSIBLE = {
     "benchmark.shifts",
     "benchmark.name",
     "output.path",
-    "output.trajectories_per_shard",
     "aggregate",
     "slider_training",
 }
@@ -109,6 +110,10 @@ def _with_current_defaults(old: dict[str, Any]) -> dict[str, Any]:
     """
     from pipeline.config import ConfigError, parse_config
 
+    if isinstance(old, dict) and "protocol" not in old:
+        # Written before the protocol existed: its rows were made with each model's own
+        # preprocessing and the label space's names, which is what ``custom`` does.
+        old = {**old, "protocol": "custom"}
     try:
         return resolved_dict(parse_config(old, source="config.json"))
     except (ConfigError, ValueError):
@@ -116,17 +121,19 @@ def _with_current_defaults(old: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | None:
-    """Compare with the config an existing output was built with; raise if incompatible.
+    """Claim the output and compare with the config it was built with; raise if incompatible.
 
+    The output must be ours (:func:`pipeline.io.ownership.claim_output`: a new or empty
+    directory, or one with our marker), else OwnershipError and nothing is touched.
     Classifiers are compared by name: adding or dropping one is fine (only the new ones
     run, on the committed images), changing the spec behind a name is not.
+    ``output.trajectories_per_shard`` may not change: it decides which trajectories share
+    a shard, and committed shards must not overlap new ones.
     """
-    if not store.exists("config.json"):
+    marker = claim_output(store)
+    if marker is None:
         return None
-    try:
-        old = json.loads(store.read_text("config.json"))["config"]
-    except (ValueError, KeyError) as err:
-        raise IncompatibleOutput(f"{store.url('config.json')} is malformed: {err}") from None
+    old = marker["config"]
     stored = old
     old = _with_current_defaults(old)
     new = resolved_dict(cfg)
@@ -147,12 +154,17 @@ def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | N
 
 def archive_previous(store: OutputStore) -> str | None:
     """Move an existing build's files to ``previous/<old config hash>/`` (nothing is deleted)."""
-    if not store.exists("config.json"):
+    from pipeline.io.ownership import read_marker
+
+    marker = read_marker(store)
+    if marker is None:
         return None
-    old_hash = json.loads(store.read_text("config.json")).get("config_hash", "unknown")[:12]
+    old_hash = marker["config_hash"][:12]
     dest = f"previous/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
+    from pipeline.io.ownership import LEASE
+
     for name in store.top_level():
-        if name != "previous":
+        if name not in ("previous", LEASE):  # the lease stays with its holder
             store.move(name, f"{dest}/{name}")
     return dest
 
@@ -165,10 +177,15 @@ def committed_trajectories(
     A shard whose files are missing, have the wrong size (truncated) or, with ``deep``,
     the wrong SHA-256 (corrupted) is un-committed when ``repair`` is set: its manifest is
     removed first, then its files, so its trajectories are planned and written again.
+    A manifest that is malformed or overlaps an earlier one never counts; with ``repair``
+    it is moved to ``previous/quarantine/`` (:func:`pipeline.io.manifest.quarantine`).
     """
     done: set[str] = set()
     failed: dict[str, str] = {}
-    for manifest in list(store.manifests()):
+    scan = store.scan()
+    if repair and scan.problems:
+        quarantine(store, scan.problems, echo)
+    for manifest in scan.manifests:
         problems = store.verify_shard(manifest, deep=deep)
         if problems:
             if echo:
@@ -197,7 +214,11 @@ def add_classifiers(
     store: OutputStore, cfg: BuildConfig, built_with: list[str], runner: str, address: str | None, echo
 ) -> None:
     """Run newly configured classifiers on the images of already committed shards."""
-    from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage, missing_classifiers
+    from pipeline.stages.reclassify import (
+        RECLASSIFY,
+        ReclassifyStage,
+        missing_classifiers,
+    )
 
     rows = missing_classifiers(store, [c.name for c in cfg.classifiers], built_with)
     if not rows:
@@ -222,12 +243,17 @@ def write_config(store: OutputStore, cfg: BuildConfig) -> str:
 
 
 class ShardTally:
-    """Counts the shards a runner reports as committed and prints a progress line for each."""
+    """Counts the shards a runner reports as committed and shows the run's progress
+    (:class:`pipeline.progress.Progress`: a live line on a terminal, periodic lines otherwise)."""
 
-    def __init__(self, total: int, done_before: int, echo: Callable[[str], None]) -> None:
+    def __init__(self, total: int, done_before: int, echo: Callable[[str], None], what: str = "build") -> None:
+        from pipeline.progress import Progress
+
         self.total, self.done_before, self.echo = total, done_before, echo
         self.traj = self.images = self.shards = self.failed = 0
         self.evals = self.gen_s = 0.0
+        # The live line only when printing to a terminal; a caller's own echo gets plain lines.
+        self.progress = Progress(what, total, done=done_before, echo=None if echo is print else echo)
 
     def __call__(self, row: dict) -> None:
         self.traj += row["n_trajectories"]
@@ -236,12 +262,9 @@ class ShardTally:
         self.failed += row["n_failed"]
         self.evals += row["unet_evals"]
         self.gen_s += row["gen_seconds"]
-        failed_note = f", {row['n_failed']} failed" if row["n_failed"] else ""
-        progress = self.done_before + self.traj + self.failed
-        self.echo(
-            f"[cnsbench] shard {row['shard']}: {row['n_trajectories']} trajectories{failed_note} "
-            f"({progress}/{self.total})"
-        )
+        if row["n_failed"]:
+            self.progress.log(f"[cnsbench] shard {row['shard']}: {row['n_failed']} trajectories failed")
+        self.progress.update(done=row["n_trajectories"], images=row["n_samples"], failed=row["n_failed"])
 
 
 def finish_run(
@@ -257,6 +280,7 @@ def finish_run(
     run_info: dict | None = None,
 ) -> BuildSummary:
     """After a run: drop crash bookkeeping, aggregate, and record the run's summary."""
+    tally.progress.close()
     store.remove_tree("attempts")  # crash bookkeeping is per run
     _, failed = committed_trajectories(store, repair=False)
     report = None
@@ -286,7 +310,20 @@ def finish_run(
     return summary
 
 
-def build(
+def build(cfg: BuildConfig, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any) -> BuildSummary:
+    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report.
+
+    Holds the output's lease throughout (:mod:`pipeline.io.lease`: one writer per output).
+    ``new_version`` archives an incompatible existing build instead of refusing it;
+    ``verify`` checks every committed file's SHA-256, not only its size.
+    """
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(output, "build", echo):
+        return _build(cfg, output, echo=echo, **kwargs)
+
+
+def _build(
     cfg: BuildConfig,
     output: str,
     *,
@@ -297,11 +334,6 @@ def build(
     verify: bool = False,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) a build of ``cfg`` into ``output`` and aggregate its report.
-
-    ``new_version`` archives an incompatible existing build instead of refusing it;
-    ``verify`` checks every committed file's SHA-256, not only its size.
-    """
     start = time.perf_counter()
     store = OutputStore(output)
     stored = None

@@ -21,8 +21,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from pipeline.io import bounds
 from pipeline.labels import LabelSpace, label_space
 
 REFERENCE_SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
@@ -35,7 +44,8 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: NaN or infinite numbers anywhere in a config are refused.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- resources
@@ -44,8 +54,8 @@ class StageResources(Strict):
 
     num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (fractions pack actors on a GPU)")
     num_cpus: float = Field(1.0, gt=0)
-    batch_size: int = Field(1, ge=1, description="rows per map_batches call")
-    pool_size: int = Field(1, ge=1, description="actors started at once")
+    batch_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="rows per map_batches call")
+    pool_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="actors started at once")
     max_pool_size: int | None = Field(None, ge=1, description="autoscale up to this many actors")
     max_retries: int = Field(2, ge=0, description="restarts of a crashed actor before items are failed")
 
@@ -72,7 +82,9 @@ class BenchmarkSpec(Strict):
     """What to build: classes x seeds x shifts x scales."""
 
     name: str = "cns-bench"
-    labels: str | list[str] = Field("imagenet", description="'imagenet', a list of class names, or a file of them")
+    labels: str | list[str] = Field(
+        "imagenet", description="'imagenet', 'imagenet_d' (113 classes, multi-id), a list of class names, or a file of them"
+    )
     classes: list[int | str] = Field(..., min_length=1, description="class ids (ImageNet: 0..999) or class names")
     seeds: list[int] = Field(..., min_length=1)
     shifts: list[str] = Field(..., min_length=1, description="shifts of the primary family (generator.kind)")
@@ -87,10 +99,9 @@ class BenchmarkSpec(Strict):
     def _seed_range(cls, value: Any) -> Any:
         # "1..50" is shorthand for the reference's seeds 1..N.
         if isinstance(value, str):
-            m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", value)
-            if not m or int(m.group(1)) > int(m.group(2)):
-                raise ValueError(f"seed range must look like '1..50', got {value!r}")
-            return list(range(int(m.group(1)), int(m.group(2)) + 1))
+            return bounds.seed_range(value)  # bounded before the list is made
+        if isinstance(value, list) and len(value) > bounds.MAX_SEEDS:
+            raise ValueError(f"{len(value)} seeds; at most {bounds.MAX_SEEDS} are allowed")
         return value
 
     @field_validator("seeds")
@@ -141,6 +152,7 @@ class BenchmarkSpec(Strict):
             raise ValueError("scales must include 0 (the unshifted reference image of every trajectory)")
         if sorted(set(value)) != list(value):
             raise ValueError(f"scales must be unique and ascending, got {value}")
+        bounds.check_scales(value)
         return [float(v) for v in value]
 
 
@@ -155,6 +167,9 @@ class ClassTokens(Strict):
 
     kind: Literal["ti_folder", "text_encoder_dir", "none"] = "ti_folder"
     path: str | None = None
+    plain_names: bool = Field(
+        False, description="kind none on ImageNet: opt in to plain-name prompts (not what CNS-Bench used)"
+    )
 
     @model_validator(mode="after")
     def _path(self) -> "ClassTokens":
@@ -178,11 +193,11 @@ class GeneratorSpec(Strict):
     steps: int = Field(50, ge=1, le=1000)
     guidance_scale: float = Field(7.5, ge=0)
     lora_timestep_threshold: int = Field(750, ge=0, le=1000, description="slider on while t <= threshold")
-    resolution: int = Field(768, ge=8, description="generated size in pixels (multiple of 8)")
-    image_size: int = Field(256, ge=8, description="saved size in pixels")
+    resolution: int = Field(768, ge=8, le=bounds.MAX_RESOLUTION, description="generated size in pixels (multiple of 8)")
+    image_size: int = Field(256, ge=8, le=bounds.MAX_RESOLUTION, description="saved size in pixels")
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     share_prefix: bool = Field(True, description="compute pre-window steps and scale 0 once per (class, seed)")
-    branch_batch_size: int = Field(16, ge=1, description="(shift, scale) branches per UNet forward")
+    branch_batch_size: int = Field(16, ge=1, le=bounds.MAX_BATCH, description="(shift, scale) branches per UNet forward")
     attention: Literal["auto", "sdpa", "xformers"] = "auto"
     channels_last: bool = False
     compile: bool = False
@@ -198,8 +213,22 @@ class GeneratorSpec(Strict):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, value: str) -> str:
-        if "{token}" not in value:
-            raise ValueError("prompt must contain '{token}'")
+        bounds.check_template(value, {"token"}, required={"token"})
+        return value
+
+    @field_validator("shift_prompt")
+    @classmethod
+    def _shift_prompt(cls, value: str) -> str:
+        bounds.check_template(value, {"token", "shift_words"})
+        return value
+
+    @field_validator("slider_pattern")
+    @classmethod
+    def _slider_pattern(cls, value: str) -> str:
+        from pipeline.io.fs import normalize_relpath
+
+        bounds.check_template(value, {"shift", "class_id", "class_name"})
+        normalize_relpath(value.replace("{", "").replace("}", ""), "slider_pattern")  # relative, inside the store
         return value
 
 
@@ -210,11 +239,36 @@ class ClipModelSpec(Strict):
     model_config_file: str | None = Field(None, description="JSON architecture for a custom open_clip model")
 
 
+class PreprocessSpec(Strict):
+    """An explicit eval transform: resize the shorter side, center-crop, scale to [0, 1], normalise."""
+
+    resize: int = Field(..., ge=1, le=bounds.MAX_RESOLUTION)
+    crop: int = Field(..., ge=1, le=bounds.MAX_RESOLUTION)
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bicubic"
+    mean: list[float] = Field(..., min_length=1)
+    std: list[float] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "PreprocessSpec":
+        if self.crop > self.resize:
+            raise ValueError(f"crop ({self.crop}) must be <= resize ({self.resize})")
+        if len(self.mean) != len(self.std) or any(v <= 0 for v in self.std):
+            raise ValueError(f"mean and std need the same length and std > 0, got mean={self.mean}, std={self.std}")
+        return self
+
+
+# 'cns': the original CNS-Bench transform, 'model': the model's own data config (see pipeline.protocol).
+Preprocessing = Literal["cns", "model"] | PreprocessSpec
+
+
 class DinoModelSpec(Strict):
     model: str = "vit_large_patch14_reg4_dinov2.lvd142m"
     checkpoint: str | None = Field(None, description="local weights file; otherwise timm's pretrained tag")
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     softmax_cls: bool = Field(True, description="softmax on the class token before the cosine (reference code)")
+    preprocess: Preprocessing | None = Field(
+        None, description="cns: Resize(520) bilinear, CenterCrop(518), Normalize(0.5, 0.2); model: timm's config"
+    )
 
 
 class Thresholds(Strict):
@@ -235,6 +289,19 @@ class FilterSpec(Strict):
     min_pass: int = Field(2, ge=0, le=4, description="keep a sample when at least this many detectors pass")
     class_prompt: str = "a photo of a {class_name}"
     shift_prompt: str = "a photo of a {class_name} in {shift_words}"
+    class_names: Literal["keras", "labels"] | None = Field(
+        None, description="names in the prompts: keras (the original's ImageNet names) or the label space's"
+    )
+    shift_text_style: Literal["verbatim", "words"] | None = Field(
+        None, description="{shift_words} of the prompts: the shift name verbatim (cns) or its words"
+    )
+    shift_text: dict[str, str] = Field(default_factory=dict, description="filter text of a shift, overriding the style")
+
+    @field_validator("class_prompt", "shift_prompt")
+    @classmethod
+    def _prompts(cls, value: str) -> str:
+        bounds.check_template(value, {"class_name", "shift_words"})
+        return value
 
 
 # --------------------------------------------------------------------------- classifiers
@@ -249,14 +316,43 @@ class ClassifierSpec(Strict):
     label_map: dict[int, int] | str | None = Field(
         None, description="output index -> ImageNet id (dict or JSON file); identity over 1000 classes if unset"
     )
+    preprocess: Preprocessing | None = Field(
+        None, description="cns: Resize(256) bicubic, CenterCrop(224), ImageNet mean/std; model: the model's own"
+    )
+
+    @field_validator("templates")
+    @classmethod
+    def _templates(cls, value: str | list[str]) -> str | list[str]:
+        for t in [] if isinstance(value, str) else value:
+            bounds.check_template(t, {"c"}, required={"c"})
+        return value
 
 
 # --------------------------------------------------------------------------- output / aggregate
 class OutputSpec(Strict):
     path: str | None = Field(None, description="directory or URI; `build --output` overrides it")
-    trajectories_per_shard: int = Field(64, ge=1)
+    trajectories_per_shard: int = Field(64, ge=1, le=bounds.MAX_BATCH)
     image_format: Literal["png", "jpg"] = "png"
     jpeg_quality: int = Field(95, ge=1, le=100)
+
+
+class BootstrapSpec(Strict):
+    """Bootstrap confidence intervals of the report (see docs/report.md)."""
+
+    resamples: int = Field(1000, ge=0, le=100000, description="resamples of trajectories within (shift, class); 0: none")
+    level: float = Field(0.95, gt=0.0, lt=1.0, description="two-sided level of the percentile intervals")
+    seed: int = Field(0, ge=0, description="seed of the resampling (the intervals are deterministic for it)")
+
+
+class StripSpec(Strict):
+    """Image strips of the report: per shift a contact sheet of trajectories x scales."""
+
+    count: int = Field(8, ge=0, le=200, description="trajectories per sheet; 0: no strips")
+    choice: Literal["random", "most_robust", "least_robust"] = Field(
+        "random", description="random (fixed seed) or the trajectories with the latest/earliest failure points"
+    )
+    seed: int = Field(0, ge=0, description="seed of the random choice")
+    thumb_px: int = Field(64, ge=16, le=512, description="thumbnail edge in pixels")
 
 
 class AggregateSpec(Strict):
@@ -267,6 +363,8 @@ class AggregateSpec(Strict):
         default_factory=lambda: ["cns"],
         description="analyses to run (registry keys, or {name: key, ...options}); families add their own",
     )
+    bootstrap: BootstrapSpec = BootstrapSpec()
+    strips: StripSpec = StripSpec()
 
     @field_validator("analyses")
     @classmethod
@@ -292,14 +390,26 @@ class SliderTrainingSpec(Strict):
 
     rank: int = Field(4, ge=1)
     alpha: float = Field(1.0, gt=0)
-    targets: Literal["attn", "attn_conv"] = Field("attn", description="attn: attention only; attn_conv: + convs")
+    targets: Literal["attn", "attn_conv"] = Field(
+        "attn", description="attn: attention only; attn_conv: + convs (c3lier, the cns protocol's default)"
+    )
     method: Literal["noxattn", "full", "xattn", "selfattn"] = "noxattn"
     iterations: int = Field(400, ge=1)
     learning_rate: float = Field(2e-4, gt=0)
     eta: float = Field(4.0, description="guidance of the slider target: neutral + eta * (positive - unconditional)")
     mode: Literal["enhance", "erase"] = Field("enhance", description="erase: neutral - eta * (...)")
     positive_prompt: str = "{token}, in {shift_words}"
+
+    @field_validator("positive_prompt")
+    @classmethod
+    def _positive_prompt(cls, value: str) -> str:
+        bounds.check_template(value, {"token", "shift_words"}, where="slider_training.positive_prompt")
+        return value
     max_denoise_steps: int = Field(50, ge=1, description="k ~ U{1..max} partial DDIM steps per iteration")
+    resolution: int | None = Field(
+        None, ge=8, le=bounds.MAX_RESOLUTION, description="training size in pixels (cns: 512; else generator.resolution)"
+    )
+    batch_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="latents per iteration (cns: 16)")
     seed: int = 0
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     resources: StageResources = StageResources(num_gpus=1.0)
@@ -348,6 +458,9 @@ class FamilyGroup:
 
 
 class BuildConfig(Strict):
+    protocol: Literal["cns", "custom"] | None = Field(
+        None, description="cns: the original CNS-Bench inputs (default on ImageNet); custom: set every item yourself"
+    )
     benchmark: BenchmarkSpec
     generator: GeneratorSpec = GeneratorSpec()
     filter: FilterSpec = FilterSpec()
@@ -381,6 +494,13 @@ class BuildConfig(Strict):
         return self.benchmark.shift_words.get(shift, shift.replace("_", " "))
 
     @model_validator(mode="after")
+    def _protocol(self) -> "BuildConfig":
+        from pipeline import protocol
+
+        protocol.resolve(self)  # fills the keys left unset; see pipeline/protocol.py
+        return self
+
+    @model_validator(mode="after")
     def _families(self) -> "BuildConfig":
         self._groups = None
         self.family_groups()  # raises ValueError naming the family and key
@@ -404,6 +524,10 @@ def _check_scales(scales: list[float], where: str) -> list[float]:
         raise ValueError(f"{where}: scales must include 0 (the unshifted reference image of every trajectory)")
     if sorted(set(scales)) != list(scales):
         raise ValueError(f"{where}: scales must be unique and ascending, got {scales}")
+    try:
+        bounds.check_scales(scales)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
     return [float(v) for v in scales]
 
 
@@ -441,6 +565,9 @@ def _resolve_groups(cfg: "BuildConfig") -> list[FamilyGroup]:
             if scales is None:
                 raise ValueError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
         grid = _check_scales(list(scales), f"{where}.scales")
+        problems = family.check_scales(grid)
+        if problems:
+            raise ValueError(f"{where}.scales: " + "; ".join(problems))
         groups.append(FamilyGroup(kind, tuple(shifts), tuple(grid), opts, primary=(n == 0)))
     return groups
 
@@ -527,7 +654,17 @@ def format_validation_error(err: ValidationError, source: str) -> str:
 def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> BuildConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid config {source}: the top level must be a mapping, got {type(raw).__name__}")
-    raw = json.loads(json.dumps(raw))  # deep copy, and rejects non-JSON values early
+    try:
+        bounds.check_expansion(raw, source)  # before the copy below expands aliases
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    bad = bounds.nonfinite_path(raw)
+    if bad:
+        raise ConfigError(f"invalid config {source}:\n  {bad}: NaN or infinite numbers are not allowed")
+    try:
+        raw = json.loads(json.dumps(raw))  # deep copy, and rejects non-JSON values early
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid config {source}: {err} (values must be strings, numbers, lists or mappings)") from None
     if base_dir is not None:
         _resolve_paths(raw, base_dir)
     try:
@@ -542,9 +679,9 @@ def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"invalid YAML in {p}: {err}") from None
+        raw = bounds.load_yaml(p)  # bounded size, nesting and alias expansion
+    except (ValueError, OSError) as err:
+        raise ConfigError(str(err)) from None
     if overrides:
         raw = deep_merge(raw or {}, overrides)
     return parse_config(raw, source=str(p), base_dir=p.resolve().parent)

@@ -22,7 +22,6 @@ shards are skipped, and a second run with settings that would change existing ro
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from typing import Any, Callable
@@ -39,15 +38,12 @@ from pipeline.build import (
 from pipeline.config import (
     BuildConfig,
     ConfigError,
-    StageResources,
-    deep_merge,
-    load_config,
     parse_config,
     resolved_dict,
 )
 from pipeline.executors import StageSpec, get_executor
 from pipeline.io.store import OutputStore
-from pipeline.sources import SOURCE_KINDS, LoadStage, Source, open_source
+from pipeline.sources import LoadStage, Source
 
 
 def select_classifiers(cfg: BuildConfig, names: list[str] | None) -> list[dict[str, Any]]:
@@ -75,13 +71,20 @@ def effective_config(
     """
     raw = resolved_dict(cfg)
     raw["benchmark"].update(
-        classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=source.scales
+        # Scale 0 is every grid's reference, also for layouts that may lack it (ImageNet-C).
+        classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=sorted({0.0, *source.scales})
     )
+    if source.labels:  # a layout with its own label space (ImageNet-D's 113 classes)
+        raw["benchmark"]["labels"] = source.labels
+        if raw["filter"].get("class_names") == "keras":  # Keras names exist for ImageNet-1k only
+            raw["filter"]["class_names"] = "labels"
+    # The margin's "never failed" value must cover the grid (ImageNet-C severities reach 5).
+    raw["aggregate"]["margin_max_scale"] = max(raw["aggregate"]["margin_max_scale"], *raw["benchmark"]["scales"])
+    configured = {a if isinstance(a, str) else a.get("name") for a in raw["aggregate"]["analyses"]}
+    raw["aggregate"]["analyses"] += [a for a in source.analyses if a not in configured]
     raw["filter"]["enabled"] = bool(use_filter)
     raw["classifiers"] = select_classifiers(cfg, classifiers)
     raw["output"]["image_format"] = source.image_format
-    named = {a if isinstance(a, str) else a.get("name") for a in raw["aggregate"]["analyses"]}
-    raw["aggregate"]["analyses"] += [a for a in source.analyses if a not in named]
     return parse_config(raw, source=f"evaluate config for {source.location}")
 
 
@@ -112,6 +115,20 @@ def _stages(cfg: BuildConfig) -> list[StageSpec]:
 
 
 def evaluate(
+    cfg: BuildConfig, source: Source, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any
+) -> BuildSummary:
+    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
+
+    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
+    build (generation fields None).  Holds the output's lease throughout.
+    """
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(output, "evaluate", echo):
+        return _evaluate(cfg, source, output, echo=echo, **kwargs)
+
+
+def _evaluate(
     cfg: BuildConfig,
     source: Source,
     output: str,
@@ -121,11 +138,6 @@ def evaluate(
     aggregate: bool = True,
     echo: Callable[[str], None] = print,
 ) -> BuildSummary:
-    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
-
-    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
-    build (generation fields None).
-    """
 
     start = time.perf_counter()
     store = OutputStore(output)
@@ -145,7 +157,7 @@ def evaluate(
     for note in source.notes:
         echo(f"[cnsbench] note: {note}")
 
-    tally = ShardTally(total, done_before, echo)
+    tally = ShardTally(total, done_before, echo, what="evaluate")
 
     if todo:
         executor = get_executor(runner, cfg, address)
@@ -173,49 +185,3 @@ def _source_config(location: str) -> BuildConfig | None:
 
     store = OutputStore(location)
     return load_output_config(store) if store.exists("config.json") else None
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """``cnsbench evaluate``: exit 0, 3 when trajectories failed; bad input raises (the CLI maps it to 2)."""
-    overrides = None
-    if args.filter_thresholds:  # a `cnsbench calibrate-filter` result
-        from pipeline.calibrate import threshold_overrides
-
-        overrides = threshold_overrides(args.filter_thresholds)
-    if args.config:
-        cfg = load_config(args.config, overrides)
-    else:
-        cfg = _source_config(args.source)
-        if cfg is None:
-            raise ConfigError("evaluate: pass --config CONFIG (it supplies the classifiers, filter and resources)")
-        if overrides:
-            cfg = parse_config(deep_merge(resolved_dict(cfg), overrides), source=f"{args.source}/config.json")
-    names = [n.strip() for n in args.classifiers.split(",") if n.strip()] if args.classifiers else None
-    source = open_source(args.source, cfg.benchmark.label_space, kind=args.source_kind, label_map=args.label_map)
-    eff = effective_config(cfg, source, use_filter=args.filter, classifiers=names)
-    summary = evaluate(eff, source, args.output, runner=args.runner, address=args.address)
-    for line in summary.lines():
-        print(f"[cnsbench] {line}")
-    return 0 if not summary.trajectories_failed else 3
-
-
-def add_cli(subparsers: Any) -> None:
-    """Register ``cnsbench evaluate`` on an argparse ``subparsers`` object (``func(args) -> int``)."""
-    s = subparsers.add_parser(
-        "evaluate",
-        help="run the classifiers (and optionally the OOC filter) over existing images",
-        description="Evaluate existing images: the published CNS-Bench layout (annotations_cns.json), "
-        "a WebDataset / build output, or class folders. Output and report as for `build`; "
-        "running it again on the same --output resumes.",
-    )
-    s.add_argument("source", help="directory or URI of the images (or an annotations_cns.json file)")
-    s.add_argument("--config", help="config supplying classifiers, filter, resources (default: a build output's own)")
-    s.add_argument("--output", required=True, help="output directory or URI")
-    s.add_argument("--filter", action="store_true", help="also run the OOC filter (default: keep every image)")
-    s.add_argument("--classifiers", help="comma-separated classifier names of the config (default: all)")
-    s.add_argument("--source-kind", choices=SOURCE_KINDS, help="skip auto-detection of the source layout")
-    s.add_argument("--label-map", help="class folders: JSON file {folder name: class id}")
-    s.add_argument("--filter-thresholds", metavar="YAML", help="merge a `cnsbench calibrate-filter` result")
-    s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
-    s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    s.set_defaults(func=run_cli)

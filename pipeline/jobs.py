@@ -7,7 +7,7 @@ Thin, testable wrappers around :class:`ray.job_submission.JobSubmissionClient`:
   ``.venv`` and ``/runs`` always) and runs
   ``python -m pipeline.cli build <config> --output <uri>`` on the cluster.
 * :func:`job_status`, :func:`job_logs`, :func:`stop_job`, :func:`wait_job` follow it.
-* :func:`add_cli` registers ``cnsbench submit`` and ``cnsbench jobs ...``.
+* :mod:`pipeline.cli.submit` registers ``cnsbench submit`` and ``cnsbench jobs ...``.
 
 Resuming: a build resumes when the same command is run again on the same
 ``--output``; after a preemption or a lost head node, submit the same config with
@@ -218,16 +218,13 @@ def _check_config_paths(cfg: Path, working_dir: Path, excludes: Sequence[str]) -
 
 def build_accepts(*build_args: str) -> bool | None:
     """Whether this checkout's ``cnsbench build`` accepts ``build_args`` (e.g. ``--new-version``);
-    ``None`` when ``pipeline.cli`` cannot be imported here (the cluster will tell)."""
-    try:
-        from pipeline.cli import make_parser
-
-        parser = make_parser()
-    except Exception:  # pragma: no cover - CLI missing or broken locally
+    ``None`` when no command line registered its build parser here (the cluster will tell)."""
+    parser = _BUILD_PARSER.get("build")
+    if parser is None:
         return None
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            _, unknown = parser.parse_known_args(["build", "config.yaml", *build_args])
+            _, unknown = parser.parse_known_args(["config.yaml", *build_args])
     except SystemExit:  # an invalid value for a known option
         return False
     return not unknown
@@ -440,69 +437,10 @@ def _address(args: argparse.Namespace) -> str | None:
 
 
 def _report(err: BaseException) -> int:
+    """Print one line; exit 2 for bad input (a value, a missing or wrong kind of file), else 1."""
     print(f"cnsbench: error: {err}", file=sys.stderr)
-    return 1
-
-
-def _cmd_submit(args: argparse.Namespace) -> int:
-    try:
-        job_id = submit_build(
-            args.config,
-            args.output,
-            _address(args),
-            working_dir=args.working_dir,
-            extra_pip=args.pip or None,
-            entrypoint_num_gpus=args.num_gpus,
-            entrypoint_num_cpus=args.num_cpus,
-            new_version=args.new_version,
-            token_file=args.token_file,
-        )
-    except Exception as err:  # noqa: BLE001 - every failure becomes a message and exit 1
-        return _report(err)
-    print(job_id)
-    return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    try:
-        print(job_status(args.job_id, _address(args), token_file=args.token_file))
-    except Exception as err:  # noqa: BLE001
-        return _report(err)
-    return 0
-
-
-def _cmd_logs(args: argparse.Namespace) -> int:
-    try:
-        out = job_logs(args.job_id, _address(args), follow=args.follow, token_file=args.token_file)
-        if isinstance(out, str):
-            sys.stdout.write(out)
-        else:
-            for chunk in out:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-    except KeyboardInterrupt:
-        return 130
-    except Exception as err:  # noqa: BLE001
-        return _report(err)
-    return 0
-
-
-def _cmd_stop(args: argparse.Namespace) -> int:
-    try:
-        stopped = stop_job(args.job_id, _address(args), token_file=args.token_file)
-    except Exception as err:  # noqa: BLE001
-        return _report(err)
-    print("stop requested" if stopped else "job was not running")
-    return 0
-
-
-def _cmd_wait(args: argparse.Namespace) -> int:
-    try:
-        status = wait_job(args.job_id, _address(args), args.timeout, token_file=args.token_file)
-    except Exception as err:  # noqa: BLE001
-        return _report(err)
-    print(status)
-    return 0 if status == "SUCCEEDED" else 1
+    bad_input = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    return 2 if isinstance(err, bad_input) else 1
 
 
 def _add_connection_args(p: argparse.ArgumentParser) -> None:
@@ -522,44 +460,6 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_cli(subparsers: Any) -> None:
-    """Register ``submit`` and ``jobs {status,logs,stop,wait}`` on an argparse
-    ``subparsers`` object; each parser sets ``func(args) -> int`` (the exit code)."""
-    sp = subparsers.add_parser(
-        "submit",
-        help="submit a build to a Ray cluster (Ray Jobs API); prints the job id",
-        description="Upload the repository (minus .gitignore'd paths) and run "
-        "`python -m pipeline.cli build CONFIG --output URI` as a Ray job. Submitting the same "
-        "config with the same --output again resumes the build.",
-    )
-    sp.add_argument("config", help="build config, inside the repository (e.g. configs/my_benchmark.yaml)")
-    sp.add_argument("--output", required=True, metavar="URI", help="output URI, e.g. s3://bucket/builds/name")
-    _add_connection_args(sp)
-    sp.add_argument("--num-gpus", type=float, default=0, metavar="N", help="GPUs reserved for the driver (default 0)")
-    sp.add_argument("--num-cpus", type=float, default=1, metavar="N", help="CPUs reserved for the driver (default 1)")
-    sp.add_argument(
-        "--new-version",
-        action="store_true",
-        help="pass --new-version to `cnsbench build` (only if it has that option; otherwise use a new --output)",
-    )
-    sp.add_argument("--pip", action="append", metavar="PKG", help="extra pip requirement for the job (repeatable)")
-    sp.add_argument("--working-dir", default=None, metavar="DIR", help="directory to upload (default: repo root)")
-    sp.set_defaults(func=_cmd_submit)
-
-    jp = subparsers.add_parser("jobs", help="status, logs, stop or wait for a submitted build")
-    jsub = jp.add_subparsers(dest="jobs_command", metavar="{status,logs,stop,wait}")
-    jsub.required = True
-    for name, func, help_ in (
-        ("status", _cmd_status, "print the job status"),
-        ("logs", _cmd_logs, "print the driver log"),
-        ("stop", _cmd_stop, "ask the job to stop"),
-        ("wait", _cmd_wait, "wait until the job ends; exit 0 only if it SUCCEEDED"),
-    ):
-        p = jsub.add_parser(name, help=help_)
-        p.add_argument("job_id", metavar="JOB_ID")
-        _add_connection_args(p)
-        if name == "logs":
-            p.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
-        if name == "wait":
-            p.add_argument("--timeout", type=float, default=24 * 3600, metavar="S", help="seconds (default 86400)")
-        p.set_defaults(func=func)
+# The ``build`` parser of the command line this module is registered on (see pipeline.cli.submit):
+# submit asks it which options the checkout's build accepts, without importing the CLI.
+_BUILD_PARSER: dict[str, Any] = {}

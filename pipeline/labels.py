@@ -3,6 +3,12 @@
 The default is ImageNet-1k (ids 0..999, CLIP-style common names).  A benchmark may name
 its own vocabulary instead (an inline list or a JSON/text file of names, e.g. the demo
 world's digits); ids are then positions in that list.
+
+``imagenet_d`` is the 113-class space of ImageNet-D, whose classes each stand for a *set*
+of ImageNet ids (``chair``: 423, 559, 765).  Such a space carries ``imagenet_ids``, and
+:meth:`LabelSpace.outputs_from_imagenet` is the multi-id correctness rule in one place: an
+ImageNet-1k output maps to the class that lists its id, so a top-1 prediction is correct
+when it is any of the class's ids (an id no class lists maps to -1, always wrong).
 """
 
 from __future__ import annotations
@@ -16,11 +22,40 @@ from pipeline import imagenet
 
 
 class LabelSpace:
-    def __init__(self, key: str, names: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        key: str,
+        names: tuple[str, ...],
+        imagenet_ids: tuple[tuple[int, ...], ...] | None = None,
+        aliases: dict[str, int] | None = None,
+    ) -> None:
         if not names:
             raise ValueError(f"label space {key!r} is empty")
+        if imagenet_ids is not None and len(imagenet_ids) != len(names):
+            raise ValueError(f"label space {key!r}: {len(imagenet_ids)} id lists for {len(names)} classes")
         self.key = key
         self.names = names
+        # Per class, the ImageNet-1k ids it stands for (None: the space is not defined over ImageNet).
+        self.imagenet_ids = imagenet_ids
+        self.aliases = {k.lower(): v for k, v in (aliases or {}).items()}  # e.g. release folder names
+
+    def outputs_from_imagenet(self, n_out: int = 1000) -> list[int]:
+        """Class id of each ImageNet-1k output index (-1 where no class lists the id).
+
+        The multi-id rule: with ``top1 = outputs_from_imagenet()[argmax]`` a prediction is
+        correct exactly when the top-1 ImageNet id is one of the true class's ids.
+        """
+        if self.imagenet_ids is None:
+            raise ValueError(f"label space {self.key!r} is not defined over ImageNet ids")
+        out = [-1] * n_out
+        for class_id, ids in enumerate(self.imagenet_ids):
+            for i in ids:
+                if not 0 <= i < n_out:
+                    raise ValueError(f"label space {self.key!r}: class {class_id} lists ImageNet id {i} outside 0..{n_out - 1}")
+                if out[i] != -1:
+                    raise ValueError(f"label space {self.key!r}: ImageNet id {i} belongs to classes {out[i]} and {class_id}")
+                out[i] = class_id
+        return out
 
     def __len__(self) -> int:
         return len(self.names)
@@ -42,6 +77,8 @@ class LabelSpace:
         key = str(value).strip().lower()
         if key in lowered:
             return lowered[key]
+        if key in self.aliases:
+            return self.aliases[key]
         close = difflib.get_close_matches(key, list(lowered), n=5, cutoff=0.6)
         hint = f"; close names: {', '.join(repr(c) for c in close)}" if close else ""
         raise ValueError(f"unknown class name {value!r} in label space {self.key!r}{hint}")
@@ -53,9 +90,19 @@ def _load(key: str | tuple[str, ...]) -> LabelSpace:
         return LabelSpace("custom", key)
     if key == "imagenet":
         return LabelSpace("imagenet", imagenet.class_names())
+    if key == "imagenet_d":
+        from pipeline import imagenet_d
+
+        rows = imagenet_d.classes()
+        return LabelSpace(
+            "imagenet_d",
+            imagenet_d.class_names(),
+            imagenet_ids=tuple(tuple(r["imagenet_ids"]) for r in rows),
+            aliases={r["folder"]: r["id"] for r in rows},
+        )
     path = Path(key)
     if not path.is_file():
-        raise ValueError(f"labels must be 'imagenet', a list of names, or a JSON/text file of names; no file {key!r}")
+        raise ValueError(f"labels must be 'imagenet', 'imagenet_d', a list of names, or a JSON/text file of names; no file {key!r}")
     text = path.read_text()
     names = json.loads(text) if path.suffix == ".json" else [line.strip() for line in text.splitlines() if line.strip()]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

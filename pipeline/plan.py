@@ -11,9 +11,7 @@ so one generation call computes them once (see ``pipeline.models.sampler``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pipeline.config import BenchmarkSpec
 
@@ -48,6 +46,18 @@ def noise_seed(class_id: int, seed: int) -> int:
     """
     del class_id  # the reference does not mix the class into the seed
     return seed
+
+
+def field_seed(class_id: int, seed: int, shift: str) -> int:
+    """Seed of the random fields a transforming family draws for one (image, seed, shift).
+
+    The same at every scale of the trajectory, so a corruption's noise is drawn once and
+    only its strength changes along the trajectory.
+    """
+    import hashlib
+
+    digest = hashlib.sha256(f"{class_id}/{seed}/{shift}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 @dataclass(frozen=True)

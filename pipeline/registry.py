@@ -50,6 +50,18 @@ FAMILIES.register(
     "prompt-only baseline (2P): 'a picture of a {token}' at scale 0, '... in {shift words}' at every scale > 0",
 )
 FAMILIES.register(
+    "corruption", "pipeline.families.corruption:CorruptionFamily",
+    "ImageNet-C corruptions (15 + 4 extra) of the scale-0 image at continuous severity s in [0, 5]",
+)
+FAMILIES.register(
+    "object_edit", "pipeline.families.object_edit:ObjectEditFamily",
+    "ImageNet-E attribute edits of the masked object: size, position, rotation, background complexity/simplicity",
+)
+FAMILIES.register(
+    "prompt_nuisance", "pipeline.families.prompt_nuisance:PromptNuisanceFamily",
+    "ImageNet-D: the object under a background/texture/material prompt; scale 0 the plain prompt, 1 the nuisance",
+)
+FAMILIES.register(
     "masked_scenario", "pipeline.families.masked_scenario:MaskedScenarioFamily",
     "XIMAGENET-12 scenarios (background/object blur, colour, overexposure, segmented, random/generated background); scale = strength 0..1",
 )
@@ -65,6 +77,7 @@ SOURCES.register("webdataset", "pipeline.sources.collection:WebDatasetSource", "
 MASKS = Registry("mask provider")
 MASKS.register("none", "pipeline.sources.masks:NoMasks", "no masks (families that need one refuse the config)")
 MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png")
+MASKS.register("ink_threshold", "pipeline.sources.ink_masks:InkThresholdMasks", "light ink on a dark background: grey >= threshold")
 MASKS.register("ink", "pipeline.sources.world_ink:InkMasks", "miniature world: the true digit mask, pixels with grey >= ink_threshold")
 MASKS.register(
     "cross_attention", "pipeline.sources.cross_attention:CrossAttentionMasks",
@@ -88,12 +101,34 @@ CLASSIFIERS.register(
     "torchscript", "pipeline.models.classifiers:TorchScriptClassifier",
     "a TorchScript file (torch.jit.save) with input size, mean and std; for models timm cannot express",
 )
+CLASSIFIERS.register("torch_hub", "pipeline.models.classifiers:TorchHubClassifier", "a torch.hub entry point ('repo:entry'), e.g. DINOv2 + linear head")
 
 # Aggregation (``aggregate.analyses``): see pipeline.analyses.base.
 ANALYSES = Registry("analysis")
 ANALYSES.register(
     "cns", "pipeline.analyses.cns:run",
     "accuracy drop per scale, failure points and their ratios, margins, shift realisation (CNS-Bench)",
+)
+ANALYSES.register("shift_views", "pipeline.analyses.shift_views:run", "per shift: accuracy small multiples, failure-point heat map, ranking")
+ANALYSES.register("strips", "pipeline.analyses.strips:run", "per shift a contact sheet of trajectories x scales with failure marks")
+# Every report has these sections (after the configured analyses), unless configured explicitly.
+REPORT_ANALYSES = ("shift_views", "strips")
+
+ANALYSES.register(
+    "corruption_error", "pipeline.analyses.corruption:run",
+    "ImageNet-C corruption error per corruption, mCE (unnormalised, by a baseline classifier or AlexNet), relative mCE",
+)
+ANALYSES.register(
+    "family_comparison", "pipeline.analyses.family_comparison:run",
+    "per classifier: accuracy drop and mean failure point under each family, Spearman rank correlation between families",
+)
+ANALYSES.register(
+    "attributes", "pipeline.analyses.attributes:run",
+    "ImageNet-E: accuracy per attribute and level, drop vs the unedited image, failure points, mean drop at published levels",
+)
+ANALYSES.register(
+    "hard_mining", "pipeline.analyses.hard_mining:run",
+    "ImageNet-D hard set: images >= k of n surrogates get wrong; transfer to held-out classifiers, shared failures",
 )
 
 ANALYSES.register(

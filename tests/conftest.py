@@ -59,3 +59,25 @@ def tiny_world(tiny_sd, tmp_path_factory):
             state = random_slider(unet, seed=100 * i + c, std=0.3)
             save_slider_file(state, str(store / shift / f"{c:03d}.safetensors"))
     return {"model": tiny_sd, "tokens": str(tokens), "sliders": str(store), "classes": [1, 22], "shifts": ["shift_a", "shift_b"]}
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for every test that needs Ray (started on first use, stopped at the end).
+
+    Four logical CPUs and one logical GPU, so the GPU scheduling path runs here; models
+    fall back to the CPU.  Tests must not shut it down: Serve tests call
+    ``serve.shutdown()`` only.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            num_gpus=1,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}},
+        )
+    yield ray
+    ray.shutdown()

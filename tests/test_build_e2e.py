@@ -27,16 +27,6 @@ def tiny_assets():
     return ensure_tiny_assets()
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    # A logical GPU lets the GPU scheduling path run here; the models fall back to CPU.
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def gpu_config(tmp_path: Path) -> Path:
     def on_gpu(raw):
         raw["resources"]["generate"]["num_gpus"] = 1

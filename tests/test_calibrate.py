@@ -25,7 +25,7 @@ from pipeline.schema import SCORE_COLUMNS
 
 
 def run_cli(argv: list[str]) -> int:
-    from pipeline.calibrate import add_cli
+    from pipeline.cli.calibrate_filter import register as add_cli
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers())

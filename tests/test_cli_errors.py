@@ -24,7 +24,7 @@ def test_unknown_classifier_lists_close_names(tmp_path, capsys):
     def mutate(r):
         r["classifiers"] = [{"name": "x", "model": "convnext_tiyn.fb_in1k"}]
 
-    assert main(["validate", write(tmp_path, mutate)]) == 1
+    assert main(["validate", write(tmp_path, mutate)]) == 2
     out = capsys.readouterr().out
     assert "classifiers[0] (x).model" in out and "convnext_tiny" in out
 

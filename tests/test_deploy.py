@@ -458,6 +458,9 @@ def test_config_paths_must_be_uploaded(tmp_path):
 
 
 def test_build_accepts_reads_the_build_cli():
+    from pipeline.cli import make_parser
+
+    make_parser()  # registers the build parser with pipeline.jobs
     assert jobs.build_accepts("--output", "s3://b/p") is True
     assert jobs.build_accepts("--no-such-option") is False
 
@@ -691,7 +694,9 @@ def test_submit_and_follow_a_build(jobs_server, tmp_path, monkeypatch, clean_aut
 # =========================================================================== jobs: CLI
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cnsbench")
-    jobs.add_cli(parser.add_subparsers(dest="command"))
+    from pipeline.cli.submit import register
+
+    register(parser.add_subparsers(dest="command"))
     return parser
 
 
@@ -735,10 +740,10 @@ def test_cli_against_server(jobs_server, tmp_path, monkeypatch, capsys, clean_au
     args = p.parse_args(["jobs", "wait", job_id, *conn])
     assert args.func(args) == 0 and capsys.readouterr().out == "SUCCEEDED\n"
 
-    # errors become a message and exit code 1, not a traceback
+    # errors become a message, not a traceback: exit 1 for what the cluster answers, 2 for bad input
     args = p.parse_args(["jobs", "status", "raysubmit_nope", *conn])
     assert args.func(args) == 1
     assert "cnsbench: error:" in capsys.readouterr().err
     args = p.parse_args(["jobs", "status", job_id])  # no --address, no RAY_ADDRESS
-    assert args.func(args) == 1
+    assert args.func(args) == 2
     assert "--address" in capsys.readouterr().err

@@ -52,7 +52,7 @@ def tiny_assets():
 
 def evaluate_cli(argv: list[str]) -> int:
     """``cnsbench evaluate ...`` through its own argparse registration (as cli.main would)."""
-    from pipeline.evaluate import add_cli
+    from pipeline.cli.evaluate import register as add_cli
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers())
@@ -216,19 +216,14 @@ def test_evaluate_published_layout_local(tiny_assets, cns, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_evaluate_published_layout_ray_with_filter(tiny_assets, cns, tmp_path):
-    import ray
-
+def test_evaluate_published_layout_ray_with_filter(tiny_assets, cns, tmp_path, ray_session):
     from pipeline.models.detectors import keep_decision
 
     out = tmp_path / "eval-ray"
-    try:
-        code = evaluate_cli(
-            [str(cns), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "ray", "--filter",
-             "--classifiers", "tiny-resnet"]
-        )
-    finally:
-        ray.shutdown()
+    code = evaluate_cli(
+        [str(cns), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "ray", "--filter",
+         "--classifiers", "tiny-resnet"]
+    )
     assert code == 0
     samples, preds = read_dir(out, "samples"), read_dir(out, "predictions")
     assert len(samples) == 24 and len(preds) == 24 and set(preds["classifier"]) == {"tiny-resnet"}

@@ -116,11 +116,12 @@ def test_accuracy_and_drop_by_hand():
     acc = accuracy_table(s, p, SCALES)
     assert list(acc.columns) == ACCURACY_COLUMNS
     # (classifier, shift) -> accuracy at scales 0, 1, 2 over the 2 complete trajectories:
-    #   A snow : (1+1)/2, (1+1)/2, (0+1)/2 = 1.0, 1.0, 0.5 -> drop 0, 0, -0.5
-    #   A style: (0+1)/2, (1+1)/2, (1+1)/2 = 0.5, 1.0, 1.0 -> drop 0, +0.5, +0.5
-    #   B snow : 1.0, (0+1)/2, (0+1)/2 = 1.0, 0.5, 0.5    -> drop 0, -0.5, -0.5
-    #   B style: 1.0, 1.0, (1+0)/2 = 1.0, 1.0, 0.5         -> drop 0, 0, -0.5
-    #   C      : 1.0 everywhere                            -> drop 0
+    #   A snow : (1+1)/2, (1+1)/2, (0+1)/2 = 1.0, 1.0, 0.5 -> change 0, 0, -0.5
+    #   A style: (0+1)/2, (1+1)/2, (1+1)/2 = 0.5, 1.0, 1.0 -> change 0, +0.5, +0.5
+    #   B snow : 1.0, (0+1)/2, (0+1)/2 = 1.0, 0.5, 0.5    -> change 0, -0.5, -0.5
+    #   B style: 1.0, 1.0, (1+0)/2 = 1.0, 1.0, 0.5         -> change 0, 0, -0.5
+    #   C      : 1.0 everywhere                            -> change 0
+    # accuracy_drop is the paper's sign: -change (positive = drop).
     expected = {
         ("A", "snow"): ([1.0, 1.0, 0.5], [0.0, 0.0, -0.5]),
         ("A", "style"): ([0.5, 1.0, 1.0], [0.0, 0.5, 0.5]),
@@ -135,7 +136,8 @@ def test_accuracy_and_drop_by_hand():
         assert r["scale"].tolist() == SCALES
         assert r["n"].tolist() == [2, 2, 2]  # the dropped snow seeds 3 and 4 are not counted
         assert r["accuracy"].tolist() == accuracy
-        assert r["accuracy_drop"].tolist() == drop
+        assert r["accuracy_change"].tolist() == drop
+        assert r["accuracy_drop"].tolist() == [-d for d in drop]
     # Ordering: classifiers as they appear in predictions, then shift, then scale.
     assert acc["classifier"].tolist()[:: len(SCALES) * 2] == CLASSIFIERS
 
@@ -200,16 +202,21 @@ def test_summary_by_hand():
     summ = summary_table(s, p, SCALES, fp_std_ddof=0)
     assert list(summ.columns) == summary_columns(SCALES) == [
         "classifier", "acc_drop_0000", "acc_drop_1000", "acc_drop_2000",
+        "acc_drop_pooled_0000", "acc_drop_pooled_1000", "acc_drop_pooled_2000",
         "accuracy_scale0", "fp_avg", "fp_std", "margin_fp_avg", "n_failed", "n_trajectories",
     ]
     by = summ.set_index("classifier")
     assert by.index.tolist() == CLASSIFIERS
-    # acc_drop = mean over shifts of the per-shift drops (see test_accuracy_and_drop_by_hand):
-    #   A: scale 1 (0 + 0.5)/2 = 0.25, scale 2 (-0.5 + 0.5)/2 = 0.0; accuracy_scale0 (1 + 0.5)/2
-    #   B: scale 1 (-0.5 + 0)/2 = -0.25, scale 2 (-0.5 - 0.5)/2 = -0.5; accuracy_scale0 1.0
-    assert by.loc["A", ["acc_drop_0000", "acc_drop_1000", "acc_drop_2000"]].tolist() == [0.0, 0.25, 0.0]
-    assert by.loc["B", ["acc_drop_0000", "acc_drop_1000", "acc_drop_2000"]].tolist() == [0.0, -0.25, -0.5]
-    assert by.loc["C", ["acc_drop_0000", "acc_drop_1000", "acc_drop_2000"]].tolist() == [0.0, 0.0, 0.0]
+    # acc_drop = mean over shifts of the per-shift drops, positive = drop (see
+    # test_accuracy_and_drop_by_hand):
+    #   A: scale 1 (0 - 0.5)/2 = -0.25 (a gain), scale 2 (0.5 - 0.5)/2 = 0.0; accuracy_scale0 (1 + 0.5)/2
+    #   B: scale 1 (0.5 + 0)/2 = 0.25, scale 2 (0.5 + 0.5)/2 = 0.5; accuracy_scale0 1.0
+    # Every shift has 2 evaluated trajectories here, so the pooled drops are the same.
+    for pre in ("acc_drop_", "acc_drop_pooled_"):
+        cols = [f"{pre}0000", f"{pre}1000", f"{pre}2000"]
+        assert by.loc["A", cols].tolist() == [0.0, -0.25, 0.0]
+        assert by.loc["B", cols].tolist() == [0.0, 0.25, 0.5]
+        assert by.loc["C", cols].tolist() == [0.0, 0.0, 0.0]
     assert by["accuracy_scale0"].tolist() == [0.75, 1.0, 1.0]
     # A: failed FPs {0, 2}: mean 1, population std sqrt(((0-1)^2 + (2-1)^2)/2) = 1;
     #    margin (3-0 + 3-2 + 0 + 0)/4 = 1   (never-failed get FP = 3, contributing 0)
@@ -324,7 +331,7 @@ def test_report_files_and_consistency(tmp_path: Path):
     acc = _read_csv(out["accuracy.csv"])
     fpt = _read_csv(out["failure_points.csv"])
     summ = _read_csv(out["summary.csv"])
-    assert list(acc.columns) == ["classifier", "shift", "scale", "n", "accuracy", "accuracy_drop"]
+    assert list(acc.columns) == ["classifier", "shift", "scale", "n", "accuracy", "accuracy_change", "accuracy_drop"]
     assert list(fpt.columns) == ["classifier", "shift", "scale", "fp_count", "fp_ratio", "fp_ratio_cumulative"]
     assert list(summ.columns) == summary_columns(SCALES)
     assert len(acc) == 18 and len(fpt) == 27 and len(summ) == 3

@@ -95,7 +95,7 @@ def test_missing_slider_on_s3_is_reported(s3, tmp_path, capsys):
         raw["generator"]["slider_store"] = f"s3://{BUCKET}/no-sliders-here"
 
     cfg = tiny_config(tmp_path, on_s3)
-    assert main(["validate", str(cfg)]) == 1
+    assert main(["validate", str(cfg)]) == 2
     out = capsys.readouterr().out
     assert f"s3://{BUCKET}/no-sliders-here/heavy_snow/001.safetensors" in out
     assert os.environ["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")

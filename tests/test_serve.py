@@ -578,7 +578,8 @@ def test_bad_preview_requests_never_reach_the_models(client, ingress, tables):
     for raw in (b'{"class": 1, "shift": "heavy_snow", "scales": [NaN]}', b'{"class": 1, "shift": "heavy_snow", "scales": [Infinity]}',
                 b'{"class": 1, "shift": "heavy_snow", "scales": [1e400]}'):
         r = client.request("/api/preview", "POST", raw, {"Content-Type": "application/json"})
-        assert r.status == 422, raw
+        # Not JSON (RFC 8259 has no NaN/Infinity): 400 from the strict parser; 1e400: 422 (not finite)
+        assert r.status in (400, 422), raw
     r = client.request("/api/preview", "POST", b"{not json", {"Content-Type": "application/json"})
     assert r.status == 400
     r = client.request("/api/preview", "POST", json.dumps(ok).encode(), {"Content-Type": "text/plain"})
@@ -747,7 +748,7 @@ def test_build_app_rejects_bad_args(tmp_path):
 
 
 def test_cli_registration():
-    from pipeline.serve.app import add_cli
+    from pipeline.cli.serve import register as add_cli
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers(dest="command"))
@@ -790,20 +791,16 @@ def test_serve_package_modules_stay_small_and_ray_free():
 
 # =========================================================================== the real thing
 @pytest.mark.slow
-def test_live_ray_serve_smoke(built, tables):
+def test_live_ray_serve_smoke(built, tables, ray_session):
     """The application on Ray Serve: three deployments, token, Host guard, browse and preview over HTTP."""
     import urllib.error
     import urllib.request
 
-    import ray
     from ray import serve
 
     from pipeline.serve import run_server
 
     cfg_path, out = built
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         url = run_server(
             str(cfg_path), str(out), host="127.0.0.1", port=free_port(), token=TOKEN, blocking=False, echo=lambda *_: None
@@ -851,5 +848,3 @@ def test_live_ray_serve_smoke(built, tables):
         assert after["PreviewClassifier"]["images"] == before["PreviewClassifier"]["images"] + 2
     finally:
         serve.shutdown()
-        if started:
-            ray.shutdown()

@@ -184,6 +184,7 @@ def _config(tiny_world, tmp_path, shifts=("heavy_snow", "cartoon_style"), iterat
             "classifiers": [{"name": "r", "model": "resnet18"}],
             # num_gpus stays at its default of 1: on a CPU machine the Ray runner must cope.
             "slider_training": {"iterations": iterations, "max_denoise_steps": 3, "dtype": "float32"},
+            "protocol": "custom",  # the toy UNet trains at its own 64 px, batch 1, attention only
         }
     )
 
@@ -191,7 +192,9 @@ def _config(tiny_world, tmp_path, shifts=("heavy_snow", "cartoon_style"), iterat
 def _run_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
-    sliders.add_cli(sub)
+    from pipeline.cli.train_sliders import register
+
+    register(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -240,23 +243,13 @@ def test_train_sliders_local_writes_files_and_resumes(tiny_world, pipe, tmp_path
 
 
 @pytest.mark.slow
-def test_train_sliders_on_ray(tiny_world, tmp_path):
-    import ray
-
+def test_train_sliders_on_ray(tiny_world, tmp_path, ray_session):
     cfg = _config(tiny_world, tmp_path, shifts=("heavy_snow",), iterations=2)
     store = tmp_path / "ray-store"
-    owns = not ray.is_initialized()
-    if owns:
-        ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        lines: list[str] = []
-        summary = sliders.train_sliders(cfg, str(store), runner="ray", echo=lines.append)
-    finally:
-        if owns:
-            ray.shutdown()
+    lines: list[str] = []
+    summary = sliders.train_sliders(cfg, str(store), runner="ray", echo=lines.append)
     assert not summary.failed, summary.failed
     assert len(summary.trained) == 1
-    assert any("no GPU in the local Ray cluster" in line for line in lines)
     assert any(line.startswith("[train-sliders] 1/1 heavy_snow/001_goldfish: final loss") for line in lines)
     meta = json.loads((store / "heavy_snow" / "001.json").read_text())
     assert meta["device"] == "cpu" and meta["iterations"] == 2
@@ -266,6 +259,21 @@ def test_train_sliders_on_ray(tiny_world, tmp_path):
     a = load_slider_file(str(store / "heavy_snow" / "001.safetensors"))
     b = load_slider_file(str(local_store / "heavy_snow" / "001.safetensors"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_gpu_requests_on_a_cpu_only_local_ray_fall_back_to_the_cpu(monkeypatch):
+    """A local Ray with no GPU (one the user started with ray.init(num_cpus=...)) cannot meet a
+    GPU request: pools run on the CPU instead of pending forever; a cluster address keeps it."""
+    import ray
+
+    from pipeline.executors.ray_data import cpu_only_local_cluster
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    assert cpu_only_local_cluster(None) is True
+    assert cpu_only_local_cluster("ray://head:10001") is False
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
+    assert cpu_only_local_cluster(None) is False
 
 
 def test_bad_slider_pattern_is_reported(tiny_world, tmp_path):
@@ -297,7 +305,8 @@ def test_failing_pairs_are_reported_and_leave_no_files(tiny_world, tmp_path):
 
 
 def test_bad_positive_prompt_is_reported_up_front(tiny_world, tmp_path):
-    cfg = _config(tiny_world, tmp_path)
-    cfg.slider_training.positive_prompt = "{token} in {shift}"
-    with pytest.raises(ValueError, match=r"slider_training.positive_prompt .*\{shift_words\}"):
-        sliders.train_sliders(cfg, str(tmp_path / "s"), runner="local", echo=lambda _: None)
+    """A placeholder the prompt cannot fill is refused when the config is validated, before any training."""
+    raw = _config(tiny_world, tmp_path).model_dump(mode="json")
+    raw["slider_training"]["positive_prompt"] = "{token} in {shift}"
+    with pytest.raises(ValueError, match=r"positive_prompt[\s\S]*unknown field \{shift\}; allowed: \['shift_words', 'token'\]"):
+        BuildConfig.model_validate(raw)

@@ -198,9 +198,9 @@ def test_world_assets_are_small_and_load():
 
 
 def test_demo_names_the_missing_world(tmp_path, monkeypatch, capsys):
-    import pipeline.cli as cli
+    import pipeline.cli.demo as demo
 
-    monkeypatch.setattr(cli, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(demo, "REPO_ROOT", tmp_path)
     assert main(["demo", "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "assets" / "world" / "world.json") in err and "train_world" in err
@@ -209,16 +209,11 @@ def test_demo_names_the_missing_world(tmp_path, monkeypatch, capsys):
 
 # --------------------------------------------------------------------------- the build
 @pytest.fixture(scope="module")
-def world_build(tmp_path_factory):
+def world_build(tmp_path_factory, ray_session):
     if not (WORLD_ASSETS / "world.json").is_file():
         pytest.skip("assets/world not trained")
-    import ray
-
     out = tmp_path_factory.mktemp("world") / "out"
-    try:
-        assert main(["demo", "--output", str(out)]) == 0
-    finally:
-        ray.shutdown()
+    assert main(["demo", "--output", str(out)]) == 0
     samples = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "samples").glob("*.parquet"))])
     preds = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "predictions").glob("*.parquet"))])
     return {

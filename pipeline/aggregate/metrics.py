@@ -51,7 +51,7 @@ ALL_SHIFTS = "all"
 
 DEFAULT_MARGIN_MAX_SCALE = 3.0
 
-ACCURACY_COLUMNS = ["classifier", "shift", "scale", "n", "accuracy", "accuracy_drop"]
+ACCURACY_COLUMNS = ["classifier", "shift", "scale", "n", "accuracy", "accuracy_change", "accuracy_drop"]
 FAILURE_POINT_COLUMNS = ["trajectory_id", "shift", "classifier", "failure_point"]
 FP_TABLE_COLUMNS = ["classifier", "shift", "scale", "fp_count", "fp_ratio", "fp_ratio_cumulative"]
 KEPT_COLUMNS = ["scale", "n_samples", "n_kept", "kept_share"]
@@ -64,7 +64,13 @@ _PREDICTION_COLUMNS = ["sample_id", "classifier", "correct"]
 
 def summary_columns(scales: Sequence[float]) -> list[str]:
     """Column names of :func:`summary_table` for these scales, in order."""
-    return ["classifier"] + [f"acc_drop_{scale_tag(s)}" for s in _check_scales(scales)] + SUMMARY_TAIL_COLUMNS
+    tags = [scale_tag(s) for s in _check_scales(scales)]
+    return (
+        ["classifier"]
+        + [f"acc_drop_{t}" for t in tags]
+        + [f"acc_drop_pooled_{t}" for t in tags]
+        + SUMMARY_TAIL_COLUMNS
+    )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -187,28 +193,35 @@ def complete_trajectories(samples: pd.DataFrame, scales: Sequence[float]) -> set
 
 def _accuracy(ev: _Evaluated) -> pd.DataFrame:
     if ev.rows.empty:
-        return _empty(ACCURACY_COLUMNS, {"scale": float, "n": "int64", "accuracy": float, "accuracy_drop": float})
+        return _empty(
+            ACCURACY_COLUMNS,
+            {"scale": float, "n": "int64", "accuracy": float, "accuracy_change": float, "accuracy_drop": float},
+        )
     g = ev.rows.groupby(["classifier", "shift", "scale"], sort=False)["correct"].agg(n="size", n_correct="sum")
     g = g.reset_index()
     g["n"] = g["n"].astype("int64")
     g["accuracy"] = g["n_correct"].astype(float) / g["n"].astype(float)
     acc0 = g.loc[g["scale"] == 0.0, ["classifier", "shift", "accuracy"]].rename(columns={"accuracy": "_acc0"})
     g = g.merge(acc0, on=["classifier", "shift"], how="left")
-    g["accuracy_drop"] = g["accuracy"] - g["_acc0"]
+    g["accuracy_change"] = g["accuracy"] - g["_acc0"]
+    # The paper's sign: a positive number is a drop (the original notebook plots -(acc(s) - acc(0))).
+    g["accuracy_drop"] = g["_acc0"] - g["accuracy"]
     return _sort(g[ACCURACY_COLUMNS], ev.classifiers, ["shift", "scale"])
 
 
 def accuracy_table(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence[float]) -> pd.DataFrame:
     """Accuracy per (classifier, shift, scale) over the evaluated trajectories.
 
-    Columns ``classifier, shift, scale, n, accuracy, accuracy_drop``:
+    Columns ``classifier, shift, scale, n, accuracy, accuracy_change, accuracy_drop``:
 
     * ``n``: number of evaluated trajectories of that (classifier, shift); the same at
       every scale, since a trajectory is evaluated at all scales or not at all.
     * ``accuracy``: fraction of those images (one per trajectory at this scale) whose
       prediction is correct, in [0, 1].
-    * ``accuracy_drop``: ``accuracy(scale) - accuracy(0)`` for the same classifier and
+    * ``accuracy_change``: ``accuracy(scale) - accuracy(0)`` for the same classifier and
       shift: 0 at scale 0 and negative when accuracy falls with the shift.
+    * ``accuracy_drop``: ``accuracy(0) - accuracy(scale)``, the paper's sign: positive
+      when accuracy falls with the shift (``-accuracy_change``).
 
     Rows are ordered by classifier (first appearance), shift (name), scale (ascending).
     """
@@ -245,6 +258,16 @@ def _failure_points(ev: _Evaluated) -> pd.DataFrame:
     out = traj.merge(fp.reset_index(), on=["trajectory_id", "classifier"], how="left")
     out["failure_point"] = out["failure_point"].astype(float)
     return _sort(out[FAILURE_POINT_COLUMNS], ev.classifiers, ["shift", "trajectory_id"])
+
+
+def evaluated_rows(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence[float]) -> pd.DataFrame:
+    """The rows every metric is computed from: ``trajectory_id, shift, classifier, scale, correct``.
+
+    One row per evaluated (trajectory, classifier) and benchmark scale (canonical scale
+    values), under the conventions of this module (complete trajectories, every scale
+    predicted).  Used by resampling code (:mod:`pipeline.aggregate.bootstrap`).
+    """
+    return _evaluate(samples, predictions, scales).rows.reset_index(drop=True)
 
 
 def failure_points(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence[float]) -> pd.DataFrame:
@@ -326,6 +349,15 @@ def _summary(ev: _Evaluated, acc: pd.DataFrame, fps: pd.DataFrame, margin_max_sc
         # whatever number of its trajectories survived the filter.
         for scale in ev.scales:
             row[f"acc_drop_{scale_tag(scale)}"] = float(a.loc[a["scale"] == scale, "accuracy_drop"].mean())
+        # Pooled: every evaluated image of every shift counts once (the original results
+        # notebook's "all shifts" view); shifts with more surviving trajectories weigh more.
+        pooled = a.assign(n_correct=a["accuracy"] * a["n"]).groupby("scale")[["n_correct", "n"]].sum()
+        pooled_acc = pooled["n_correct"] / pooled["n"]
+        for scale in ev.scales:
+            value = math.nan
+            if scale in pooled_acc.index and 0.0 in pooled_acc.index:
+                value = float(pooled_acc.loc[0.0] - pooled_acc.loc[scale])
+            row[f"acc_drop_pooled_{scale_tag(scale)}"] = value
         row["accuracy_scale0"] = float(a.loc[a["scale"] == 0.0, "accuracy"].mean())
         fp = fps.loc[fps["classifier"] == clf, "failure_point"].to_numpy(dtype=float)
         failed = fp[~np.isnan(fp)]
@@ -355,10 +387,14 @@ def summary_table(
 
     * ``acc_drop_{tag}`` for every scale (``tag`` = :func:`pipeline.plan.scale_tag`,
       e.g. ``acc_drop_2500`` for 2.5): the unweighted mean over shifts of
-      ``accuracy_drop`` at that scale from :func:`accuracy_table`
+      ``accuracy_drop`` (positive = drop) at that scale from :func:`accuracy_table`
       (``acc_drop_0000`` is 0 by construction).
+    * ``acc_drop_pooled_{tag}``: ``accuracy(0) - accuracy(scale)`` with both accuracies
+      pooled over the evaluated images of all shifts (the original notebook's
+      all-shift view): the mean of the per-shift drops weighted by each shift's
+      number of evaluated trajectories.
     * ``accuracy_scale0``: the unweighted mean over shifts of the accuracy at scale 0
-      (the same averaging as the drops, so ``accuracy_scale0 + acc_drop_{tag}`` is the
+      (the same averaging as the drops, so ``accuracy_scale0 - acc_drop_{tag}`` is the
       shift-averaged accuracy at that scale).
     * ``fp_avg``: mean failure point over the classifier's *failed* evaluated
       trajectories, pooled over all shifts; NaN when none failed.

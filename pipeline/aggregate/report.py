@@ -4,7 +4,7 @@ Role: the presentation half of aggregation; it computes nothing new.  Files writ
 into ``report_dir``:
 
 * ``accuracy.csv``: :attr:`Metrics.accuracy` (``classifier, shift, scale, n, accuracy,
-  accuracy_drop``);
+  accuracy_change, accuracy_drop``; ``accuracy_drop`` is positive for a drop);
 * ``failure_points.csv``: the failure-point *distribution*,
   :attr:`Metrics.failure_point_table` (``classifier, shift, scale, fp_count, fp_ratio,
   fp_ratio_cumulative``, including the ``shift == "all"`` rows);
@@ -18,7 +18,12 @@ into ``report_dir``:
   ``plots=False``): :attr:`Metrics.shift_realisation`, written only when some sample has
   a realisation measure (i.e. the OOC filter scored the images);
 * ``index.html``: self-contained page (inline CSS, relative links only) with counts,
-  the summary table, the shift-realisation table (when present) and the plots.
+  the summary table, the shift-realisation table (when present) and the plots,
+  assembled by :func:`pipeline.aggregate.page.page_html`.
+
+Tables that carry bootstrap intervals (``<metric>_ci_low/_ci_high`` columns, see
+:mod:`pipeline.aggregate.bootstrap`) show them as ``value [low, high]`` and as bands on
+the accuracy-drop and cumulative failure-point plots.
 
 Every file is written to a temporary name in ``report_dir`` and moved into place with
 :func:`os.replace`, so a reader never sees a half-written file; ``index.html`` is written
@@ -43,6 +48,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pipeline.aggregate.metrics import ALL_SHIFTS, Metrics
+from pipeline.aggregate.page import ci_table
 from pipeline.plan import scale_tag
 
 PLOT_FILES = ("accuracy_drop.png", "fp_cumulative.png", "fp_distribution.png")
@@ -117,6 +123,15 @@ def _outside_legend(fig: Figure, ax: Any, n: int) -> None:
     fig.legend(handles, labels, loc="outside right upper", fontsize="small", ncols=math.ceil(n / 16))
 
 
+def _band(ax: Any, x: Sequence[float], row: Any, names: list[str], colour: Any, factor: float = 1.0) -> None:
+    """The bootstrap interval of ``names`` (columns ``<name>_ci_low/_ci_high`` of ``row``) as a band."""
+    if f"{names[0]}_ci_low" not in row.index:
+        return
+    low = [factor * row[f"{n}_ci_low"] for n in names]
+    high = [factor * row[f"{n}_ci_high"] for n in names]
+    ax.fill_between(x, low, high, color=colour, alpha=0.15, linewidth=0)
+
+
 def _plot_accuracy_drop(metrics: Metrics) -> Figure:
     title = "Accuracy drop vs shift scale (mean over shifts)"
     message = _empty_message(metrics)
@@ -128,9 +143,10 @@ def _plot_accuracy_drop(metrics: Metrics) -> Figure:
     for _, row in metrics.summary.iterrows():
         y = [100.0 * row[f"acc_drop_{scale_tag(s)}"] for s in metrics.scales]
         ax.plot(metrics.scales, y, marker="o", label=str(row["classifier"]), color=colours[row["classifier"]])
+        _band(ax, metrics.scales, row, [f"acc_drop_{scale_tag(s)}" for s in metrics.scales], colours[row["classifier"]], 100.0)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("shift scale")
-    ax.set_ylabel("accuracy drop (percentage points)")
+    ax.set_ylabel("accuracy drop (percentage points, positive = drop)")
     ax.set_xticks(metrics.scales)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -150,6 +166,11 @@ def _plot_fp_cumulative(metrics: Metrics) -> Figure:
     for clf in metrics.classifiers:
         rows = table[(table["classifier"] == clf) & (table["shift"] == ALL_SHIFTS)]
         ax.plot(rows["scale"], rows["fp_ratio_cumulative"], marker="o", label=clf, color=colours[clf])
+        if "fp_ratio_cumulative_ci_low" in rows.columns:
+            ax.fill_between(
+                rows["scale"], rows["fp_ratio_cumulative_ci_low"], rows["fp_ratio_cumulative_ci_high"],
+                color=colours[clf], alpha=0.15, linewidth=0,
+            )
     ax.set_xlabel("shift scale")
     ax.set_ylabel("share of trajectories failed at or before scale")
     ax.set_ylim(0.0, 1.0)
@@ -248,17 +269,6 @@ def _html_table(df: pd.DataFrame) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
-th { background: #f2f2f2; }
-td:first-child, th:first-child { text-align: left; }
-img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0 1.5em; }
-code { background: #f5f5f5; padding: 0 0.2em; }
-"""
-
-
 def cns_section(metrics: Metrics, plot_files: list[str]) -> str:
     """The HTML body of the CNS metrics (dataset counts, summary, realisation, plots)."""
     e = html.escape
@@ -282,10 +292,13 @@ def cns_section(metrics: Metrics, plot_files: list[str]) -> str:
     parts += ["<h2>Dataset</h2>", _html_table(counts), _html_table(kept)]
     parts += [
         "<h2>Summary</h2>",
-        "<p>acc_drop_*: accuracy(scale) - accuracy(0), mean over shifts (fractions); "
+        "<p>acc_drop_*: accuracy(0) - accuracy(scale), positive = drop, mean of the per-shift drops (fractions); "
+        "acc_drop_pooled_*: the same with accuracies pooled over the images of all shifts; "
         "fp_avg / fp_std: failure point over failed trajectories; "
-        "margin_fp_avg: mean of (margin max scale - failure point), never-failed trajectories at the margin max scale.</p>",
-        _html_table(metrics.summary),
+        "margin_fp_avg: mean of (margin max scale - failure point), never-failed trajectories at the margin max scale."
+        + (" In brackets: bootstrap confidence interval (trajectories resampled within classes)." if _has_ci(metrics.summary) else "")
+        + " Click a column to sort.</p>",
+        ci_table(metrics.summary, sortable=True),
     ]
     if has_realisation(metrics):
         table = metrics.shift_realisation.assign(scale=[f"{s:g}" for s in metrics.shift_realisation["scale"]])
@@ -303,26 +316,31 @@ def cns_section(metrics: Metrics, plot_files: list[str]) -> str:
     return "\n".join(parts)
 
 
+def _has_ci(df: pd.DataFrame) -> bool:
+    return any(str(c).endswith("_ci_low") for c in df.columns)
+
+
+def pairwise_section(table: pd.DataFrame, spec: Any) -> str:
+    """HTML of the pairwise comparison of classifiers (:func:`pipeline.aggregate.bootstrap.intervals`)."""
+    level = f"{100 * spec.level:g}%"
+    shown = table.rename(columns={"ci_low": "difference_ci_low", "ci_high": "difference_ci_high"})
+    return "\n".join(
+        [
+            "<h2>Pairwise comparison</h2>",
+            f"<p>Difference a - b of the mean failure point over failed trajectories (fp_avg) and of the margin "
+            f"(margin_fp_avg), with its {level} bootstrap interval ({spec.resamples} resamples of the trajectories "
+            "within (shift, class), the same draw for both classifiers). <em>excludes_zero</em>: the interval lies "
+            "entirely above or below 0, i.e. the difference is beyond resampling noise at that level.</p>",
+            ci_table(shown, sortable=True),
+        ]
+    )
+
+
 def page_html(title: str, config_hash: str | None, sections: list[tuple[str, str]], data_files: list[str]) -> str:
-    """The report's ``index.html``: a title, one block per (heading, HTML body), the file list."""
-    e = html.escape
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
-    ]
-    if config_hash:
-        parts.append(f"<p>config hash: <code>{e(config_hash)}</code></p>")
-    for heading, body in sections:
-        if heading:
-            parts.append(f"<h2>{e(heading)}</h2>")
-        parts.append(body)
-    parts.append("<h2>Files</h2><ul>")
-    for name in data_files:
-        parts.append(f'<li><a href="{e(name, quote=True)}">{e(name)}</a></li>')
-    parts += ["</ul>", "</body></html>", ""]
-    return "\n".join(parts)
+    """The report's ``index.html`` (see :func:`pipeline.aggregate.page.page_html`)."""
+    from pipeline.aggregate.page import page_html as assemble
+
+    return assemble(title, config_hash, sections, data_files)
 
 
 def _index_html(metrics: Metrics, title: str, config_hash: str | None, plot_files: list[str], data_files: list[str]) -> str:

@@ -8,9 +8,6 @@ temporary directory and uploaded file by file).
 from __future__ import annotations
 
 import io
-import json
-import os
-import tempfile
 
 import pandas as pd
 import pyarrow as pa
@@ -22,9 +19,14 @@ from pipeline.io.store import OutputStore, ShardManifest
 
 
 def load_output_config(store: OutputStore) -> BuildConfig:
-    if not store.exists("config.json"):
+    from pipeline.io.ownership import read_marker
+
+    if store.local and not store.fs.isdir(store.root):
+        what = "is not a directory" if store.fs.exists(store.root) else "does not exist"
+        raise FileNotFoundError(f"output {store.uri} {what}: is it a cnsbench build output?")
+    data = read_marker(store)
+    if data is None:
         raise FileNotFoundError(f"{store.url('config.json')} not found: is {store.uri} a cnsbench build output?")
-    data = json.loads(store.read_text("config.json"))
     return parse_config(data["config"], source=store.url("config.json"))
 
 
@@ -62,33 +64,16 @@ def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -
     return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
 
 
-def image_reader(store: OutputStore, samples: pd.DataFrame):
-    """``read_image(sample_id) -> bytes`` over the committed WebDataset shards (one shard cached)."""
-    from pipeline.io.webdataset import iter_tar
-
-    where = dict(zip(samples["sample_id"], zip(samples["shard"], samples["key"])))
-    cache: dict[str, dict[str, dict[str, bytes]]] = {}
-
-    def read(sample_id: str) -> bytes:
-        shard, key = where[sample_id]
-        if shard not in cache:
-            cache.clear()
-            cache[shard] = dict(iter_tar(store.read_bytes(shard), source=store.url(shard)))
-        members = cache[shard].get(key, {})
-        for ext in ("png", "jpg", "jpeg", "webp"):
-            if ext in members:
-                return members[ext]
-        raise KeyError(f"{store.url(shard)} has no image for sample {sample_id!r}")
-
-    return read
-
-
 def analysis_plan(cfg: BuildConfig) -> list[tuple[str, dict]]:
     """(analysis key, options): the configured ones, then those the build's families add."""
-    from pipeline.registry import FAMILIES
+    from pipeline.registry import FAMILIES, REPORT_ANALYSES
 
     plan = list(cfg.aggregate.analysis_entries())
     names = {name for name, _ in plan}
+    for name in REPORT_ANALYSES:
+        if name not in names:
+            plan.append((name, {}))
+            names.add(name)
     for group in cfg.family_groups():
         for name in FAMILIES.get(group.kind).analyses:
             if name not in names:
@@ -104,28 +89,49 @@ def aggregate_output(store: OutputStore, cfg: BuildConfig, digest: str | None = 
     are written atomically, ``metrics.json`` collects their JSON, and ``index.html`` is
     written last, so its presence means the report is complete.
     """
-    import json
-
-    from pipeline.aggregate.report import page_html
-    from pipeline.analyses.base import AnalysisContext
-    from pipeline.registry import ANALYSES
+    from pipeline.aggregate.images import ImageReader
 
     samples = load_samples(store)
     predictions = load_predictions(store, [c.name for c in cfg.classifiers])
-    reader = image_reader(store, samples)
     title = f"{cfg.benchmark.name}: accuracy drop and failure points"
+    return render_report(store, "report", cfg, samples, predictions, title, digest, ImageReader(store, samples))
+
+
+def render_report(
+    store: OutputStore,
+    folder: str,
+    cfg: BuildConfig,
+    samples: pd.DataFrame,
+    predictions: pd.DataFrame,
+    title: str,
+    digest: str | None = None,
+    read_image=None,
+    lead: list[tuple[str, str]] | None = None,
+    progress=None,
+) -> str:
+    """Run the analyses of ``cfg`` on the tables and write their files and ``index.html`` under
+    ``folder`` of ``store`` (``""``: its root); ``lead`` sections open the page.  Returns the
+    index's URL.  ``progress`` (a :class:`pipeline.progress.Progress`) counts the analyses."""
+    import json
+
+    from pipeline.aggregate.images import ImageReader
+    from pipeline.aggregate.report import _png_bytes, page_html
+    from pipeline.analyses.base import AnalysisContext
+    from pipeline.registry import ANALYSES
+
     doc: dict = {"title": title, "config_hash": digest}
-    sections: list[tuple[str, str]] = []
+    sections: list[tuple[str, str]] = list(lead or [])
     files: dict[str, bytes] = {}
     for name, options in analysis_plan(cfg):
-        ctx = AnalysisContext(cfg, samples, predictions, options=options, config_hash=digest, read_image=reader)
+        ctx = AnalysisContext(
+            cfg, samples, predictions, options=options, config_hash=digest,
+            read_image=read_image or ImageReader(store, samples),
+        )
         result = ANALYSES.get(name)(ctx)
         files.update(result.files)
         for tname, table in result.tables.items():
             files[f"{tname}.csv"] = table.to_csv(index=False).encode("utf-8")
         for fname, fig in result.figures.items():
-            from pipeline.aggregate.report import _png_bytes
-
             files[f"{fname}.png"] = _png_bytes(fig)
         if name == "cns":
             doc.update(result.json)  # the CNS metrics stay at the top level of metrics.json
@@ -133,11 +139,14 @@ def aggregate_output(store: OutputStore, cfg: BuildConfig, digest: str | None = 
             doc.setdefault("analyses", {})[name] = result.json
         if result.html:
             sections.append((result.title, result.html))
+        if progress is not None:
+            progress.advance(1)
     files["metrics.json"] = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8")
     order = ["accuracy.csv", "failure_points.csv", "summary.csv", "metrics.json"]
     names = [n for n in order if n in files] + [n for n in files if n not in order]
+    prefix = f"{folder.strip('/')}/" if folder.strip("/") else ""
     for fname in names:
-        store.write_bytes(f"report/{fname}", files[fname])
+        store.write_bytes(f"{prefix}{fname}", files[fname])
     data_files = [n for n in names if not n.endswith(".png")]
-    store.write_bytes("report/index.html", page_html(title, digest, sections, data_files).encode("utf-8"))
-    return store.url("report/index.html")
+    store.write_bytes(f"{prefix}index.html", page_html(title, digest, sections, data_files).encode("utf-8"))
+    return store.url(f"{prefix}index.html")

@@ -10,6 +10,8 @@ family's plots carry its kind as a suffix (``accuracy_drop_corruption.png``).
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult
@@ -31,10 +33,40 @@ def group_metrics(ctx: AnalysisContext):
     return out
 
 
-def run(ctx: AnalysisContext) -> AnalysisResult:
-    from pipeline.aggregate.report import cns_files, cns_section
+_LAST_INTERVALS: dict = {}
 
-    per_group = group_metrics(ctx)
+
+def with_intervals(ctx: AnalysisContext, per_group: list) -> tuple[list, dict]:
+    """Bootstrap intervals (``aggregate.bootstrap``) joined onto each group's tables, and
+    ``{group kind: pairwise comparison table}``; unchanged when ``resamples`` is 0."""
+    from pipeline.aggregate import bootstrap
+
+    spec = ctx.config.aggregate.bootstrap
+    if not spec.resamples:
+        return per_group, {}
+    out, pairwise = [], {}
+    for group, metrics in per_group:
+        # The report's analyses see the same tables: resample them once.  Holding the tables
+        # in the cache keeps their ids from being reused by other tables.
+        key = (id(ctx.samples), id(ctx.predictions), spec.resamples, spec.level, spec.seed)
+        if _LAST_INTERVALS.get("key") != key:
+            _LAST_INTERVALS.clear()
+            _LAST_INTERVALS.update(key=key, tables=(ctx.samples, ctx.predictions), by_kind={})
+        iv = _LAST_INTERVALS["by_kind"].get(group.kind)
+        if iv is None:
+            iv = bootstrap.intervals(
+                ctx.samples_of(group), ctx.predictions, metrics, resamples=spec.resamples, level=spec.level, seed=spec.seed
+            )
+            _LAST_INTERVALS["by_kind"][group.kind] = iv
+        out.append((group, bootstrap.with_intervals(metrics, iv)))
+        pairwise[group.kind] = iv.pairwise
+    return out, pairwise
+
+
+def run(ctx: AnalysisContext) -> AnalysisResult:
+    from pipeline.aggregate.report import cns_files, cns_section, pairwise_section
+
+    per_group, pairwise = with_intervals(ctx, group_metrics(ctx))
     plots = ctx.config.aggregate.plots
     result = AnalysisResult(title="")
     primary_group, primary = per_group[0]
@@ -42,6 +74,10 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.files.update(files)
     sections = [cns_section(primary, plot_files)]
     result.json = primary.to_json()
+    if primary_group.kind in pairwise:
+        result.tables["pairwise"] = pairwise[primary_group.kind]
+        result.json["pairwise"] = json.loads(pairwise[primary_group.kind].to_json(orient="records"))
+        sections.append(pairwise_section(pairwise[primary_group.kind], ctx.config.aggregate.bootstrap))
     if len(per_group) > 1:
         tables = {"accuracy.csv": "accuracy", "failure_points.csv": "failure_point_table", "summary.csv": "summary"}
         for fname, attr in tables.items():
@@ -52,6 +88,8 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
             extra, extra_plots = cns_files(metrics, plots=plots, suffix=f"_{group.kind}")
             result.files.update(extra)
             sections.append(f"<h2>Family {group.kind}</h2>" + cns_section(metrics, extra_plots))
+            if group.kind in pairwise:
+                result.tables[f"pairwise_{group.kind}"] = pairwise[group.kind]
             result.json["families"][group.kind] = metrics.to_json()
         result.json["families"][primary_group.kind] = {"shifts": list(primary_group.shifts)}
     result.html = "\n".join(sections)

@@ -14,10 +14,10 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.cli import REPO_ROOT
+from pipeline.checkout import REPO_ROOT
 
 TINY_ROOT = REPO_ROOT / "assets" / "tiny"
-VERSION = "1"  # bump when the builder changes so stale assets are rebuilt
+VERSION = "2"  # bump when the builder changes so stale assets are rebuilt
 CLASSES = (1, 22)
 SHIFTS = ("painting_style", "heavy_snow")
 
@@ -60,7 +60,8 @@ def ensure_tiny_assets(root: Path = TINY_ROOT, echo=print) -> Path:
         "dino": tiny.make_tiny_dino(root / "dino"),
         "resnet": tiny.make_tiny_timm_classifier(root / "classifiers", "resnet"),
         "vit": tiny.make_tiny_timm_classifier(root / "classifiers", "vit"),
-        "clip_zs": tiny.make_tiny_clip_zeroshot(root / "clip-zs"),
+        # 224 px: the classifiers of configs/tiny.yaml see the CNS protocol's 224 px crops.
+        "clip_zs": tiny.make_tiny_clip_zeroshot(root / "clip-zs", image_size=224),
     }
     (root / "specs.json").write_text(json.dumps(specs, indent=1))
     stamp.write_text(VERSION)

@@ -45,8 +45,12 @@ TINY_CLASSIFIERS: dict[str, tuple[str, dict[str, Any], list[int]]] = {
 }
 
 
-def make_tiny_clip(out_dir: str | os.PathLike[str], seed: int = 0, name: str = TINY_CLIP_NAME) -> dict[str, str]:
+def make_tiny_clip(
+    out_dir: str | os.PathLike[str], seed: int = 0, name: str = TINY_CLIP_NAME, vision: dict[str, Any] | None = None
+) -> dict[str, str]:
     """Write ``{name}.json`` (open_clip architecture) and ``{name}.pt`` (fp16 state_dict).
+
+    ``vision`` overrides entries of the vision tower's config (e.g. ``image_size``).
 
     Returns a :class:`pipeline.config.ClipModelSpec`-compatible dict
     ``{"model", "pretrained", "model_config_file"}``; the model name is the JSON's stem,
@@ -58,11 +62,12 @@ def make_tiny_clip(out_dir: str | os.PathLike[str], seed: int = 0, name: str = T
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / f"{name}.json"
     weights = out / f"{name}.pt"
-    cfg_path.write_text(json.dumps(TINY_CLIP_CFG, indent=2))
+    arch = {**TINY_CLIP_CFG, "vision_cfg": {**TINY_CLIP_CFG["vision_cfg"], **(vision or {})}}
+    cfg_path.write_text(json.dumps(arch, indent=2))
     # fork_rng: building a demo model must not perturb the caller's random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = open_clip.CLIP(**TINY_CLIP_CFG)
+        model = open_clip.CLIP(**arch)
         # float16 halves the file; loading copies it into the float32 model.
         state = {k: v.detach().to(torch.float16) if v.is_floating_point() else v for k, v in model.state_dict().items()}
     torch.save(state, weights)
@@ -86,7 +91,14 @@ def _timm_tiny(
     overlay: dict[str, Any] = {"input_size": list(input_size)}
     if "num_classes" in kwargs:
         overlay["num_classes"] = kwargs["num_classes"]
-    return {"model": model, "checkpoint": str(path), "model_kwargs": {**kwargs, "pretrained_cfg_overlay": overlay}}
+    # preprocess 'model': a toy of 28-32 px takes its own input size, not the CNS protocol's
+    # 224 px (classifiers) or 518 px (DINOv2) crops.
+    return {
+        "model": model,
+        "checkpoint": str(path),
+        "model_kwargs": {**kwargs, "pretrained_cfg_overlay": overlay},
+        "preprocess": "model",
+    }
 
 
 def make_tiny_dino(out_dir: str | os.PathLike[str], seed: int = 1) -> dict[str, Any]:
@@ -120,10 +132,19 @@ def make_tiny_timm_classifier(
 
 
 def make_tiny_clip_zeroshot(
-    out_dir: str | os.PathLike[str], name: str = "tiny-clip-zs", templates: str | list[str] = "simple", seed: int = 3
+    out_dir: str | os.PathLike[str],
+    name: str = "tiny-clip-zs",
+    templates: str | list[str] = "simple",
+    seed: int = 3,
+    image_size: int | None = None,
 ) -> dict[str, Any]:
-    """A zero-shot open_clip classifier spec on a tiny CLIP (see :func:`make_tiny_clip`)."""
-    clip = make_tiny_clip(out_dir, seed=seed, name=f"tiny-clip-zs-{seed}")
+    """A zero-shot open_clip classifier spec on a tiny CLIP (see :func:`make_tiny_clip`).
+
+    ``image_size`` (with a 4x4 patch grid) sizes the vision tower for that input, e.g. 224
+    for the CNS-Bench classifier transform (Resize 256, CenterCrop 224).
+    """
+    vision = {"image_size": image_size, "patch_size": image_size // 4} if image_size else None
+    clip = make_tiny_clip(out_dir, seed=seed, name=f"tiny-clip-zs-{seed}", vision=vision)
     return {
         "name": name,
         "kind": "open_clip_zeroshot",
@@ -131,4 +152,5 @@ def make_tiny_clip_zeroshot(
         "checkpoint": clip["pretrained"],
         "model_config_file": clip["model_config_file"],
         "templates": templates,
+        "preprocess": "cns" if image_size == 224 else "model",
     }

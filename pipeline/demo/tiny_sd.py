@@ -107,7 +107,12 @@ def write_clip_tokenizer(out_dir: str | os.PathLike[str], pad_token: str = "!") 
 def build_sd2(out_dir: str | os.PathLike[str], size: str = "tiny", seed: int = 0) -> Path:
     """Write a random-weight SD2-architecture diffusers pipeline to ``out_dir``."""
     import torch
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import (
+        AutoencoderKL,
+        DDIMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     arch = ARCH[size]

@@ -52,7 +52,10 @@ def shift_words(shift: str) -> str:
 # --------------------------------------------------------------------------- images
 def load_digits_tensor() -> tuple[torch.Tensor, torch.Tensor]:
     """All 1,797 digits as ``[N, 1, 32, 32]`` float32 in ``[0, 1]`` and labels ``[N]``."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("retraining the demo world needs scikit-learn: pip install -e .[world]") from None
 
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0

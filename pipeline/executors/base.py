@@ -32,9 +32,12 @@ class Executor:
 
     name = ""
 
-    def __init__(self, cfg: "BuildConfig", address: str | None = None) -> None:
+    def __init__(self, cfg: "BuildConfig", address: str | None = None, notice=None) -> None:
         self.cfg = cfg
         self.address = address
+        # Where the executor tells the user about a change it made to the plan's resources
+        # (a GPU request on a CPU-only local cluster): the command's own output.
+        self.notice = notice or (lambda message: None)
 
     def run(
         self,
@@ -49,7 +52,7 @@ class Executor:
         raise NotImplementedError
 
 
-def get_executor(runner: str, cfg: "BuildConfig", address: str | None = None) -> Executor:
+def get_executor(runner: str, cfg: "BuildConfig", address: str | None = None, notice=None) -> Executor:
     """The executor registered as ``runner`` (``ray``/``local`` are accepted aliases)."""
     from pipeline.registry import EXECUTOR_ALIASES, EXECUTORS
 
@@ -57,4 +60,4 @@ def get_executor(runner: str, cfg: "BuildConfig", address: str | None = None) ->
         cls = EXECUTORS.get(EXECUTOR_ALIASES.get(runner, runner))
     except KeyError as err:
         raise ValueError(f"--runner: {err.args[0]} (or one of {', '.join(EXECUTOR_ALIASES)})") from None
-    return cls(cfg, address)
+    return cls(cfg, address, notice)

@@ -10,12 +10,15 @@ iterates the small per-shard rows, so its memory does not grow with the plan.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.config import BuildConfig, StageResources
 from pipeline.executors.base import Executor, StageSpec
+
+log = logging.getLogger(__name__)
 
 
 def init_ray(address: str | None, cfg: BuildConfig) -> None:
@@ -24,7 +27,9 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "0")
+    from pipeline.progress import quiet_ray_data
+
+    quiet_ray_data()  # Ray Data's own bars and logs only with `cnsbench -v`
     if address or os.environ.get("RAY_ADDRESS"):
         # A Ray job's driver (`cnsbench submit`, KubeRay RayJob) gets the cluster in
         # $RAY_ADDRESS, and ray.init() refuses num_cpus/num_gpus when it connects to one.
@@ -50,6 +55,20 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
         log_to_driver=True,
         runtime_env={"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}},
     )
+
+
+def cpu_only_local_cluster(address: str | None) -> bool:
+    """True when this driver runs a local Ray (no address) that has no GPU at all.
+
+    A GPU request could never be met there (a cluster the user started with
+    ``ray.init(num_cpus=...)``, say): pools then run on the CPU instead of waiting forever.
+    On a real cluster (an address) GPU nodes may still join, so requests stand.
+    """
+    import ray
+
+    if address or os.environ.get("RAY_ADDRESS"):
+        return False
+    return float(ray.cluster_resources().get("GPU", 0)) == 0
 
 
 def _pool(stage: StageResources):
@@ -88,10 +107,19 @@ class RayDataExecutor(Executor):
         if not rows:
             return
         cfg_dict = self.cfg.model_dump(mode="json")
-        ray.data.DataContext.get_current().enable_progress_bars = True
+        cpu_only = cpu_only_local_cluster(self.address)
+        from pipeline.progress import quiet_ray_data
+
+        quiet_ray_data()
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(num_blocks or len(rows), len(rows))))
         for spec in chain:
             r, batch_size = spec.resolved(self.cfg)
+            if cpu_only and r.num_gpus > 0:
+                message = (f"no GPU in the local Ray cluster: the {spec.stage.name} actors run on the CPU "
+                           f"(resources num_gpus {r.num_gpus} -> 0)")
+                log.info(message)
+                self.notice(message)
+                r = r.model_copy(update={"num_gpus": 0.0})
             kwargs = {"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus)), **spec.kwargs}
             with warnings.catch_warnings():
                 # Ray 2.60 has no named parameter for bounded actor restarts/retries yet; the

@@ -115,6 +115,8 @@ class Family:
     needs_mask: ClassVar[bool] = False
     # Analyses added to the build's report whenever this family is part of it.
     analyses: ClassVar[tuple[str, ...]] = ()
+    # False: the OOC filter keeps every image of this family unscored (see ``uses_ooc_filter``).
+    ooc_filter: ClassVar[bool] = True
 
     def __init__(self, config: "BuildConfig", group: "FamilyGroup", device: str = "cpu", dtype: Any = None) -> None:
         self.config = config
@@ -128,6 +130,16 @@ class Family:
     def check_shifts(cls, shifts: list[str], options: BaseModel) -> list[str]:
         """Problems with the shift names for this family (e.g. unknown corruption); [] when fine."""
         return []
+
+    @classmethod
+    def check_scales(cls, scales: list[float]) -> list[str]:
+        """Problems with the scale grid for this family (e.g. a severity beyond the table); [] when fine."""
+        return []
+
+    @classmethod
+    def uses_ooc_filter(cls, options: BaseModel) -> bool:
+        """Whether the OOC filter judges this family's images (else they are kept, scores NaN)."""
+        return cls.ooc_filter
 
     @classmethod
     def missing_files(cls, config: "BuildConfig", group: "FamilyGroup", pairs: list[tuple[int, str]]) -> list[str]:

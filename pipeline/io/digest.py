@@ -1,7 +1,9 @@
 """A content digest of an output: sample ids and coordinates, predictions and image bytes.
 
 Two outputs with the same digest hold the same images, the same per-image coordinates and
-the same predictions, whatever their shard layout, file names or Parquet encoding; the
+the same predictions, whatever their shard layout, file names or Parquet encoding.  Images
+are compared by their decoded pixels (mode, size and values), not their file bytes: the
+encoder's library version changes PNG bytes without changing a pixel.  The
 ``params`` column and detector scores are left out (scores are floats that may differ in
 the last bit across hardware).  Used to check that a refactoring or a resumed, faulted
 build gives the same output as a clean one.
@@ -40,5 +42,14 @@ def output_digest(uri: str) -> dict[str, str]:
                         if not member.name.endswith(".json"):
                             images[member.name] = tar.extractfile(member).read()
     for name in sorted(images):
-        h_i.update(name.encode() + b"\0" + hashlib.sha256(images[name]).digest())
+        h_i.update(name.encode() + b"\0" + _pixels_sha(images[name]))
     return {"samples": h_s.hexdigest(), "predictions": h_p.hexdigest(), "images": h_i.hexdigest()}
+
+
+def _pixels_sha(data: bytes) -> bytes:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        head = f"{im.mode}:{im.size[0]}x{im.size[1]}:".encode()
+        return hashlib.sha256(head + im.tobytes()).digest()

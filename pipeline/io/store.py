@@ -17,43 +17,30 @@ truncated or corrupted file is detected by its size or hash.
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import json
 import posixpath
 import uuid
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import fsspec
 
-MANIFEST_DIR = "manifest"
+from pipeline.io.fs import confined_local, normalize_relpath
+from pipeline.io.manifest import (
+    MANIFEST_DIR,
+    ManifestScan,
+    ShardManifest,
+    is_own_file,
+    scan_manifests,
+)
+from pipeline.io.retry import StorageError, retrying
+
+__all__ = ["MANIFEST_DIR", "SHARD_DIRS", "OutputStore", "ShardManifest"]
 SHARD_DIRS = {"images": ".tar", "samples": ".parquet", "predictions": ".parquet", "failures": ".parquet"}
 
 
 def _join(root: str, rel: str) -> str:
     return posixpath.join(root, rel) if root else rel
-
-
-@dataclass
-class ShardManifest:
-    shard: str
-    trajectories: list[str]
-    files: dict[str, dict[str, Any]]  # relative path -> {"size": int, "sha256": str}
-    n_samples: int
-    failed: dict[str, str]  # trajectory id -> error message
-    stats: dict[str, float]
-    classifiers: list[str] | None = None  # whose predictions it holds (None: the build config's)
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True, indent=1)
-
-    @staticmethod
-    def from_json(text: str, source: str) -> "ShardManifest":
-        try:
-            data = json.loads(text)
-            return ShardManifest(**data)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"malformed manifest {source}: {err}") from None
 
 
 class OutputStore:
@@ -63,19 +50,31 @@ class OutputStore:
         self.uri = uri.rstrip("/") if "://" in uri else uri
         self.fs, self.root = fsspec.core.url_to_fs(self.uri)
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
-        if self.local:
-            self.fs.makedirs(self.root, exist_ok=True)
+        # Opening a store creates nothing: readers (status, aggregate, serve) must not make
+        # directories; a build claims its output first (pipeline.io.ownership.claim_output).
 
     def path(self, rel: str) -> str:
-        return _join(self.root, rel)
+        """The location of ``rel`` inside the output; a path leaving it raises PathEscape."""
+        if rel in ("", "."):
+            return _join(self.root, "")
+        return _join(self.root, normalize_relpath(rel, f"{self.uri}: entry"))
+
+    def _checked(self, rel: str) -> str:
+        """:meth:`path`, and locally also no symlink leading outside the output (for writes and deletes)."""
+        target = self.path(rel)
+        if self.local and self.fs.exists(self.root):
+            confined_local(self.root, target, what=f"{self.uri}: entry {rel!r}")
+        return target
 
     def url(self, rel: str) -> str:
         return self.fs.unstrip_protocol(self.path(rel)) if not self.local else self.path(rel)
 
     # ------------------------------------------------------------------ primitives
+    @retrying("stat")
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
 
+    @retrying("read")
     def read_bytes(self, rel: str) -> bytes:
         with self.fs.open(self.path(rel), "rb") as fh:
             return fh.read()
@@ -83,19 +82,28 @@ class OutputStore:
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode("utf-8")
 
+    @retrying("write")
     def write_bytes(self, rel: str, data: bytes) -> dict[str, Any]:
         """Write ``data`` so that readers see the old file or the whole new one, never a part.
 
         Locally: a temporary name in the same directory, then a rename.  On object stores a
         single PUT is already atomic, so the object is written directly.
         """
-        target = self.path(rel)
+        target = self._checked(rel)
         parent = posixpath.dirname(target)
         if self.local:
             self.fs.makedirs(parent, exist_ok=True)
             tmp = _join(parent, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}")
-            with self.fs.open(tmp, "wb") as fh:
-                fh.write(data)
+            try:
+                with self.fs.open(tmp, "wb") as fh:
+                    fh.write(data)
+            except OSError as err:
+                if self.fs.exists(tmp):
+                    self.fs.rm(tmp)  # no partial file stays behind (and a full disk gets its space back)
+                if err.errno == errno.ENOSPC:
+                    raise StorageError(err.errno, f"no space left on the device writing {target}: "
+                                       "free space (or move the output) and run the same command again") from err
+                raise
             self.fs.mv(tmp, target)
         else:
             with self.fs.open(target, "wb") as fh:
@@ -105,6 +113,7 @@ class OutputStore:
     def write_text(self, rel: str, text: str) -> dict[str, Any]:
         return self.write_bytes(rel, text.encode("utf-8"))
 
+    @retrying("list")
     def list(self, rel_dir: str, suffix: str = "") -> list[str]:
         """Relative paths of the files directly in ``rel_dir`` ending in ``suffix`` (sorted)."""
         base = self.path(rel_dir)
@@ -119,19 +128,23 @@ class OutputStore:
                 names.append(f"{rel_dir}/{name}")
         return sorted(names)
 
+    @retrying("delete")
     def remove(self, rel: str) -> None:
-        if self.exists(rel):
-            self.fs.rm(self.path(rel))
+        target = self._checked(rel)
+        if self.fs.exists(target):
+            self.fs.rm(target)
 
+    @retrying("delete")
     def remove_tree(self, rel_dir: str) -> None:
         if not self.local:
             self.fs.invalidate_cache()
-        if self.fs.exists(self.path(rel_dir)):
-            self.fs.rm(self.path(rel_dir), recursive=True)
+        target = self._checked(rel_dir)
+        if self.fs.exists(target):
+            self.fs.rm(target, recursive=True)
 
     def move(self, rel_src: str, rel_dst: str) -> None:
         """Move a file or directory: a rename locally, copy-then-delete per object elsewhere."""
-        src, dst = self.path(rel_src), self.path(rel_dst)
+        src, dst = self._checked(rel_src), self._checked(rel_dst)
         if self.local:
             self.fs.makedirs(posixpath.dirname(dst), exist_ok=True)
             self.fs.mv(src, dst, recursive=True)
@@ -152,9 +165,13 @@ class OutputStore:
         return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
 
     # ------------------------------------------------------------------ shards
+    def scan(self) -> ManifestScan:
+        """Trusted manifests and the problems of the others (:func:`pipeline.io.manifest.scan_manifests`)."""
+        return scan_manifests(self)
+
     def manifests(self) -> Iterator[ShardManifest]:
-        for rel in self.list(MANIFEST_DIR, ".json"):
-            yield ShardManifest.from_json(self.read_text(rel), self.url(rel))
+        """Committed shards: manifests that parse and do not overlap an earlier one."""
+        yield from self.scan().manifests
 
     def commit_manifest(self, manifest: ShardManifest) -> None:
         self.write_text(f"{MANIFEST_DIR}/{manifest.shard}.json", manifest.to_json())
@@ -164,10 +181,11 @@ class OutputStore:
         manifest) and temporary files of interrupted writes."""
         referenced = {rel for m in manifests for rel in m.files}
         found = []
-        for kind, suffix in SHARD_DIRS.items():
+        # Only names of our own scheme are candidates: anything else in these folders is
+        # not ours to delete (pipeline.io.manifest.OWN_FILE).
+        for kind in SHARD_DIRS:
             for rel in self.list(kind):
-                name = posixpath.basename(rel)
-                if name.startswith(".tmp-") or (name.endswith(suffix) and rel not in referenced):
+                if is_own_file(rel) and rel not in referenced:
                     found.append(rel)
         if self.local:
             for kind in list(SHARD_DIRS) + [MANIFEST_DIR]:
@@ -176,7 +194,7 @@ class OutputStore:
                     found += [
                         f"{kind}/{posixpath.basename(p)}"
                         for p in self.fs.ls(base, detail=False)
-                        if posixpath.basename(p).startswith(".tmp-")
+                        if posixpath.basename(p).startswith(".tmp-") and is_own_file(f"{kind}/{posixpath.basename(p)}")
                     ]
         return sorted(set(found))
 

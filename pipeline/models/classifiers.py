@@ -8,7 +8,13 @@ the true class.  Two kinds are registered: :class:`TimmClassifier` (any timm mod
 or local weights) and :class:`OpenClipZeroShot` (open_clip with a zero-shot head built
 from the ImageNet class names and prompt templates).  A third kind,
 :class:`TorchScriptClassifier`, loads any ``torch.jit.save`` file with a stated input
-size and mean/std, for models timm cannot express (e.g. a linear model on pixels).
+size and mean/std, for models timm cannot express (e.g. a linear model on pixels), and
+:class:`TorchHubClassifier` loads a ``torch.hub`` entry point (DINOv2 with its linear head).
+
+Input preprocessing is chosen per classifier by ``preprocess`` (:mod:`pipeline.protocol`):
+``cns`` is the original CNS-Bench transform for every model (Resize 256 bicubic, CenterCrop
+224, ImageNet mean/std), ``model`` the model's own data config, or an explicit transform.
+:meth:`Classifier.predict` applies it, the only place where images become model inputs.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from typing import Any, Sequence
 
 import torch
 
-from pipeline.labels import LabelSpace, label_space
 from pipeline.config import ClassifierSpec
+from pipeline.labels import LabelSpace, label_space
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
 
 # Images per forward inside predict(); bounds activation memory of big models.
@@ -96,6 +102,20 @@ class Classifier:
         self.where = f"classifiers[{spec.name}]"
         self._label_map = load_label_map(spec.label_map, self.where)
         self._out_to_label: list[int] = []
+        self.preprocess_choice = spec.preprocess or "model"
+        self._input_transform = self._choose_transform(spec.preprocess)
+
+    def _choose_transform(self, choice: Any):
+        """The protocol's transform for ``choice``; None: the model's own (:meth:`_preprocess`)."""
+        from pipeline.protocol import CNS_CLASSIFIER, build_transform, preprocess_of
+
+        p = preprocess_of(choice, CNS_CLASSIFIER)
+        return build_transform(p) if p is not None else None
+
+    def inputs(self, images: Sequence[Any]) -> torch.Tensor:
+        """PIL images -> the stacked input tensor the model sees (on CPU)."""
+        transform = self._input_transform or self._preprocess
+        return torch.stack([transform(im) for im in images])
 
     @property
     def name(self) -> str:
@@ -109,7 +129,10 @@ class Classifier:
     def _map_outputs(self, n_out: int) -> None:
         """Class id of each of ``n_out`` outputs: identity when they match the label space,
         else through ``label_map`` (unmapped outputs get -1)."""
-        if self._label_map is None:
+        if self._label_map is None and self.labels.imagenet_ids is not None and n_out == 1000 != len(self.labels):
+            # An ImageNet-1k model over a space of ImageNet id sets (ImageNet-D): the multi-id rule.
+            self._out_to_label = self.labels.outputs_from_imagenet(n_out)
+        elif self._label_map is None:
             if n_out != len(self.labels):
                 raise ValueError(
                     f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "
@@ -135,7 +158,7 @@ class Classifier:
             return torch.empty(0, len(self.out_to_label))
         outs = []
         for i in range(0, len(images), PREDICT_CHUNK):
-            x = torch.stack([self._preprocess(im) for im in images[i : i + PREDICT_CHUNK]]).to(self.device)
+            x = self.inputs(images[i : i + PREDICT_CHUNK]).to(self.device)
             outs.append(self._forward(x).float().cpu())
         return torch.cat(outs)
 
@@ -173,7 +196,7 @@ def check_timm_name(name: str, local_weights: bool = False) -> None:
 
 
 class TimmClassifier(Classifier):
-    """A timm ImageNet classifier; preprocessing comes from the model's own data config."""
+    """A timm ImageNet classifier; ``preprocess: model`` is the model's own data config."""
 
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
@@ -330,6 +353,54 @@ class TorchScriptClassifier(Classifier):
 
     def _preprocess(self, image: Any) -> torch.Tensor:
         image = image.convert("L" if self._channels == 1 else "RGB")
+        return self.transform(image)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+# --------------------------------------------------------------------------- torch hub
+def parse_hub_model(model: str, where: str) -> tuple[str, str]:
+    """``"<repo or local dir>:<entry point>"`` -> (repo, entry); the entry follows the last ':'."""
+    repo, sep, entry = model.rpartition(":")
+    if not sep or not repo or not entry or "/" not in repo:
+        raise ValueError(
+            f"{where}.model: a torch_hub model is '<owner>/<repo>[:ref]:<entry point>' or '<local dir>:<entry point>', "
+            f"e.g. 'facebookresearch/dinov2:dinov2_vitb14_reg_lc'; got {model!r}"
+        )
+    return repo, entry
+
+
+class TorchHubClassifier(Classifier):
+    """A ``torch.hub`` entry point returning an ImageNet classifier (e.g. DINOv2 with its linear head).
+
+    ``model`` is ``'<owner>/<repo>[:ref]:<entry point>'`` (downloaded into the torch hub cache on
+    first use, so only where the network is reachable) or ``'<local dir>:<entry point>'`` (a
+    directory with a ``hubconf.py``).  ``model_kwargs`` go to the entry point.  The model is
+    loaded when the classify stage sets up, never at validation.  There is no data config
+    to read, so ``preprocess: model`` means the standard ImageNet eval transform, the one
+    the DINOv2 linear heads were evaluated with (the same as ``cns``).
+    """
+
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
+        super().__init__(spec, device, labels)
+        repo, entry = parse_hub_model(spec.model, self.where)
+        local = os.path.isdir(repo)
+        try:
+            model = torch.hub.load(repo, entry, source="local" if local else "github", **spec.model_kwargs)
+        except Exception as err:
+            raise RuntimeError(f"{self.where}: could not load torch hub model {spec.model!r}: {err}") from err
+        self.model = model.to(device).eval()
+        from pipeline.protocol import CNS_CLASSIFIER, build_transform
+
+        self.transform = build_transform(CNS_CLASSIFIER)
+        with torch.inference_mode():
+            probe = self.model(torch.zeros(1, 3, CNS_CLASSIFIER.crop, CNS_CLASSIFIER.crop, device=device))
+        if probe.ndim != 2:
+            raise ValueError(f"{self.where}: the hub model returns shape {tuple(probe.shape)}, expected [N, K]")
+        self._map_outputs(int(probe.shape[1]))
+
+    def _preprocess(self, image: Any) -> torch.Tensor:
         return self.transform(image)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -217,7 +217,12 @@ class DinoEncoder:
         self.spec = spec
         self.device = device
         self.model = load_timm(spec.model, spec.checkpoint, spec.model_kwargs, device, f"{key}.checkpoint", num_classes=0)
-        self.transform = timm_transform(self.model)
+        # preprocess 'cns': the original's Resize(520)/CenterCrop(518)/Normalize(0.5, 0.2);
+        # 'model' (or unset): the backbone's own timm data config.
+        from pipeline.protocol import CNS_DINO, build_transform, preprocess_of
+
+        p = preprocess_of(spec.preprocess, CNS_DINO)
+        self.transform = build_transform(p) if p is not None else timm_transform(self.model)
 
     @torch.inference_mode()
     def class_tokens(self, images: Sequence[Any]) -> torch.Tensor:
@@ -279,8 +284,13 @@ class OOCFilter:
         self._shift_text_cache: dict[str, torch.Tensor] = {}  # shift -> [D] alignment prompt embedding
 
     def prompts(self, class_name: str, shift: str) -> tuple[str, str]:
-        """The class prompt and the class-in-shift prompt for a (class, shift)."""
-        words = shift.replace("_", " ")
+        """The class prompt and the class-in-shift prompt for a (class, shift).
+
+        ``{shift_words}`` is the shift's filter text (:func:`pipeline.protocol.shift_text`).
+        """
+        from pipeline.protocol import shift_text
+
+        words = shift_text(self.spec, shift)
         return (
             self.spec.class_prompt.format(class_name=class_name, shift_words=words),
             self.spec.shift_prompt.format(class_name=class_name, shift_words=words),

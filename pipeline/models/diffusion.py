@@ -112,5 +112,10 @@ def slider_path(spec: GeneratorSpec, class_id: int, shift: str, class_name: str)
     """File of the (class, shift) slider in the store, from ``generator.slider_pattern``."""
     if not spec.slider_store:
         raise ValueError("generator.slider_store is not set")
+    from pipeline.io.fs import safe_relpath
+
     rel = spec.slider_pattern.format(shift=shift, class_id=class_id, class_name=class_name)
-    return f"{spec.slider_store.rstrip('/')}/{rel}"
+    # The file must stay inside the store whatever a class name contains ('/', '..').
+    return safe_relpath(
+        spec.slider_store.rstrip("/"), rel, what=f"generator.slider_pattern for ({shift}, {class_id})", follow_symlinks=True
+    )

@@ -10,6 +10,9 @@ number of loaded sliders.  Before each UNet call, :meth:`SliderBank.route` says 
 slider and which multiplier each batch row uses, so one forward can carry several
 (shift, scale) branches of a trajectory group -- the reference applies one slider at
 one multiplier per pipeline call, which is the special case of a uniform route.
+
+Training builds the same layout with peft (:mod:`pipeline.models.peft_lora`), and
+diffusers' ``load_lora_weights`` reads these files as they are (``docs/lora.md``).
 """
 
 from __future__ import annotations
@@ -61,7 +64,11 @@ def target_modules(unet: nn.Module, targets: str = "attn", method: str = "noxatt
         for child_name, child in module.named_modules():
             if not isinstance(child, (nn.Linear, nn.Conv2d)) or not child_name:
                 continue
-            path = f"{name}.{child_name}"
+            parts = child_name.split(".")
+            if any(p.startswith("lora_") for p in parts):
+                continue  # a peft adapter's own A/B layers
+            # A layer wrapped by peft (``to_q.base_layer``) keeps its slider key (``to_q``).
+            path = f"{name}.{'.'.join(p for p in parts if p != 'base_layer')}"
             if not _excluded(lora_key(path), method):
                 found[path] = child
     return dict(sorted(found.items()))

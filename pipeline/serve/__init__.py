@@ -45,6 +45,7 @@ HTTP API
 ``GET /api/benchmarks/image/{id}``     the stored image of a sample id (PNG or JPEG)
 ``GET /api/report``                    ``report/metrics.json``
 ``GET /report/{file}``                 a file of ``report/`` (plots, CSVs, index.html)
+``GET /review``, ``/api/review/...``   review of a mined set (:mod:`pipeline.serve.review_api`)
 
 Errors are JSON ``{"detail": ...}``; an unknown class or shift is a 404 whose body also
 holds ``"choices"``.  Bad input is rejected before it reaches a model: 422 for invalid
@@ -70,13 +71,12 @@ Importing the package does not import Ray or torch.
 
 from pipeline.serve.deployments import build_app, in_process_api, make_app
 from pipeline.serve.index import BenchmarkIndex
-from pipeline.serve.launch import add_cli, run_server
+from pipeline.serve.launch import run_server
 from pipeline.serve.options import ServeOptions, deployment_options
 
 __all__ = [
     "BenchmarkIndex",
     "ServeOptions",
-    "add_cli",
     "build_app",
     "deployment_options",
     "in_process_api",

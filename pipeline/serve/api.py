@@ -141,7 +141,10 @@ def make_api(
             raise
         except Exception as err:
             # Serve's own overload errors keep their 503 handlers; anything else is a model failure.
-            from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+            from ray.serve.exceptions import (
+                BackPressureError,
+                DeploymentUnavailableError,
+            )
 
             if isinstance(err, (BackPressureError, DeploymentUnavailableError)):
                 raise
@@ -209,6 +212,10 @@ def make_api(
         data, mime = need_index().report_file(name)
         headers = {"content-security-policy": "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'"}
         return Response(data, media_type=mime, headers=headers)
+
+    from pipeline.serve.review_api import add_review_routes
+
+    add_review_routes(app, need_index)
 
     # Starlette runs the last added middleware first: hosts, then auth, then the body limit.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

@@ -19,7 +19,7 @@ from pipeline.serve.deployments import (
 )
 from pipeline.serve.errors import InvalidRequest, NotFound, PreviewFailed
 from pipeline.serve.index import BenchmarkIndex
-from pipeline.serve.launch import add_cli, run_server
+from pipeline.serve.launch import run_server
 from pipeline.serve.middleware import BearerAuth, BodyLimit, SecurityHeaders
 from pipeline.serve.options import (
     APP_NAME,
@@ -62,7 +62,6 @@ __all__ = [
     "PreviewService",
     "SecurityHeaders",
     "ServeOptions",
-    "add_cli",
     "build_app",
     "deployment_options",
     "generate_row",

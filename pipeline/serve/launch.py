@@ -1,9 +1,8 @@
-"""Starting and stopping the Serve application on this machine, and ``cnsbench serve``.
+"""Starting and stopping the Serve application on this machine (``cnsbench serve``: :mod:`pipeline.cli.serve`).
 
 :func:`run_server` starts (or joins) a local Ray, deploys the application of
 :func:`~pipeline.serve.deployments.make_app` at ``http://host:port/``, waits until it
-answers, and with ``blocking`` serves until interrupted.  :func:`add_cli` registers the
-``serve`` subcommand.
+answers, and with ``blocking`` serves until interrupted.
 """
 
 from __future__ import annotations
@@ -16,10 +15,17 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import load_config
 from pipeline.serve.deployments import make_app
 from pipeline.serve.index import open_output
-from pipeline.serve.options import APP_NAME, DEFAULT_HOST, DEFAULT_PORT, LOOPBACK_HOSTS, TOKEN_ENV, ServeOptions
+from pipeline.serve.options import (
+    APP_NAME,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    LOOPBACK_HOSTS,
+    TOKEN_ENV,
+    ServeOptions,
+)
 
 if TYPE_CHECKING:
-    import argparse
+    pass
 
 
 def is_loopback(host: str) -> bool:
@@ -133,29 +139,3 @@ def run_server(
         if started_ray:
             ray.shutdown()
     return url
-
-
-def _cmd_serve(args: "argparse.Namespace") -> int:
-    run_server(args.config, args.output, host=args.host, port=args.port, token=args.token, blocking=True)
-    return 0
-
-
-def add_cli(subparsers: Any) -> None:
-    """Register ``cnsbench serve`` on the CLI's subparsers (``func(args) -> exit code``)."""
-    s = subparsers.add_parser(
-        "serve",
-        help="web UI + API: browse a build (--output) and preview sliders live (--config)",
-        description="Serve the cnsbench web page and JSON API with Ray Serve. Give --output to browse "
-        "a built benchmark, --config to generate, filter and classify trajectories live, or both.",
-    )
-    s.add_argument("--output", help="build output directory or URI to browse")
-    s.add_argument("--config", help="build config whose generator, filter and classifiers run the live preview")
-    s.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
-    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    s.add_argument(
-        "--token",
-        default=None,
-        help=f"require 'Authorization: Bearer TOKEN' on the API (default: ${TOKEN_ENV}; prefer the env var, "
-        "a command line is visible to other local users)",
-    )
-    s.set_defaults(func=_cmd_serve)

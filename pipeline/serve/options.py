@@ -21,7 +21,7 @@ DEFAULT_PORT = 8000
 MAX_SEED = 2**31 - 1
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 #: Paths reachable without the token: the page itself carries no data.
-PUBLIC_PATHS = frozenset({"/", "/healthz"})
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/review"})
 IMAGE_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp"}
 REPORT_TYPES = {
     ".png": "image/png",

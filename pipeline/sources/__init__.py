@@ -26,12 +26,23 @@ Source kinds (auto-detected by :func:`detect_kind`, or chosen explicitly):
     ``label`` / ``cls`` / ``class``, ``shift`` [default ``none``], ``seed`` [default: index
     within the class], ``scale`` [default 0]).  Images are read by byte range, the tars
     are never unpacked.
+``imagenet_c``
+    The ImageNet-C release: ``<corruption>/<severity 1..5>/<wnid>/*.JPEG`` (optional
+    ``clean/<wnid>/`` as scale 0); corruptions are shifts, severities scales
+    (:mod:`pipeline.sources.imagenet_c`).
 ``folders``
     ``root/<class folder>/<image>``: one image per trajectory, shift ``none``, scale 0,
     seed = index of the image within its class (files sorted by folder, then name; adding
     files therefore renumbers later ones).  Folder -> class id comes from a label map
     (JSON ``{folder name: class id}``), else from a leading integer in the folder name
     (``022_bald eagle``), else from the folder name as a class name of the label space.
+``imagenet_e``
+    Released ImageNet-E sets, ``root/<set>/<class folder>/<image>`` with an originals set:
+    :mod:`pipeline.sources.imagenet_e` (attribute = shift, level = scale, originals = 0).
+
+``imagenet_d``
+    The released ImageNet-D layout (:mod:`pipeline.sources.imagenet_d`): nuisance-kind
+    folders of class folders, the 113-class label space with its multi-id rule.
 
 Ids follow :mod:`pipeline.plan` (``painting_style/022/seed_0034_scale_1000``), so an
 evaluate output has the same layout as a build output and resumes the same way.
@@ -41,7 +52,6 @@ Malformed sources raise :class:`SourceError` naming the file and the problem.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import posixpath
@@ -56,12 +66,14 @@ import pyarrow as pa
 
 from pipeline import plan, schema
 from pipeline.config import SHIFT_NAME
+from pipeline.io.fs import PathEscape, confined_local, safe_relpath
+from pipeline.io.safejson import loads as safe_loads
 from pipeline.labels import LabelSpace
 from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "folders", "ximagenet")
+SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "imagenet_d", "ximagenet", "folders")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -106,7 +118,8 @@ class Source:
     rows: list[dict[str, Any]]
     image_format: str  # the most common of 'png' / 'jpg' (what the output stores unchanged)
     notes: list[str] = field(default_factory=list)
-    analyses: list[str] = field(default_factory=list)  # analyses the layout's benchmark defines (added to the report)
+    analyses: list[str] = field(default_factory=list)  # analyses the layout calls for (added to the report)
+    labels: str | None = None  # label space the class ids index (set by layouts with their own, e.g. imagenet_d)
 
     @property
     def scales(self) -> list[float]:
@@ -147,12 +160,27 @@ def _fs(location: str) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(location)
 
 
-def _join(root: str, rel: str) -> str:
-    return posixpath.join(root, rel) if "://" in root else os.path.join(root, rel)
-
-
 def _is_local(location: str) -> bool:
     return "://" not in location or location.startswith("file://")
+
+
+def _inside_source(path: str, root: str, location: str, what: str, follow_symlinks: bool) -> None:
+    """SourceError when a listed local ``path`` resolves outside the source ``root`` (a symlink)."""
+    if follow_symlinks or not _is_local(location):
+        return
+    try:
+        confined_local(root, path, what)
+    except PathEscape:
+        raise SourceError(
+            f"{what}: {path} is a symbolic link leading outside the source {location} "
+            "(pass --follow-symlinks / source.follow_symlinks: true to allow it)"
+        ) from None
+
+
+def _finite_number(value: Any) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _url(fs: Any, path: str, like: str) -> str:
@@ -243,6 +271,18 @@ def detect_kind(location: str) -> str:
         return "cns"
     if _tar_paths(fs, root):
         return "webdataset"
+    from pipeline.sources import imagenet_d
+
+    if imagenet_d.looks_like(fs, root):
+        return "imagenet_d"
+    from pipeline.sources import imagenet_c
+
+    if imagenet_c.looks_like(fs, root):
+        return "imagenet_c"
+    from pipeline.sources.imagenet_e import looks_like as _looks_like_imagenet_e
+
+    if _looks_like_imagenet_e(fs, root):
+        return "imagenet_e"
     from pipeline.sources.ximagenet import is_ximagenet
 
     if is_ximagenet(fs, root):
@@ -269,13 +309,18 @@ def _tar_paths(fs: Any, root: str) -> list[str]:
 
 
 def open_source(
-    location: str, labels: LabelSpace, kind: str | None = None, label_map: str | None = None
+    location: str,
+    labels: LabelSpace,
+    kind: str | None = None,
+    label_map: str | None = None,
+    follow_symlinks: bool = False,
 ) -> Source:
     """Index the images at ``location`` (kind auto-detected unless given).
 
     ``labels`` is the benchmark's label space (class ids must index into it; the folders
     kind also resolves folder names with it).  ``label_map`` is the folders kind's JSON
-    ``{folder name: class id}``.
+    ``{folder name: class id}``.  Every image path stays inside ``location``; symlinks
+    leading out of it are refused unless ``follow_symlinks``.
     """
     kind = kind or detect_kind(location)
     if kind not in SOURCE_KINDS:
@@ -283,15 +328,28 @@ def open_source(
     if label_map and kind != "folders":
         raise SourceError(f"--label-map applies to class-folder sources only, but {location} is a {kind} source")
     if kind == "cns":
-        src = load_cns(location, labels)
+        src = load_cns(location, labels, follow_symlinks)
     elif kind == "webdataset":
+        src = load_webdataset(location, labels, follow_symlinks)
+    elif kind == "imagenet_c":
+        from pipeline.sources.imagenet_c import load_imagenet_c
+
+        src = load_imagenet_c(location, labels)
+    elif kind == "imagenet_e":
+        from pipeline.sources.imagenet_e import load_imagenet_e
+
+        src = load_imagenet_e(location, labels)
+    elif kind == "imagenet_d":  # the release's own 113-class label space, whatever ``labels`` is
+        from pipeline.sources.imagenet_d import load_imagenet_d
+
+        src = load_imagenet_d(location)
         src = load_webdataset(location, labels)
     elif kind == "ximagenet":  # the released XIMAGENET-12 tree (pipeline/sources/ximagenet.py)
         from pipeline.sources.ximagenet import load_ximagenet
 
         src = load_ximagenet(location, labels)
     else:
-        src = load_folders(location, labels, label_map)
+        src = load_folders(location, labels, label_map, follow_symlinks)
     if not src.rows:
         raise SourceError(f"{location}: no images found in this {kind} source")
     return src
@@ -301,7 +359,7 @@ def open_source(
 _CLASS_FOLDER = re.compile(r"^(\d+)(?:[_\- ](.*))?$")
 
 
-def load_cns(location: str, labels: LabelSpace) -> Source:
+def load_cns(location: str, labels: LabelSpace, follow_symlinks: bool = False) -> Source:
     """The published CNS-Bench layout (see the module docstring)."""
     fs, path = _fs(location)
     ann_path = path if fs.isfile(path) else posixpath.join(path, ANNOTATIONS)
@@ -310,11 +368,12 @@ def load_cns(location: str, labels: LabelSpace) -> Source:
     root = _url(fs, root_dir, location)
     if not fs.exists(ann_path):
         raise SourceError(f"{ann}: not found")
+    with fs.open(ann_path, "rb") as fh:
+        text = fh.read()
     try:
-        with fs.open(ann_path, "rb") as fh:
-            data = json.loads(fh.read().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise SourceError(f"{ann}: not valid JSON: {err}") from None
+        data = safe_loads(text, ann)  # bounded nesting, no NaN/Infinity
+    except ValueError as err:
+        raise SourceError(str(err)) from None
     if not isinstance(data, dict):
         raise SourceError(f"{ann}: the top level must be an object with keys info, scales, classes, shifts, images")
     images = data.get("images")
@@ -322,9 +381,7 @@ def load_cns(location: str, labels: LabelSpace) -> Source:
         raise SourceError(f"{ann}: key 'images' must be a list of image entries, got {type(images).__name__}")
     declared: set[int] | None = None
     if "scales" in data:
-        if not isinstance(data["scales"], list) or not all(
-            isinstance(s, (int, float)) and not isinstance(s, bool) for s in data["scales"]
-        ):
+        if not isinstance(data["scales"], list) or not all(_finite_number(s) for s in data["scales"]):
             raise SourceError(f"{ann}: key 'scales' must be a list of numbers, got {data['scales']!r}")
         declared = {round(float(s) * 1000) for s in data["scales"]}
 
@@ -341,7 +398,14 @@ def load_cns(location: str, labels: LabelSpace) -> Source:
             if isinstance(entry[key], bool) or not isinstance(entry[key], typ):
                 raise SourceError(f"{where}: {key!r} has the wrong type: {entry[key]!r}")
         rel, shift, seed = entry["image"], entry["shift"], entry["seed"]
+        if not _finite_number(entry["scale"]):
+            raise SourceError(f"{where}: 'scale' must be a finite number, got {entry['scale']!r}")
         scale = float(entry["scale"])
+        try:  # the image must lie inside the source: no absolute paths, no '..' above it
+            full = safe_relpath(root, rel, what=f"{where}: 'image'", follow_symlinks=follow_symlinks)
+        except PathEscape as err:
+            raise SourceError(str(err)) from None
+        rel = posixpath.normpath(rel)
         parts = rel.split("/")
         if len(parts) < 3:
             raise SourceError(f"{where}: image path {rel!r} must look like '<shift>/<NNN_class name>/<file>'")
@@ -364,7 +428,7 @@ def load_cns(location: str, labels: LabelSpace) -> Source:
         if scale in group:
             raise SourceError(f"{where}: a second image for ({shift}, class {class_id}, seed {seed}, scale {scale})")
         ext = IMAGE_EXTENSIONS.get(os.path.splitext(rel)[1].lower(), "")
-        group[scale] = _Image(_join(root, rel), fmt=ext)
+        group[scale] = _Image(full, fmt=ext)
         names.setdefault(class_id, (m.group(2) or "").strip() or labels.name(class_id))
 
     notes = []
@@ -397,9 +461,9 @@ def _scan_tar(fs: Any, path: str, source: str, read_json: bool) -> dict[str, dic
                 if ext == "json" and read_json:
                     raw = tar.extractfile(info).read()
                     try:
-                        members["json"] = json.loads(raw)
+                        members["json"] = safe_loads(raw, f"{source}: member {info.name!r}")
                     except ValueError as err:
-                        raise SourceError(f"{source}: member {info.name!r} is not valid JSON: {err}") from None
+                        raise SourceError(str(err)) from None
                 else:
                     members[ext.lower()] = (info.offset_data, info.size)
     except (tarfile.TarError, EOFError, OSError) as err:
@@ -414,10 +478,12 @@ def _image_member(members: dict[str, Any]) -> tuple[str, tuple[int, int]] | None
     return None
 
 
-def load_webdataset(location: str, labels: LabelSpace) -> Source:
+def load_webdataset(location: str, labels: LabelSpace, follow_symlinks: bool = False) -> Source:
     """WebDataset tars, with coordinates from committed ``samples`` Parquet or member JSON."""
     fs, root = _fs(location)
     tars = _tar_paths(fs, root)
+    for tar in tars:
+        _inside_source(tar, root, location, f"{location}: shard", follow_symlinks)
     if not tars:
         raise SourceError(f"{location}: no WebDataset shards (*.tar) in {location} or its images/ folder")
     samples = None
@@ -429,16 +495,22 @@ def load_webdataset(location: str, labels: LabelSpace) -> Source:
         if samples.empty:
             samples = None  # a build output without committed shards: fall back to member JSON
     if samples is not None:
-        return _webdataset_from_samples(fs, location, root, samples, labels)
+        return _webdataset_from_samples(fs, location, root, samples, labels, follow_symlinks)
     return _webdataset_from_json(fs, location, tars, labels)
 
 
-def _webdataset_from_samples(fs: Any, location: str, root: str, samples: Any, labels: LabelSpace) -> Source:
+def _webdataset_from_samples(
+    fs: Any, location: str, root: str, samples: Any, labels: LabelSpace, follow_symlinks: bool = False
+) -> Source:
     groups: dict[tuple[str, int, int], dict[float, _Image]] = defaultdict(dict)
     names: dict[int, str] = {}
     formats = []
     for shard_rel, part in samples.groupby("shard", sort=True):
-        tar_path = posixpath.join(root, str(shard_rel))
+        try:  # the samples table names its shard; it must be a file of this source
+            safe_relpath(root if _is_local(location) else location, shard_rel, f"{location}: samples 'shard'", follow_symlinks)
+        except PathEscape as err:
+            raise SourceError(str(err)) from None
+        tar_path = posixpath.join(root, posixpath.normpath(str(shard_rel)))
         tar_url = _url(fs, tar_path, location)
         index = _scan_tar(fs, tar_path, tar_url, read_json=False)
         for row in part.itertuples(index=False):
@@ -492,8 +564,8 @@ def _webdataset_from_json(fs: Any, location: str, tars: list[str], labels: Label
             if not isinstance(shift, str):
                 raise SourceError(f"{where}.json: 'shift' must be a string, got {shift!r}")
             scale = meta.get("scale", 0.0)
-            if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-                raise SourceError(f"{where}.json: 'scale' must be a number, got {scale!r}")
+            if not _finite_number(scale):
+                raise SourceError(f"{where}.json: 'scale' must be a finite number, got {scale!r}")
             seed = meta.get("seed")
             if seed is None:
                 seed = next_seed[label]
@@ -521,13 +593,15 @@ def _webdataset_from_json(fs: Any, location: str, tars: list[str], labels: Label
 
 # --------------------------------------------------------------------------- folders
 def _read_label_map(path: str, labels: LabelSpace) -> dict[str, int]:
+    if _is_local(path) and os.path.isdir(path):
+        raise SourceError(f"label map {path}: is a directory, not a JSON file")
     try:
         with fsspec.open(path, "rb") as fh:
-            data = json.loads(fh.read().decode("utf-8"))
+            data = safe_loads(fh.read(), f"label map {path}")
     except FileNotFoundError:
         raise SourceError(f"label map not found: {path}") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise SourceError(f"label map {path}: not valid JSON: {err}") from None
+    except ValueError as err:
+        raise SourceError(str(err)) from None
     if not isinstance(data, dict):
         raise SourceError(f"label map {path}: must be a JSON object {{folder name: class id}}")
     out = {}
@@ -549,9 +623,13 @@ def _folder_class(folder: str, labels: LabelSpace) -> int | None:
         return None
 
 
-def load_folders(location: str, labels: LabelSpace, label_map: str | None = None) -> Source:
+def load_folders(
+    location: str, labels: LabelSpace, label_map: str | None = None, follow_symlinks: bool = False
+) -> Source:
     """``root/<class folder>/<image>``, one single-image trajectory per file (see the module docstring)."""
     fs, root = _fs(location)
+    if not fs.isdir(root):
+        raise SourceError(f"{location}: not a directory (class-folder sources are a folder of class folders)")
     folders = sorted(p for p in fs.ls(root, detail=False) if fs.isdir(p) and not posixpath.basename(p).startswith("."))
     if not folders:
         raise SourceError(f"{location}: no class sub-folders")
@@ -565,6 +643,8 @@ def load_folders(location: str, labels: LabelSpace, label_map: str | None = None
         )
         if not images:
             continue
+        for p in [folder, *images]:
+            _inside_source(p, root, location, f"{location}: folder {name!r}", follow_symlinks)
         if mapping is not None:
             class_id = mapping.get(name)
         else:

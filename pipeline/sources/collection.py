@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import posixpath
-from typing import Any
 
 from pipeline.families.base import BaseImage, UnitContext
 from pipeline.sources.base import ImageSource
@@ -92,7 +91,12 @@ class FoldersSource(CollectionSource):
     def read_source(cls, config):
         from pipeline.sources import load_folders
 
-        return load_folders(config.source.path, config.benchmark.label_space, config.source.label_map)
+        return load_folders(
+            config.source.path,
+            config.benchmark.label_space,
+            config.source.label_map,
+            follow_symlinks=config.source.follow_symlinks,
+        )
 
 
 class WebDatasetSource(CollectionSource):
@@ -102,4 +106,6 @@ class WebDatasetSource(CollectionSource):
     def read_source(cls, config):
         from pipeline.sources import load_webdataset
 
-        return load_webdataset(config.source.path, config.benchmark.label_space)
+        return load_webdataset(
+            config.source.path, config.benchmark.label_space, follow_symlinks=config.source.follow_symlinks
+        )

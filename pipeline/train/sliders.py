@@ -29,22 +29,22 @@ Since the unconditional prompt *is* the target prompt, the guided prediction
 denoising runs one UNet row per step instead of two (the original sliders code uses
 guidance 3 there, to the same effect).
 
-Gradients reach the LoRA through :class:`~pipeline.models.lora.SliderBank`: the
-trainable ``lora_down``/``lora_up`` tensors are ``nn.Parameter`` leaves registered with
-``bank.add``, which keeps them by reference (``Tensor.to`` on a tensor that already has
-the UNet's device and dtype returns the tensor itself); the bank's forward hooks add
-``up(down(x)) * multiplier * alpha / rank`` to each frozen layer's output, so autograd
-differentiates the UNet output with respect to those leaves and nothing else.
+The LoRA is peft's: :class:`~pipeline.models.peft_lora.PeftSlider` injects a
+``LoraConfig`` over exactly the published slider's layers (``slider_training.targets`` /
+``method``; rank and ``lora_alpha`` from the spec) into the frozen UNet, with the
+reference initialisation copied in (:func:`init_slider_params`).  "LoRA on" and "LoRA
+off" are peft's ``enable_adapters``; the optimiser steps peft's ``lora_A``/``lora_B``
+weights, and the trained adapter leaves through ``get_peft_model_state_dict`` renamed to
+the published ``lora_unet_*`` layout.  The original layers are put back afterwards.
 
 Public API: :func:`train_slider` (one slider on a loaded pipeline),
 :func:`train_sliders` (every (class, shift) pair of a config, under Ray or in-process,
-resumable), :class:`SliderTrainer` (the per-worker state), :func:`add_cli`
-(``cnsbench train-sliders``).
+resumable) and :class:`SliderTrainer` (the per-worker state);
+``cnsbench train-sliders`` is :mod:`pipeline.cli.train_sliders`.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import hashlib
@@ -52,14 +52,13 @@ import json
 import os
 import posixpath
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec, load_config
+from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec
 from pipeline.models import diffusion
-from pipeline.models.lora import SliderBank, lora_key, save_slider_file, target_modules
+from pipeline.models.lora import lora_key, save_slider_file, target_modules
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +67,6 @@ LOG_PREFIX = "[train-sliders]"
 SLIDER_SUFFIXES = (".safetensors", ".pt", ".pth")
 # Guidance of the LoRA-on partial denoising (the reference's CFG scale).
 TRAIN_GUIDANCE = 7.5
-_TRAIN_NAME = "__training__"  # bank name of the slider being trained
 
 
 # --------------------------------------------------------------------------- one slider
@@ -90,7 +88,8 @@ def positive_prompt(spec: SliderTrainingSpec, token: str, shift: str) -> str:
 def init_slider_params(
     unet: "torch.nn.Module", spec: SliderTrainingSpec, generator: "torch.Generator", device, dtype
 ) -> dict[str, "torch.nn.Parameter"]:
-    """Fresh trainable LoRA tensors keyed like a published slider state dict.
+    """Fresh LoRA tensors keyed like a published slider state dict: the reference initialisation,
+    which :func:`train_slider` copies into the peft adapter.
 
     ``lora_down`` is kaiming-uniform (``a=1``, as the original ``LoRAModule``), ``lora_up``
     zero, so the slider starts as the identity.  Linear: down ``[rank, in]``, up
@@ -139,9 +138,9 @@ def train_slider(
 
     ``pipe`` is a loaded ``StableDiffusionPipeline`` on ``device`` with the class token
     installed; its dtype is the training dtype (bf16 on GPU, float32 on CPU -- the caller
-    loads it so).  Its UNet is frozen (``requires_grad_(False)``) and left so; the LoRA is
-    attached through hooks that are removed before returning, so the pipeline is otherwise
-    unchanged.  ``resolution`` (pixels) defaults to the UNet's native size.
+    loads it so).  Its UNet is frozen (``requires_grad_(False)``) and left so; the peft LoRA
+    layers are injected for the run and removed before returning, so the pipeline is
+    otherwise unchanged.  ``resolution`` (pixels) defaults to the UNet's native size.
 
     The state dict has CPU float32 tensors in the published key layout
     (``lora_unet_<path>.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha``), loadable by
@@ -153,6 +152,8 @@ def train_slider(
     import torch.nn.functional as F
     from diffusers import DDIMScheduler
     from diffusers.utils.torch_utils import randn_tensor
+
+    from pipeline.models.peft_lora import PeftSlider
 
     dev = torch.device(device)
     unet = pipe.unet
@@ -174,12 +175,7 @@ def train_slider(
     unet.eval()
 
     gen = torch.Generator().manual_seed(seed)
-    params = init_slider_params(unet, spec, gen, dev, dtype)
-    alphas = {
-        f"{k[: -len('.lora_down.weight')]}.alpha": torch.tensor(float(spec.alpha))
-        for k in params
-        if k.endswith(".lora_down.weight")
-    }
+    init = init_slider_params(unet, spec, gen, dev, dtype)
 
     # Prompt embeddings, each distinct prompt encoded once ([1, L, D]).
     token = class_token
@@ -204,19 +200,15 @@ def train_slider(
     sched = DDIMScheduler.from_config(sched_config)
     full = DDIMScheduler.from_config(sched_config)
     full.set_timesteps(num_train)  # the reference reads t from the full schedule
-    latent_shape = (1, unet.config.in_channels, res // vae_factor, res // vae_factor)
+    # batch_size latents per iteration (the original trains with 16), all at the same timestep.
+    batch = spec.batch_size
+    latent_shape = (batch, unet.config.in_channels, res // vae_factor, res // vae_factor)
 
-    bank = SliderBank(unet)
+    slider = PeftSlider(unet, spec.rank, spec.alpha, spec.targets, spec.method)
     try:
-        bank.add(_TRAIN_NAME, {**params, **alphas}, source=f"training {shift}/{class_token}")
-        adapters = bank._sliders[_TRAIN_NAME]
-        # Gradient flow relies on the bank holding the Parameters themselves, not copies.
-        held = {id(a.down) for a in adapters.values()} | {id(a.up) for a in adapters.values()}
-        if held != {id(p) for p in params.values()}:
-            raise RuntimeError(
-                "train_slider: SliderBank copied the trainable LoRA tensors; gradients would not reach them"
-            )
-
+        slider.load_published(init)
+        params = slider.parameters()  # peft's lora_A / lora_B weights, keyed like the published layout
+        slider.enable(False)
         optimizer = torch.optim.AdamW(list(params.values()), lr=spec.learning_rate)
         losses: list[float] = []
         for it in range(spec.iterations):
@@ -225,29 +217,33 @@ def train_slider(
             with torch.no_grad():
                 sched.set_timesteps(max_steps, device=dev)
                 latents = latents * sched.init_noise_sigma
-                bank.route_uniform(_TRAIN_NAME, 1.0, denoise_embeds.shape[0])
+                rows_embeds = denoise_embeds.repeat_interleave(batch, dim=0)  # [e0 x batch, e1 x batch]
+                slider.enable(True)
                 for t in sched.timesteps[:k]:
                     model_in = sched.scale_model_input(torch.cat([latents] * denoise_embeds.shape[0]), t)
-                    out = unet(model_in, t, encoder_hidden_states=denoise_embeds, return_dict=False)[0]
+                    out = unet(model_in, t, encoder_hidden_states=rows_embeds, return_dict=False)[0]
                     if cfg_needed:
                         uncond, cond = out.chunk(2)
                         out = uncond + guidance_scale * (cond - uncond)
                     latents = sched.step(out, t, latents, return_dict=False)[0]
-                bank.clear_route()
+                slider.enable(False)
 
                 t = full.timesteps[min(int(k * num_train / max_steps), len(full.timesteps) - 1)].to(dev)
                 n_off = off_embeds.shape[0]
-                off_in = sched.scale_model_input(latents.expand(n_off, -1, -1, -1), t)
-                off = unet(off_in, t, encoder_hidden_states=off_embeds, return_dict=False)[0]
-                pred = {p: off[i : i + 1] for i, p in enumerate(off_prompts)}
+                off_in = sched.scale_model_input(torch.cat([latents] * n_off), t)
+                off_rows = off_embeds.repeat_interleave(batch, dim=0)
+                off = unet(off_in, t, encoder_hidden_states=off_rows, return_dict=False)[0]
+                pred = {p: off[i * batch : (i + 1) * batch] for i, p in enumerate(off_prompts)}
                 neutral = pred[prompts["neutral"]]
                 direction = pred[prompts["positive"]] - pred[prompts["unconditional"]]
                 goal = neutral + spec.eta * direction if spec.mode == "enhance" else neutral - spec.eta * direction
 
-            bank.route_uniform(_TRAIN_NAME, 1.0, 1)
+            # LoRA on for the target; it stays on through backward, since peft's "off" also
+            # clears requires_grad on the adapter, which would drop the gradients just built.
+            slider.enable(True)
             target_in = sched.scale_model_input(latents, t)
-            target = unet(target_in, t, encoder_hidden_states=emb["target"], return_dict=False)[0]
-            bank.clear_route()
+            target_rows = emb["target"].expand(batch, -1, -1)
+            target = unet(target_in, t, encoder_hidden_states=target_rows, return_dict=False)[0]
             # The loss in float32: a bf16 mean over a 96x96x4 latent loses the small late-training values.
             loss = F.mse_loss(target.float(), goal.float())
             if not torch.isfinite(loss):
@@ -258,12 +254,10 @@ def train_slider(
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
+        state = slider.state_dict()
     finally:
-        bank.clear_route()
-        bank.detach()
+        slider.remove()
 
-    state = {k: v.detach().float().cpu().clone() for k, v in params.items()}
-    state.update(alphas)
     return state, losses
 
 
@@ -487,9 +481,10 @@ class SliderTrainer:
         spec = self.cfg.slider_training
         token = self.tokens[job.class_id]
         start = time.perf_counter()
-        state, losses = train_slider(
-            self.pipe, token, job.shift, spec, self.device, job.seed, resolution=self.cfg.generator.resolution
-        )
+        # slider_training.resolution: 512 under the cns protocol (the original trains at 512 and
+        # generates at 768), generator.resolution otherwise.
+        resolution = spec.resolution or self.cfg.generator.resolution
+        state, losses = train_slider(self.pipe, token, job.shift, spec, self.device, job.seed, resolution=resolution)
         seconds = time.perf_counter() - start
         meta: dict[str, Any] = {
             "class_id": job.class_id,
@@ -507,7 +502,8 @@ class SliderTrainer:
             "learning_rate": spec.learning_rate,
             "max_denoise_steps": spec.max_denoise_steps,
             "guidance_scale": TRAIN_GUIDANCE,
-            "resolution": self.cfg.generator.resolution,
+            "resolution": resolution,
+            "batch_size": spec.batch_size,
             "seed": job.seed,
             "dtype": str(self.pipe.unet.dtype).replace("torch.", ""),
             "device": self.device,
@@ -574,7 +570,13 @@ def train_sliders(
         from pipeline.assets import AssetError
 
         raise AssetError("slider training needs files that are missing:\n  " + "\n  ".join(missing))
+    from pipeline.progress import Progress
+
     summary = TrainSummary(total=len(jobs))
+    # Printing (the CLI): a progress line, live on a terminal, with the per-slider lines above
+    # it.  A caller's own echo gets the per-slider lines only.
+    progress = Progress("train-sliders", len(jobs), unit="sliders", done=len(jobs) - len(todo)) if echo is print else None
+    echo = progress.log if progress else echo
     counter = iter(range(1, len(jobs) + 1))
     for job, d in zip(jobs, done):
         if d:
@@ -587,10 +589,14 @@ def train_sliders(
             summary.failed[job.label] = error
             first = error.strip().splitlines()[0] if error.strip() else error
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: FAILED: {first}")
+            if progress:
+                progress.update(failed=1)
         else:
             summary.trained.append(result)
             echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: final loss {result['final_loss']:.6g} "
                  f"({result['seconds']:.1f} s) -> {job.path}")
+            if progress:
+                progress.update(done=1)
 
     if todo:
         from pipeline.executors import get_executor
@@ -600,61 +606,21 @@ def train_sliders(
             job = SliderJob(**json.loads(row["job"]))
             record(job, json.loads(row["result"]) if row["result"] else None, row["error"])
 
-        executor = get_executor(runner, _for_training(cfg, echo), address)
+        executor = get_executor(runner, _for_training(cfg), address, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
         rows = [job.to_dict() for job in todo]
         for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
             pass
+    if progress:
+        progress.close()
     summary.seconds = time.perf_counter() - start
     return summary
 
 
-def _cuda_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-def _for_training(cfg: BuildConfig, echo: Callable[[str], None]) -> BuildConfig:
+def _for_training(cfg: BuildConfig) -> BuildConfig:
     """The config the executor sizes its local Ray from: the training pool as the generate pool.
 
     Without CUDA a GPU request could never be met by a real device; the local Ray then
     registers one logical GPU and the actors train on the CPU.
     """
     res = cfg.slider_training.resources
-    if res.num_gpus > 0 and not _cuda_count():
-        echo(f"{LOG_PREFIX} no CUDA device: the training actors run on the CPU")
     return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"generate": res})})
-
-
-# --------------------------------------------------------------------------- CLI
-def _cmd_train_sliders(args: argparse.Namespace) -> int:
-    overrides = {"slider_training": {"iterations": args.iterations}} if args.iterations is not None else None
-    cfg = load_config(args.config, overrides)
-    store = args.output or cfg.generator.slider_store
-    if not store:
-        raise ConfigError("no slider store: pass --output STORE or set generator.slider_store in the config")
-    summary = train_sliders(cfg, store, address=args.address, runner=args.runner)
-    for line in summary.lines():
-        print(f"{LOG_PREFIX} {line}")
-    return 0 if not summary.failed else 3
-
-
-def add_cli(subparsers: Any) -> None:
-    """Register ``train-sliders CONFIG --output STORE [--address A] [--runner ray|local]
-    [--iterations N]`` on an argparse ``subparsers`` object; sets ``func(args) -> int``."""
-    p = subparsers.add_parser(
-        "train-sliders",
-        help="train the (class, shift) concept sliders of a config into a slider store",
-        description="Train one LoRA concept slider per (class, shift) of the config's benchmark with the "
-        "text-slider objective (slider_training section) and write them as generator.slider_pattern "
-        "files plus a metadata JSON each. Pairs already done are skipped, so rerunning resumes.",
-    )
-    p.add_argument("config")
-    p.add_argument("--output", metavar="STORE", help="slider store directory or URI (default: generator.slider_store)")
-    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' trains in-process, no Ray")
-    p.add_argument("--iterations", type=int, metavar="N", help="override slider_training.iterations")
-    p.set_defaults(func=_cmd_train_sliders)

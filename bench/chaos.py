@@ -1,0 +1,286 @@
+"""A randomised fault campaign: builds under injected faults must end identical to a clean build.
+
+    python bench/chaos.py --runs 30 --seed 1 --json            # the campaign of BENCHMARKS.md
+    python bench/chaos.py --runs 3 --seed 1 --json --runner local   # the short one of the tests
+
+Every run builds ``configs/tiny.yaml`` (random-weight components, 48 images) into a fresh
+output.  A scheduler seeded from ``--seed`` and the run's number picks, per attempt, a
+fault and a moment:
+
+``kill_driver``   SIGKILL of the whole build (driver and every Ray process: the build runs in
+                  its own PID namespace) at a random time;
+``kill_worker``   SIGKILL of one Ray worker process of the build at a random time (Ray
+                  restarts the actor and retries its batch; ``--runner ray`` only);
+``actor_raise``   a stage raises in the middle of a batch for some trajectories (they are
+                  recorded as failed; the next run redoes them);
+``crash_actor``   a stage's worker process exits hard once (an OOM kill);
+``storage``       (``--s3``) the output lives on an S3 test server behind a proxy that
+                  answers 503, drops connections and truncates bodies at random;
+``corrupt_shard`` / ``delete_shard``  between attempts, a committed shard file is
+                  truncated or deleted (the next run detects it by size and redoes it).
+
+After each faulted attempt the build is run again, without faults, until it exits 0;
+then the output's digest (sample ids and coordinates, predictions, image bytes:
+:mod:`pipeline.io.digest`) is compared with the clean build's.  The JSON printed at the
+end has ``runs``, ``faults`` (injected, by kind), ``resumes`` (clean re-runs needed),
+``outputs_differing`` (the target is 0), ``wall_overhead`` (total wall time of the faulted
+runs over ``runs`` x the clean build's) and one entry per run.
+
+Not covered here: the loss of a whole worker node (``tests/test_cluster.py`` kills one on a
+multi-node local cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from buildproc import HAS_UNSHARE, tiny_config  # noqa: E402
+
+from pipeline.io.digest import output_digest  # noqa: E402
+
+TIMEOUT = 900
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CNSBENCH_FAULT")}
+    # A killed build's lease expires after 10 s (its pid may live on in another namespace).
+    env.update(HF_HUB_OFFLINE="1", RAY_DATA_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", CNSBENCH_LEASE_TIMEOUT_S="10")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
+
+
+def _cmd(cfg: Path, out: str, runner: str) -> list[str]:
+    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", out, "--runner", runner]
+    return ["unshare", "-p", "-f", "--mount-proc", *cmd] if HAS_UNSHARE else cmd
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = subprocess.run(["pgrep", "-P", str(p)], capture_output=True, text=True).stdout.split()
+        out += [int(k) for k in kids]
+        todo += [int(k) for k in kids]
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    for pid in _descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.kill()
+    proc.wait(timeout=60)
+
+
+def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | None = None,
+            kill_worker_after: float | None = None) -> tuple[int | None, float]:
+    """One build; SIGKILL it all after ``kill_after`` s, or one Ray worker after ``kill_worker_after`` s.
+    Returns (exit code or None when killed, wall seconds)."""
+    start = time.monotonic()
+    log_path = Path(tempfile.mkstemp(prefix="attempt-", suffix=".log", dir=cfg.parent)[1])
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(_cmd(cfg, out, runner), env=env, stdout=log, stderr=subprocess.STDOUT)
+    worker_killed = False
+    while True:
+        code = proc.poll()
+        elapsed = time.monotonic() - start
+        if code is not None:
+            return code, elapsed
+        if kill_after is not None and elapsed >= kill_after:
+            _kill_all(proc)
+            return None, elapsed
+        if kill_worker_after is not None and not worker_killed and elapsed >= kill_worker_after:
+            workers = [p for p in _descendants(proc.pid) if "ray::MapWorker" in _cmdline(p)]
+            if workers:
+                os.kill(random.Random(int(elapsed * 1000)).choice(workers), signal.SIGKILL)
+                worker_killed = True
+        if elapsed > TIMEOUT:
+            _kill_all(proc)
+            raise RuntimeError(f"build of {out} did not finish in {TIMEOUT} s")
+        time.sleep(0.1)
+
+
+def damage(out: Path, rng: random.Random, kind: str) -> bool:
+    """Truncate or delete one committed shard file; False when nothing is committed yet."""
+    files = sorted(p for d in ("images", "samples", "predictions") for p in (out / d).glob("*") if p.is_file())
+    if not files:
+        return False
+    victim = rng.choice(files)
+    if kind == "delete_shard":
+        victim.unlink()
+    else:
+        data = victim.read_bytes()
+        victim.write_bytes(data[: max(0, len(data) // 2)])
+    return True
+
+
+def s3_behind_a_faulty_proxy(seed: int, rate: float = 0.05):
+    """Start an S3 test server and a fault-injecting proxy in front of it; point AWS_* at the proxy."""
+    import socket
+
+    import boto3
+    from faultproxy import FaultProxy
+    from moto.server import ThreadedMotoServer
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    os.environ.update(AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos", AWS_DEFAULT_REGION="us-east-1",
+                      AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    boto3.client("s3").create_bucket(Bucket="chaos")
+    proxy = FaultProxy(f"http://127.0.0.1:{port}", rate=rate, kinds=("503", "drop", "truncate", "delay"), seed=seed,
+                       delay_s=0.2).__enter__()
+    os.environ["AWS_ENDPOINT_URL"] = proxy.url
+    return server, proxy
+
+
+def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | None = None, echo=print,
+             proxy=None) -> dict:
+    cfg = tiny_config(workdir)
+    kinds = ["kill_driver", "actor_raise", "crash_actor", "corrupt_shard", "delete_shard"]
+    if runner == "ray":
+        kinds.append("kill_worker")
+    env = _env()
+
+    clean_out = workdir / "clean"
+    code, clean_wall = attempt(cfg, str(clean_out), runner, env)
+    if code != 0:
+        raise RuntimeError(f"the clean build failed (exit {code}); its log is the newest attempt-*.log in {workdir}")
+    reference = output_digest(str(clean_out))
+    echo(f"[chaos] clean build: {clean_wall:.1f} s")
+
+    faults = {k: 0 for k in kinds + (["storage"] if s3_url else [])}
+    per_run, differing, resumes, faulted_wall = [], 0, 0, 0.0
+    for run in range(runs):
+        rng = random.Random(seed * 100_003 + run)
+        out_local = workdir / f"run{run:03d}"
+        out = f"{s3_url}/run{run:03d}" if s3_url else str(out_local)
+        run_faults, run_resumes, wall = [], 0, 0.0
+        for _ in range(rng.randint(1, 3)):  # faulted attempts in this run
+            kind = rng.choice(kinds)
+            if kind in ("corrupt_shard", "delete_shard"):
+                if s3_url or not damage(out_local, rng, kind):
+                    kind = "kill_driver"  # nothing to damage yet (or not on local disk): kill instead
+                else:
+                    run_faults.append(kind)
+                    continue
+            fault_dir = Path(tempfile.mkdtemp(dir=workdir))
+            extra: dict[str, str] = {"CNSBENCH_FAULT_DIR": str(fault_dir)}
+            kill_after = kill_worker_after = None
+            stage = rng.choice(["generate", "filter", "classify", "write"])
+            if kind == "kill_driver":
+                kill_after = rng.uniform(0.1, 0.9) * clean_wall
+            elif kind == "kill_worker":
+                kill_worker_after = rng.uniform(0.3, 0.8) * clean_wall
+            elif kind == "actor_raise":
+                extra["CNSBENCH_FAULT_INJECT"] = f"{stage if stage != 'write' else 'classify'}:start:{rng.choice(['painting', 'heavy'])}:raise"
+            elif kind == "crash_actor":
+                extra["CNSBENCH_FAULT_INJECT"] = f"{stage}:start:*:crash_once"
+            code, seconds = attempt(cfg, out, runner, _env(extra), kill_after, kill_worker_after)
+            wall += seconds
+            run_faults.append(kind)
+        # Resume without faults (storage faults stay: the network stays bad) until the build completes.
+        while True:
+            code, seconds = attempt(cfg, out, runner, env)
+            wall += seconds
+            run_resumes += 1
+            if code == 0:
+                break
+            if code == 2:  # most likely the lease of the build killed a moment ago: wait for it to expire
+                time.sleep(11)
+            if run_resumes > 6:
+                raise RuntimeError(f"run {run}: the build still fails after {run_resumes} resumes (exit {code})")
+        digest = output_digest(out)
+        same = digest == reference
+        differing += not same
+        resumes += run_resumes
+        faulted_wall += wall
+        for k in run_faults:
+            faults[k] += 1
+        if proxy is not None:
+            injected = sum(proxy.counts.values())
+            faults["storage"] += injected - faults["storage"]  # the proxy counts over the whole campaign
+            run_faults.append(f"storage x{injected}")
+        per_run.append({"run": run, "faults": run_faults, "resumes": run_resumes, "wall_s": round(wall, 1), "same": same})
+        echo(f"[chaos] run {run}: faults {run_faults}, {run_resumes} resume(s), {wall:.1f} s, "
+             f"{'same output' if same else 'OUTPUT DIFFERS'}")
+        if not s3_url:
+            shutil.rmtree(out_local, ignore_errors=True)
+        # What is known so far, for a campaign stopped early.
+        (workdir / "partial.json").write_text(json.dumps({"runs_done": run + 1, "faults": faults, "resumes": resumes,
+                                                         "outputs_differing": differing, "per_run": per_run}))
+    return {
+        "runs": runs,
+        "seed": seed,
+        "runner": runner,
+        "faults": faults,
+        "resumes": resumes,
+        "outputs_differing": differing,
+        "clean_wall_s": round(clean_wall, 1),
+        "wall_overhead": round(faulted_wall / (runs * clean_wall), 2) if runs else None,
+        "per_run": per_run,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runner", choices=("ray", "local"), default="ray")
+    p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+    p.add_argument("--workdir", help="where outputs go (default: a temporary directory, removed after)")
+    p.add_argument("--s3", action="store_true", help="faulted outputs on an S3 test server behind a faulty proxy")
+    args = p.parse_args(argv)
+    echo = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    tmp = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="cnsbench-chaos-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    server = proxy = None
+    try:
+        if args.s3:
+            server, proxy = s3_behind_a_faulty_proxy(args.seed)
+        result = campaign(args.runs, args.seed, args.runner, tmp, echo=echo, proxy=proxy,
+                          s3_url="s3://chaos" if args.s3 else None)
+    finally:
+        if proxy is not None:
+            proxy.__exit__()
+        if server is not None:
+            server.stop()
+        if not args.workdir:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            if k != "per_run":
+                print(f"{k}: {v}")
+    return 0 if result["outputs_differing"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Command line: ``cnsbench <command>``, one module per command in this package.
+
+Every command is reachable in-process as ``main(argv) -> exit code`` (tests call it
+that way); errors in the user's input print one clear message and return 2, a stop by
+Ctrl-C or SIGTERM returns 130 after saying how to resume.  Each command module has
+``register(subparsers)`` (its arguments) and ``run(args) -> int``.  The library never
+imports this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Sequence
+
+from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (for callers and tests)
+from pipeline.config import ConfigError
+from pipeline.io.retry import StorageError
+from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
+
+# In the order `cnsbench --help` lists them.
+COMMANDS = ("validate", "build", "evaluate", "aggregate", "compare", "status", "ls", "demo", "train_sliders", "calibrate_filter", "serve", "submit",)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    p = argparse.ArgumentParser(prog="cnsbench", description="Robustness benchmarks from continuous nuisance shifts.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"pipeline.cli.{name}").register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from pipeline.progress import set_verbose
+
+    set_verbose(args.verbose)
+    try:
+        with stop_on_signals():
+            return args.func(args)
+    except KeyboardInterrupt:
+        print(interrupted(args.command, argv), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except StorageError as err:  # out of retries, or a full disk: committed work is kept
+        print(f"cnsbench {args.command}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
+        print(f"cnsbench {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+
+
+def describe_os_error(err: OSError) -> str:
+    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory`` (the path first)."""
+    path = err.filename if err.filename is not None else ""
+    reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
+    return f"{path}: {reason}" if path else reason

@@ -1,0 +1,41 @@
+"""``cnsbench build``: build (or resume) a benchmark into an output."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeline.config import ConfigError, load_config
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.build import build
+
+    overrides = None
+    if getattr(args, "filter_thresholds", None):  # a `cnsbench calibrate-filter` result
+        from pipeline.calibrate import threshold_overrides
+
+        overrides = threshold_overrides(args.filter_thresholds)
+    cfg = load_config(args.config, overrides)
+    output = args.output or cfg.output.path
+    if not output:
+        raise ConfigError("no output: pass --output DIR or set output.path in the config")
+    summary = build(
+        cfg, output, address=args.address, runner=args.runner, new_version=args.new_version, verify=args.verify
+    )
+    for line in summary.lines():
+        print(f"[cnsbench] {line}")
+    return 0 if not summary.trajectories_failed else 3
+
+
+def register(sub) -> None:
+    s = sub.add_parser("build", help="build (or resume) a benchmark")
+    s.add_argument("config")
+    s.add_argument("--output", help="directory or URI (default: output.path of the config)")
+    s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
+    s.add_argument("--new-version", action="store_true", help="archive an incompatible existing build and start anew")
+    s.add_argument("--verify", action="store_true", help="check the SHA-256 of every committed file, not only sizes")
+    s.add_argument(
+        "--filter-thresholds", metavar="YAML", help="merge filter.thresholds/min_pass from `cnsbench calibrate-filter`"
+    )
+    s.set_defaults(func=run)

@@ -1,0 +1,130 @@
+"""``cnsbench`` command: submit a build to a Ray cluster, and follow its jobs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pipeline.jobs import (
+    _BUILD_PARSER,
+    _add_connection_args,
+    _address,
+    _report,
+    job_logs,
+    job_status,
+    stop_job,
+    submit_build,
+    wait_job,
+)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        job_id = submit_build(
+            args.config,
+            args.output,
+            _address(args),
+            working_dir=args.working_dir,
+            extra_pip=args.pip or None,
+            entrypoint_num_gpus=args.num_gpus,
+            entrypoint_num_cpus=args.num_cpus,
+            new_version=args.new_version,
+            token_file=args.token_file,
+        )
+    except Exception as err:  # noqa: BLE001 - every failure becomes a message and exit 1
+        return _report(err)
+    print(job_id)
+    return 0
+
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    try:
+        print(job_status(args.job_id, _address(args), token_file=args.token_file))
+    except Exception as err:  # noqa: BLE001
+        return _report(err)
+    return 0
+
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    try:
+        out = job_logs(args.job_id, _address(args), follow=args.follow, token_file=args.token_file)
+        if isinstance(out, str):
+            sys.stdout.write(out)
+        else:
+            for chunk in out:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # noqa: BLE001
+        return _report(err)
+    return 0
+
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        stopped = stop_job(args.job_id, _address(args), token_file=args.token_file)
+    except Exception as err:  # noqa: BLE001
+        return _report(err)
+    print("stop requested" if stopped else "job was not running")
+    return 0
+
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    try:
+        status = wait_job(args.job_id, _address(args), args.timeout, token_file=args.token_file)
+    except Exception as err:  # noqa: BLE001
+        return _report(err)
+    print(status)
+    return 0 if status == "SUCCEEDED" else 1
+
+
+
+def register(subparsers: Any) -> None:
+    """Register ``submit`` and ``jobs {status,logs,stop,wait}`` on an argparse
+    ``subparsers`` object; each parser sets ``func(args) -> int`` (the exit code)."""
+    if "build" in subparsers.choices:
+        _BUILD_PARSER["build"] = subparsers.choices["build"]
+    sp = subparsers.add_parser(
+        "submit",
+        help="submit a build to a Ray cluster (Ray Jobs API); prints the job id",
+        description="Upload the repository (minus .gitignore'd paths) and run "
+        "`python -m pipeline.cli build CONFIG --output URI` as a Ray job. Submitting the same "
+        "config with the same --output again resumes the build.",
+    )
+    sp.add_argument("config", help="build config, inside the repository (e.g. configs/my_benchmark.yaml)")
+    sp.add_argument("--output", required=True, metavar="URI", help="output URI, e.g. s3://bucket/builds/name")
+    _add_connection_args(sp)
+    sp.add_argument("--num-gpus", type=float, default=0, metavar="N", help="GPUs reserved for the driver (default 0)")
+    sp.add_argument("--num-cpus", type=float, default=1, metavar="N", help="CPUs reserved for the driver (default 1)")
+    sp.add_argument(
+        "--new-version",
+        action="store_true",
+        help="pass --new-version to `cnsbench build` (only if it has that option; otherwise use a new --output)",
+    )
+    sp.add_argument("--pip", action="append", metavar="PKG", help="extra pip requirement for the job (repeatable)")
+    sp.add_argument("--working-dir", default=None, metavar="DIR", help="directory to upload (default: repo root)")
+    sp.set_defaults(func=_cmd_submit)
+
+    jp = subparsers.add_parser("jobs", help="status, logs, stop or wait for a submitted build")
+    jsub = jp.add_subparsers(dest="jobs_command", metavar="{status,logs,stop,wait}")
+    jsub.required = True
+    for name, func, help_ in (
+        ("status", _cmd_status, "print the job status"),
+        ("logs", _cmd_logs, "print the driver log"),
+        ("stop", _cmd_stop, "ask the job to stop"),
+        ("wait", _cmd_wait, "wait until the job ends; exit 0 only if it SUCCEEDED"),
+    ):
+        p = jsub.add_parser(name, help=help_)
+        p.add_argument("job_id", metavar="JOB_ID")
+        _add_connection_args(p)
+        if name == "logs":
+            p.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
+        if name == "wait":
+            p.add_argument("--timeout", type=float, default=24 * 3600, metavar="S", help="seconds (default 86400)")
+        p.set_defaults(func=func)

@@ -1,0 +1,1 @@
+"""Small data files shipped with the package (ImageNet-C reference errors, ImageNet WordNet ids, ImageNet-D vocabularies)."""

@@ -1,0 +1,167 @@
+"""Progress of long commands: one live line on a terminal, plain periodic lines otherwise.
+
+Role: what ``build``, ``evaluate``, ``train-sliders`` and ``compare`` tell the user while
+they run.  A :class:`Progress` counts items done of items planned (trajectories,
+sliders, steps), images, and failures, and renders
+
+    [cnsbench] build: 24/60 trajectories (40%), 3.1 images/s, ETA 0:01:52, 1 failed
+
+On a terminal the line is redrawn in place (at most every 0.2 s); messages that must
+stay (a failure, a trained slider's loss) go through :meth:`Progress.log`, printed above
+the line.  When output is not a terminal (CI logs, a file, a test's ``echo``) a plain
+line is written at most every ``interval`` seconds (``CNSBENCH_PROGRESS_INTERVAL``,
+default 10) and once at the end, so logs stay short at any benchmark size.
+
+Verbosity: Ray Data's own per-operator progress bars and its execution logs, and the
+tqdm bars of model libraries, are noise next to this line; they stay quiet unless
+``cnsbench -v`` (:func:`set_verbose`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, TextIO
+
+PREFIX = "[cnsbench]"
+_VERBOSE = False
+
+
+def set_verbose(value: bool) -> None:
+    """``cnsbench -v``: let Ray Data show its own progress bars and logs."""
+    global _VERBOSE
+    _VERBOSE = bool(value)
+    if not _VERBOSE:
+        # Model libraries' own tqdm bars (weights loading, pipeline components) would break
+        # the one progress line; Ray workers started from here inherit the setting.
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+def verbose() -> bool:
+    return _VERBOSE
+
+
+def quiet_ray_data() -> None:
+    """Turn Ray Data's progress bars and INFO logs off (on with :func:`set_verbose`)."""
+    import logging
+
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "0" if _VERBOSE else "1")
+    try:
+        import ray.data  # configures Ray Data's loggers on first import: quieten them after
+
+        if not _VERBOSE:
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
+            # Its only message is "Progress bars disabled. To enable, ...": that is the point.
+            logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = _VERBOSE
+        if hasattr(ctx, "enable_operator_progress_bars"):
+            ctx.enable_operator_progress_bars = _VERBOSE
+        if hasattr(ctx, "print_on_execution_start"):
+            ctx.print_on_execution_start = _VERBOSE
+    except ImportError:  # pragma: no cover - Ray is a dependency; tolerate its absence here
+        pass
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Done/planned, rate, ETA and failures of one command; see the module docstring.
+
+    ``echo``: where plain lines go (default: print to ``stream``).  The live line is used
+    only when ``echo`` is the default and ``stream`` is a terminal.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        total: int,
+        *,
+        unit: str = "trajectories",
+        done: int = 0,
+        echo: Callable[[str], None] | None = None,
+        stream: TextIO | None = None,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what, self.total, self.unit = what, int(total), unit
+        self.done_before = int(done)
+        self.done = self.images = self.failed = 0
+        self.stream = stream if stream is not None else sys.stdout
+        self.live = echo is None and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.echo = echo or (lambda line: print(line, file=self.stream, flush=True))
+        if interval is None:
+            interval = float(os.environ.get("CNSBENCH_PROGRESS_INTERVAL", "10"))
+        self.interval = interval
+        self.clock = clock
+        self.start = clock()
+        self._last = -float("inf")
+        self._drawn = False
+        self.closed = False
+
+    # ------------------------------------------------------------------ counting
+    def update(self, done: int = 0, images: int = 0, failed: int = 0) -> None:
+        """Add ``done`` items finished (failed ones included in ``failed`` only), images and failures."""
+        self.done += int(done)
+        self.images += int(images)
+        self.failed += int(failed)
+        self._maybe_render()
+
+    def advance(self, n: int = 1) -> None:
+        self.update(done=n)
+
+    # ------------------------------------------------------------------ text
+    def line(self) -> str:
+        elapsed = max(self.clock() - self.start, 1e-9)
+        reached = self.done_before + self.done + self.failed
+        parts = [f"{PREFIX} {self.what}: {reached}/{self.total} {self.unit}"]
+        if self.total:
+            parts[0] += f" ({100.0 * reached / self.total:.0f}%)"
+        if self.images:
+            parts.append(f"{self.images / elapsed:.1f} images/s")
+        progressed = self.done + self.failed
+        remaining = self.total - reached
+        if progressed and remaining > 0 and not self.closed:
+            parts.append(f"ETA {_duration(remaining * elapsed / progressed)}")
+        elif self.closed:
+            parts.append(f"{_duration(elapsed)} elapsed")
+        parts.append(f"{self.failed} failed")
+        return ", ".join(parts)
+
+    def log(self, message: str) -> None:
+        """A message that stays (above the live line on a terminal)."""
+        if self.live:
+            self.stream.write("\r\x1b[K" + message + "\n")
+            self._drawn = False
+            self._render(force=True)
+        else:
+            self.echo(message)
+
+    def _maybe_render(self) -> None:
+        self._render(force=False)
+
+    def _render(self, force: bool) -> None:
+        now = self.clock()
+        if self.live:
+            if force or now - self._last >= 0.2:
+                self.stream.write("\r\x1b[K" + self.line())
+                self.stream.flush()
+                self._drawn, self._last = True, now
+        elif now - self._last >= self.interval:
+            self.echo(self.line())
+            self._last = now
+
+    def close(self) -> None:
+        """The final line (always written, also when nothing was done)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.live:
+            self.stream.write("\r\x1b[K" + self.line() + "\n")
+            self.stream.flush()
+        else:
+            self.echo(self.line())

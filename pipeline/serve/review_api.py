@@ -1,0 +1,91 @@
+"""Routes of the review view: keyboard-driven accept / reject / "not the class" of a mined set.
+
+``GET /review``                              the review page (``static/review.html`` + ``review.js``,
+                                             inlined like the main page; ``?set=hard_set``)
+``GET /api/review/{set}/items``              the set's images, coordinates, current decisions, progress
+``POST /api/review/{set}/decisions``         JSON ``{"decisions": {sample_id: "accept"|"reject"|"not_class"|null}}``
+                                             -> progress; stored in ``review/<set>.json`` of the output
+``GET /api/review/{set}/progress``           counts per decision, decided and remaining
+
+Decisions live in :mod:`pipeline.review` (atomic, resumable; final set = mined ∩
+accepted).  An unknown set is 404, a malformed body 400, a non-JSON POST 415, and an
+unknown sample id or decision 422; images come from ``/api/benchmarks/image/{id}``.
+"""
+
+# No `from __future__ import annotations`: FastAPI resolves the route signatures at definition time.
+
+import base64
+import functools
+import hashlib
+from importlib import resources
+from typing import Any, Callable
+
+from pipeline.serve.errors import InvalidRequest, NotFound
+
+_SCRIPT_LINK = '<script src="review.js"></script>'
+
+
+@functools.lru_cache(maxsize=1)
+def review_page() -> tuple[str, str]:
+    """(HTML, Content-Security-Policy) of the review page, its script inlined and pinned by hash."""
+    static = resources.files("pipeline.serve") / "static"
+    html = (static / "review.html").read_text(encoding="utf-8")
+    script = (static / "review.js").read_text(encoding="utf-8")
+    if html.count(_SCRIPT_LINK) != 1 or "</script" in script.lower():
+        raise RuntimeError("pipeline/serve/static/review.html must link review.js once; review.js must not close it")
+    html = html.replace(_SCRIPT_LINK, f"<script>{script}</script>")
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
+    csp = (
+        "default-src 'none'; "
+        f"script-src 'sha256-{digest}'; "
+        "style-src 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return html, csp
+
+
+def add_review_routes(app: Any, need_index: Callable[[], Any]) -> None:
+    """Register the review routes on ``app`` (the ingress); ``need_index()`` gives the BenchmarkIndex."""
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+    from pipeline.review import Review, ReviewError, UnknownSet
+    from pipeline.serve.api import parse_json_body
+
+    def review() -> Review:
+        return Review(need_index().store)
+
+    def checked(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except UnknownSet as err:
+            raise NotFound(str(err), review().sets()) from None
+        except ReviewError as err:
+            raise InvalidRequest(str(err)) from None
+
+    @app.get("/review", response_class=HTMLResponse)
+    def review_html() -> HTMLResponse:
+        html, csp = review_page()
+        return HTMLResponse(html, headers={"content-security-policy": csp, "cache-control": "no-cache"})
+
+    @app.get("/api/review/{name}/items")
+    def review_items(name: str) -> dict[str, Any]:
+        r = review()
+        return checked(lambda: {"set": name, "items": r.items(name), "progress": r.progress(name)})
+
+    @app.get("/api/review/{name}/progress")
+    def review_progress(name: str) -> dict[str, Any]:
+        return checked(lambda: review().progress(name))
+
+    @app.post("/api/review/{name}/decisions")
+    async def review_decide(name: str, request: Request) -> Response:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return JSONResponse({"detail": "Content-Type must be application/json"}, status_code=415)
+        try:
+            data = parse_json_body(await request.body())
+        except ValueError as err:
+            return JSONResponse({"detail": f"request body is not valid JSON: {err}"}, status_code=400)
+        if not isinstance(data, dict) or set(data) != {"decisions"} or not isinstance(data["decisions"], dict):
+            raise InvalidRequest('body must be {"decisions": {sample_id: "accept" | "reject" | "not_class" | null}}')
+        return JSONResponse(checked(lambda: review().decide(name, data["decisions"])))

@@ -1,0 +1,81 @@
+"""The released ImageNet-D layout as an evaluate source.
+
+``root/{background,texture,material}/<class folder>/<image>`` (an optional ``questions/``
+folder of the VQA evaluation is ignored).  Class folders are named as in the release
+(``banana``, ``binder_closed``, ``t_shirt``) and map to the 113-class label space
+``imagenet_d`` (:mod:`pipeline.imagenet_d`), whose classes each stand for a set of
+ImageNet ids; an ImageNet classifier is then correct when its top-1 id is any of them
+(:meth:`pipeline.labels.LabelSpace.outputs_from_imagenet`), and a CLIP zero-shot
+classifier is built over the 113 class names.  The nuisance kind is the shift, each
+image a single-image trajectory at scale 0 with seed = its index within (kind, class)
+(files sorted by name), so ``report/accuracy.csv`` is the accuracy per nuisance kind.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any
+
+from pipeline import imagenet_d
+from pipeline.labels import label_space
+
+LABELS = "imagenet_d"
+IGNORED = {"questions"}
+
+
+def looks_like(fs: Any, root: str) -> bool:
+    """True when ``root`` holds nuisance-kind folders (and nothing else but ``questions``)."""
+    dirs = {posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False) if fs.isdir(p)}
+    dirs = {d for d in dirs if not d.startswith(".")}
+    return bool(dirs & set(imagenet_d.NUISANCE_KINDS)) and dirs <= set(imagenet_d.NUISANCE_KINDS) | IGNORED
+
+
+def load_imagenet_d(location: str):
+    """Index the released layout at ``location`` into a :class:`pipeline.sources.Source`."""
+    from pipeline.sources import (
+        IMAGE_EXTENSIONS,
+        Source,
+        SourceError,
+        _dominant_format,
+        _fs,
+        _group_rows,
+        _Image,
+        _url,
+    )
+
+    fs, root = _fs(location)
+    if not fs.isdir(root):
+        raise SourceError(f"{location}: not a directory")
+    labels = label_space(LABELS)
+    folders = imagenet_d.folder_ids()
+    groups: dict[tuple[str, int, int], dict[float, Any]] = {}
+    formats, unknown = [], []
+    kinds = [k for k in imagenet_d.NUISANCE_KINDS if fs.isdir(posixpath.join(root, k))]
+    if not kinds:
+        raise SourceError(f"{location}: none of the ImageNet-D folders {', '.join(imagenet_d.NUISANCE_KINDS)}")
+    for kind in kinds:
+        kind_dir = posixpath.join(root, kind)
+        for folder in sorted(p for p in fs.ls(kind_dir, detail=False) if fs.isdir(p)):
+            name = posixpath.basename(folder.rstrip("/"))
+            if name.startswith("."):
+                continue
+            if name not in folders:
+                unknown.append(f"{kind}/{name}")
+                continue
+            class_id = folders[name]
+            files = sorted(
+                p for p in fs.ls(folder, detail=False) if os.path.splitext(p)[1].lower() in IMAGE_EXTENSIONS
+            )
+            for seed, path in enumerate(files):
+                fmt = IMAGE_EXTENSIONS[os.path.splitext(path)[1].lower()]
+                groups[(kind, class_id, seed)] = {0.0: _Image(_url(fs, path, location), fmt=fmt)}
+                formats.append(fmt)
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:10])
+        raise SourceError(
+            f"{location}: {len(unknown)} class folder(s) are not ImageNet-D classes ({shown}); "
+            "the release's folder names are listed in pipeline/data/imagenet_d/classes.json"
+        )
+    names = {c: labels.name(c) for _, c, _ in groups}
+    return Source("imagenet_d", location, _group_rows(groups, names), _dominant_format(formats), labels=LABELS)

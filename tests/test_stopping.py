@@ -1,0 +1,55 @@
+"""Ctrl-C / SIGTERM stop a build quickly, keep what was committed, and say how to resume."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from buildproc import env_with, tiny_config
+
+from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
+
+
+def test_the_message_names_what_is_kept_and_the_resume_command():
+    msg = interrupted("build", ["build", "cfg with space.yaml", "--output", "out"])
+    assert "committed shards are kept" in msg
+    assert msg.splitlines()[-1].strip() == "cnsbench build 'cfg with space.yaml' --output out"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_either_signal_unwinds_as_an_interrupt_and_handlers_are_restored(sig):
+    before = signal.getsignal(sig)
+    with pytest.raises(KeyboardInterrupt, match=sig.name):
+        with stop_on_signals():
+            signal.raise_signal(sig)
+            time.sleep(5)  # not reached: the handler raises at once
+    assert signal.getsignal(sig) is before
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_build_and_the_next_run_resumes(tmp_path):
+    sig = signal.SIGTERM
+    cfg = tiny_config(tmp_path, lambda raw: raw["output"].update(trajectories_per_shard=1))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(out), "--runner", "local"]
+    proc = subprocess.Popen(cmd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list((out / "manifest").glob("*.json")) if (out / "manifest").is_dir() else True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "no shard committed in time"
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    sent = time.time()
+    stdout, stderr = proc.communicate(timeout=60)
+    assert time.time() - sent < 20, "the build took too long to stop"
+    assert proc.returncode == EXIT_INTERRUPTED, (stdout, stderr)
+    assert "stopped; committed shards are kept" in stderr and "Run the same command again" in stderr
+    kept = {p.name for p in (out / "manifest").glob("*.json")}
+    assert kept, "the committed shard was lost"
+    done = subprocess.run(cmd, env=env_with(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert kept <= {p.name for p in (out / "manifest").glob("*.json")}
+    assert "already done" in done.stdout and not done.stdout.count(" 0 already done")
