@@ -87,7 +87,7 @@ class MaskedScenarioFamily(Family):
         self._backgrounds: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._painter = None
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ backgrounds and the painter
     def _background(self, ctx: UnitContext, rng) -> tuple[Any, dict[str, Any]]:
         """Another unit's original image, chosen by ``rng`` (the random real background)."""
         import numpy as np
