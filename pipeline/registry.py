@@ -61,6 +61,10 @@ FAMILIES.register(
     "prompt_nuisance", "pipeline.families.prompt_nuisance:PromptNuisanceFamily",
     "ImageNet-D: the object under a background/texture/material prompt; scale 0 the plain prompt, 1 the nuisance",
 )
+FAMILIES.register(
+    "masked_scenario", "pipeline.families.masked_scenario:MaskedScenarioFamily",
+    "XIMAGENET-12 scenarios (background/object blur, colour, overexposure, segmented, random/generated background); scale = strength 0..1",
+)
 GENERATORS = FAMILIES  # the name `generator.kind` has always used
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
@@ -74,6 +78,11 @@ MASKS = Registry("mask provider")
 MASKS.register("none", "pipeline.sources.masks:NoMasks", "no masks (families that need one refuse the config)")
 MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png")
 MASKS.register("ink_threshold", "pipeline.sources.ink_masks:InkThresholdMasks", "light ink on a dark background: grey >= threshold")
+MASKS.register("ink", "pipeline.sources.world_ink:InkMasks", "miniature world: the true digit mask, pixels with grey >= ink_threshold")
+MASKS.register(
+    "cross_attention", "pipeline.sources.cross_attention:CrossAttentionMasks",
+    "generated images: the model's cross-attention to the class token, thresholded, main component",
+)
 
 FILTERS = Registry("filter")
 FILTERS.register(
@@ -121,6 +130,16 @@ ANALYSES.register(
     "hard_mining", "pipeline.analyses.hard_mining:run",
     "ImageNet-D hard set: images >= k of n surrogates get wrong; transfer to held-out classifiers, shared failures",
 )
+
+ANALYSES.register(
+    "robustness_score", "pipeline.analyses.robustness_score:run",
+    "XIMAGENET-12: per-scenario accuracy C(i), linear-probe C'(i), S = 1 - (var_cross + var_inner), scenario curves",
+)
+ANALYSES.register(
+    "scenario_regression", "pipeline.analyses.scenario_regression:run",
+    "XIMAGENET-12: OLS of accuracy on classifier, scenario and class (estimates, p-values; statsmodels)",
+)
+ANALYSES.register("mask_quality", "pipeline.analyses.mask_quality:run", "object masks: area share, components, usability, IoU vs true masks")
 
 # How stages run (``--runner``): see pipeline.executors.
 EXECUTORS = Registry("executor")

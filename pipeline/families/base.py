@@ -92,6 +92,13 @@ class UnitContext:
     def has_base(self) -> bool:
         return self._base is not None
 
+    def sibling(self, class_id: int, class_name: str, seed: int) -> "UnitContext":
+        """The context of another (class, seed) of the same build and image source.
+
+        For families that need a second image (e.g. a random background from another unit).
+        """
+        return UnitContext(class_id, class_name, seed, self._load_base)
+
 
 class Family:
     """Base class of a shift family (see the module docstring for the contract)."""

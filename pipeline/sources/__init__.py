@@ -73,7 +73,7 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "imagenet_d", "folders")
+SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "imagenet_d", "ximagenet", "folders")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -283,6 +283,10 @@ def detect_kind(location: str) -> str:
 
     if _looks_like_imagenet_e(fs, root):
         return "imagenet_e"
+    from pipeline.sources.ximagenet import is_ximagenet
+
+    if is_ximagenet(fs, root):
+        return "ximagenet"
     if any(fs.isdir(p) for p in fs.ls(root, detail=False)):
         return "folders"
     raise SourceError(
@@ -339,6 +343,11 @@ def open_source(
         from pipeline.sources.imagenet_d import load_imagenet_d
 
         src = load_imagenet_d(location)
+        src = load_webdataset(location, labels)
+    elif kind == "ximagenet":  # the released XIMAGENET-12 tree (pipeline/sources/ximagenet.py)
+        from pipeline.sources.ximagenet import load_ximagenet
+
+        src = load_ximagenet(location, labels)
     else:
         src = load_folders(location, labels, label_map, follow_symlinks)
     if not src.rows:

@@ -1,0 +1,168 @@
+"""Family ``masked_scenario``: the XIMAGENET-12 scenarios at continuous strength.
+
+XIMAGENET-12 keeps an image's object and changes what surrounds it (or the object
+alone): blurred background or object, background colour (R/G/B hue, rainbow, grey),
+overexposure of background or object, the object on black (segmented) or transparent,
+another real image as background, a generated background.  Here each scenario is a
+shift whose scale is a strength in [0, 1]: 0 is the unit's original image, 1 the
+published transform with the published parameters (:mod:`.scenarios` documents each,
+:mod:`.generated` the generated background).  The original image and its object mask
+come from the build's image source and mask provider (``source.masks``).
+
+Random parameters of a scenario (a hue, a hue shift, which other image is the random
+background) are drawn from the coordinates (class, seed, scenario), so a trajectory's
+strengths share them and a rebuild gets the same images.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.families.base import Family, ShiftImages, UnitContext
+from pipeline.families.masked_scenario.scenarios import ALL_NAMES, GENERATED, SCENARIOS
+
+MAX_BACKGROUND_BYTES = 256 * 2**20  # originals kept per worker for random backgrounds
+
+
+class MaskedScenarioOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    random_background_mode: Literal["add", "paste"] = Field(
+        "add",
+        description="add: the published addWeighted(background, 1, segmented object, 1, 0) (the background also "
+        "shows under the object); paste: object pixels kept",
+    )
+    background_classes: Literal["others", "any"] = Field(
+        "others", description="random background: an image of another class of the build (others) or of any class"
+    )
+    background_prompt: str | None = Field(
+        None,
+        description="generated_background: prompt for the repainted background ({token}, {class_name}); "
+        "default generator.prompt (the class prompt)",
+    )
+    generated_seed_offset: int = Field(1, description="generated_background: noise seed = unit seed + offset")
+
+
+def scenario_seed(class_id: int, seed: int, scenario: str) -> list[int]:
+    """Seed sequence of a trajectory's random draws, from its coordinates only."""
+    return [int(class_id), int(seed), zlib.crc32(scenario.encode())]
+
+
+class MaskedScenarioFamily(Family):
+    kind = "masked_scenario"
+    Options = MaskedScenarioOptions
+    scale_meaning = "strength: 0 original image, 1 the published XIMAGENET-12 transform"
+    default_scales: ClassVar[list[float] | None] = [0.0, 0.25, 0.5, 0.75, 1.0]
+    generates_base = False
+    needs_mask = True
+    analyses = ("robustness_score", "scenario_regression", "mask_quality")
+
+    @classmethod
+    def check_shifts(cls, shifts: list[str], options: BaseModel) -> list[str]:
+        return [f"unknown scenario {s!r} (known: {', '.join(ALL_NAMES)})" for s in shifts if s not in ALL_NAMES]
+
+    @classmethod
+    def missing_files(cls, config, group, pairs) -> list[str]:
+        problems = []
+        bad = [s for s in group.scales if not 0.0 <= s <= 1.0]
+        if bad:
+            key = "benchmark.scales" if group.primary else f"{group.where}.scales"
+            problems.append(f"{key}: masked_scenario strengths must be in [0, 1], got {bad}")
+        if config.source.masks.kind == "none":
+            problems.append("source.masks.kind: masked_scenario needs object masks (e.g. 'folder', 'cross_attention', 'ink')")
+        if GENERATED in group.shifts and config.source.kind != "seed":
+            import os
+
+            from pipeline.models.diffusion import is_local_path
+
+            model = config.generator.model
+            if is_local_path(model) and not os.path.isdir(model):
+                problems.append(f"generator.model: generated_background needs the text-to-image model, not found: {model}")
+        return problems
+
+    def setup(self) -> None:
+        self._backgrounds: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._painter = None
+
+    # ------------------------------------------------------------------ backgrounds and the painter
+    def _background(self, ctx: UnitContext, rng) -> tuple[Any, dict[str, Any]]:
+        """Another unit's original image, chosen by ``rng`` (the random real background)."""
+        import numpy as np
+
+        bench = self.config.benchmark
+        classes = list(bench.classes)
+        if self.options.background_classes == "others" and len(classes) > 1:
+            classes = [c for c in classes if c != ctx.class_id]
+        cid = int(classes[int(rng.integers(0, len(classes)))])
+        seed = int(bench.seeds[int(rng.integers(0, len(bench.seeds)))])
+        key = (cid, seed)
+        if key not in self._backgrounds:
+            other = ctx.sibling(cid, bench.class_name(cid), seed).base()
+            self._remember(key, np.asarray(other.image.convert("RGB")))
+        return self._backgrounds[key], {"background_class": cid, "background_seed": seed}
+
+    def _remember(self, key: tuple[int, int], arr) -> None:
+        self._backgrounds[key] = arr
+        self._backgrounds.move_to_end(key)
+        while sum(a.nbytes for a in self._backgrounds.values()) > MAX_BACKGROUND_BYTES and len(self._backgrounds) > 1:
+            self._backgrounds.popitem(last=False)
+
+    def _paint(self):
+        if self._painter is None:
+            from pipeline.families.masked_scenario.generated import BackgroundPainter
+
+            self._painter = BackgroundPainter(self.config, self.options, self.device, self.dtype)
+        return self._painter
+
+    # ------------------------------------------------------------------ work
+    def generate(self, ctx: UnitContext, shifts: list[str], scales: list[float]) -> dict[str, ShiftImages]:
+        import numpy as np
+        from PIL import Image
+
+        from pipeline.families.masked_scenario import scenarios
+
+        bad = [s for s in scales if not 0.0 <= s <= 1.0]
+        if bad:
+            raise ValueError(f"masked_scenario strengths must be in [0, 1], got {bad}")
+        if not hasattr(self, "_backgrounds"):
+            self.setup()
+        base = ctx.base()
+        if base.mask is None:
+            raise ValueError("masked_scenario needs an object mask; set source.masks")
+        img = np.asarray(base.image.convert("RGB"))
+        mask = np.asarray(base.mask, dtype=bool)
+        self._remember((ctx.class_id, ctx.seed), img)  # a later unit may draw this one as its background
+        if mask.shape != img.shape[:2]:
+            raise ValueError(f"object mask {mask.shape} does not match the image {img.shape[:2]}")
+        mask_info = {k: base.info[k] for k in ("mask_kind", "mask_area", "mask_components", "mask_main_share", "mask_iou", "attention_area", "mask_unusable") if k in base.info}
+        unusable = base.info.get("mask_unusable") or base.unusable
+        opts = {"random_background_mode": self.options.random_background_mode}
+        out: dict[str, ShiftImages] = {}
+        for shift in shifts:
+            rng = np.random.default_rng(scenario_seed(ctx.class_id, ctx.seed, shift))
+            draws = scenarios.draws_for(shift, rng) if shift in SCENARIOS else {}
+            recorded: dict[str, Any] = dict(draws)
+            seconds = 0.0
+            if unusable:
+                images = [base.image for _ in scales]  # filtered out anyway; no work on a bad mask
+            elif shift == GENERATED:
+                painted = self._paint().paint(ctx, base.image, mask, scales)
+                images, seconds = painted.images, painted.seconds
+                recorded.update(painted.params)
+            else:
+                if shift == "random_background":
+                    bg, where = self._background(ctx, rng)
+                    if bg.shape != img.shape:
+                        bg = np.asarray(Image.fromarray(bg).resize((img.shape[1], img.shape[0]), Image.BILINEAR))
+                    draws["background"] = bg
+                    recorded.update(where)
+                images = [
+                    base.image if s == 0 else Image.fromarray(scenarios.apply(shift, img, mask, s, draws, opts))
+                    for s in scales
+                ]
+            params = [{"scenario": shift, "strength": s, **recorded, **mask_info} for s in scales]
+            out[shift] = ShiftImages(images=images, params=params, seconds=seconds, unusable=unusable)
+        return out

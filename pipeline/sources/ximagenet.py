@@ -1,0 +1,180 @@
+"""The released XIMAGENET-12 layout as an evaluate source (``cnsbench evaluate --source-kind ximagenet``).
+
+Layout: ``root/<scenario folder>/<class folder>/<image>``.  The originals are the folder
+``image`` (the scripts' ``image``; ``original`` is accepted too), every other folder is a
+scenario: the scripts write ``blur_background``, ``blur_object``, ``image_r``, ``image_g``,
+``image_b``, ``image_rainbow``, ``segmented_image``, ``transparent_img`` ...; folder names
+are normalised (lower case, spaces and dashes to ``_``) and the aliases in
+:data:`SCENARIO_ALIASES` map the paper's table names to one scenario name.  Class folders
+are ImageNet WordNet ids (``n01689811``) or a leading ImageNet index (``044_alligator
+lizard``).
+
+A scenario image belongs to the original with the same image id (``n01689811_17`` in
+``n01689811_17.JPEG``, ``n01689811_17_segmented.png``, ...).  Each (scenario, class,
+original) is one trajectory of two scales: 0 = the original, 1 = the scenario image; the
+seed is the original's index within its class (sorted names).  So the robustness score
+(``C(i)`` at scale 1, ``mu`` at scale 0) and the scenario regression run on the release
+unchanged.  Scenario images without an original are skipped (counted in the notes).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections import defaultdict
+from typing import Any
+
+from pipeline.labels import LabelSpace
+
+# The 12 classes: WordNet id -> (ImageNet-1k index, the paper's name).  The wnids are the
+# folder names of the repository's scripts and annotation counts (n01689811, n02992211,
+# n07614500, ...); the indices are their positions in the ImageNet-1k class list.
+XIMAGENET_CLASSES: dict[str, tuple[int, str]] = {
+    "n01689811": (44, "lizard"),  # alligator lizard
+    "n01693334": (46, "green lizard"),
+    "n01985128": (124, "crayfish"),
+    "n02066245": (147, "whale"),  # grey whale
+    "n02085936": (153, "dog"),  # Maltese dog
+    "n02119022": (277, "fox"),  # red fox
+    "n02607072": (393, "anemone fish"),
+    "n02692877": (405, "airship"),
+    "n02974003": (479, "car wheel"),
+    "n02977058": (480, "cash machine"),
+    "n02992211": (486, "cello"),
+    "n07614500": (928, "ice cream"),
+}
+ORIGINAL_FOLDERS = ("image", "images", "original", "original_image", "original_images")
+SCENARIO_ALIASES = {
+    "blur_bg": "blur_background",
+    "blurred_background": "blur_background",
+    "blur_obj": "blur_object",
+    "blur_foreground": "blur_object",
+    "blurred_foreground": "blur_object",
+    "color_r": "image_r",
+    "color_g": "image_g",
+    "color_b": "image_b",
+    "color_grey": "image_grey",
+    "color_gray": "image_grey",
+    "image_gray": "image_grey",
+    "grey": "image_grey",
+    "rainbow": "image_rainbow",
+    "color_rainbow": "image_rainbow",
+    "seg_img": "segmented_image",
+    "segmented": "segmented_image",
+    "transparent_img": "transparent_image",
+    "transparent": "transparent_image",
+    "rand_bg": "random_background",
+    "random_background_with_real_environment": "random_background",
+    "combine": "random_background",
+    "ai_generated_background": "generated_background",
+    "ai_generated": "generated_background",
+    "bright_changing_bg": "bright_background",
+    "bright_changing_fg": "bright_object",
+}
+IMAGE_ID = re.compile(r"(n\d{8}_\d+)")
+_SUFFIXES = ("_segmented", "_transparent", "_blur", "_bright")
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[\s\-]+", "_", name.strip().lower())
+
+
+def scenario_name(folder: str) -> str:
+    n = normalise(folder)
+    return SCENARIO_ALIASES.get(n, n)
+
+
+def image_key(filename: str) -> str:
+    stem = os.path.splitext(os.path.basename(filename))[0]
+    m = IMAGE_ID.search(stem)
+    if m:
+        return m.group(1)
+    for suffix in _SUFFIXES:
+        if stem.endswith(suffix):
+            return stem[: -len(suffix)]
+    return stem
+
+
+def class_of_folder(folder: str, labels: LabelSpace) -> int | None:
+    if folder in XIMAGENET_CLASSES:
+        return XIMAGENET_CLASSES[folder][0]
+    m = re.match(r"^(\d+)(?:[_\- ].*)?$", folder)
+    if m and 0 <= int(m.group(1)) < len(labels):
+        return int(m.group(1))
+    return None
+
+
+def is_ximagenet(fs: Any, root: str) -> bool:
+    """A root with an originals folder of class folders (wnids or ``NNN_name``) and at least one other folder."""
+    try:
+        subs = [p for p in fs.ls(root, detail=False) if fs.isdir(p)]
+    except FileNotFoundError:
+        return False
+    names = {normalise(posixpath.basename(p.rstrip("/"))): p for p in subs}
+    originals = [names[n] for n in ORIGINAL_FOLDERS if n in names]
+    if not originals or len(names) < 2:
+        return False
+    inner = [posixpath.basename(p.rstrip("/")) for p in fs.ls(originals[0], detail=False) if fs.isdir(p)]
+    return any(n in XIMAGENET_CLASSES or re.match(r"^\d+[_\- ]", n) for n in inner)
+
+
+def load_ximagenet(location: str, labels: LabelSpace):
+    """Index a released XIMAGENET-12 tree into pointer rows (see the module docstring)."""
+    from pipeline.sources import (
+        IMAGE_EXTENSIONS, Source, SourceError, _check_class, _check_shift, _dominant_format, _fs, _group_rows, _Image, _url,
+    )
+
+    fs, root = _fs(location)
+    subs = sorted(p for p in fs.ls(root, detail=False) if fs.isdir(p) and not posixpath.basename(p).startswith("."))
+    by_name = {normalise(posixpath.basename(p.rstrip("/"))): p for p in subs}
+    orig_name = next((n for n in ORIGINAL_FOLDERS if n in by_name), None)
+    if orig_name is None:
+        raise SourceError(f"{location}: no originals folder (one of {', '.join(ORIGINAL_FOLDERS)})")
+
+    def images_of(folder: str) -> dict[int, dict[str, str]]:
+        out: dict[int, dict[str, str]] = defaultdict(dict)
+        for cdir in sorted(p for p in fs.ls(folder, detail=False) if fs.isdir(p)):
+            cname = posixpath.basename(cdir.rstrip("/"))
+            cid = class_of_folder(cname, labels)
+            if cid is None:
+                raise SourceError(
+                    f"{location}: class folder {cname!r} in {posixpath.basename(folder)!r} is neither one of the 12 "
+                    f"XIMAGENET-12 WordNet ids ({', '.join(sorted(XIMAGENET_CLASSES))}) nor an ImageNet index"
+                )
+            _check_class(cid, labels, f"{location}: folder {cname!r}")
+            for p in sorted(fs.ls(cdir, detail=False)):
+                if os.path.splitext(p)[1].lower() in IMAGE_EXTENSIONS:
+                    out[cid].setdefault(image_key(p), p)
+        return out
+
+    originals = images_of(by_name[orig_name])
+    seeds = {cid: {key: i for i, key in enumerate(sorted(files))} for cid, files in originals.items()}
+    groups: dict[tuple[str, int, int], dict[float, Any]] = {}
+    formats, unmatched, scenarios = [], 0, []
+    for name, folder in sorted(by_name.items()):
+        if name == orig_name:
+            continue
+        scenario = scenario_name(name)
+        _check_shift(scenario, f"{location}: scenario folder {posixpath.basename(folder)!r}")
+        scenarios.append(scenario)
+        for cid, files in images_of(folder).items():
+            for key, path in files.items():
+                if key not in seeds.get(cid, {}):
+                    unmatched += 1
+                    continue
+                opath = originals[cid][key]
+                fmt = IMAGE_EXTENSIONS[os.path.splitext(path)[1].lower()]
+                ofmt = IMAGE_EXTENSIONS[os.path.splitext(opath)[1].lower()]
+                groups[(scenario, cid, seeds[cid][key])] = {
+                    0.0: _Image(_url(fs, opath, location), fmt=ofmt),
+                    1.0: _Image(_url(fs, path, location), fmt=fmt),
+                }
+                formats += [fmt, ofmt]
+    if len(set(scenarios)) != len(scenarios):
+        raise SourceError(f"{location}: two scenario folders map to the same scenario name: {sorted(scenarios)}")
+    names = {cid: labels.name(cid) for (_, cid, _) in groups}
+    notes = [f"{unmatched} scenario image(s) without an original of the same id were skipped"] if unmatched else []
+    src = Source("ximagenet", location, _group_rows(groups, names), _dominant_format(formats), notes,
+                 analyses=["robustness_score", "scenario_regression"])
+    return src
