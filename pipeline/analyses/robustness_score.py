@@ -27,7 +27,6 @@ drops -- Table 2's cells), ``scenario_curves`` (accuracy per strength) and a fig
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any, Literal, Sequence
 
