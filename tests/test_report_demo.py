@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shutil
 import tarfile
 from html.parser import HTMLParser
