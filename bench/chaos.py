@@ -162,7 +162,10 @@ def s3_behind_a_faulty_proxy(seed: int, rate: float = 0.05):
 
 def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | None = None, echo=print,
              proxy=None) -> dict:
-    cfg = tiny_config(workdir)
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # asset notes must not mix into --json's stdout
+        cfg = tiny_config(workdir)
     kinds = ["kill_driver", "actor_raise", "crash_actor", "corrupt_shard", "delete_shard"]
     if runner == "ray":
         kinds.append("kill_worker")
