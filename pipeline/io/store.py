@@ -77,7 +77,13 @@ class OutputStore:
     @retrying("read")
     def read_bytes(self, rel: str) -> bytes:
         with self.fs.open(self.path(rel), "rb") as fh:
-            return fh.read()
+            data = fh.read()
+            expected = getattr(fh, "size", None)
+        # A connection cut mid-body can reach us as a short read rather than an error: treat
+        # it as the transient fault it is (retried), never as the file's content.
+        if isinstance(expected, int) and len(data) != expected:
+            raise ConnectionResetError(f"short read: {len(data)} of {expected} bytes")
+        return data
 
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode("utf-8")
