@@ -191,7 +191,14 @@ def acquire(store: Any, command: str, echo: Callable[[str], None] | None = None)
     info = LeaseInfo(platform.node(), os.getpid(), command, now, now, uuid.uuid4().hex, _proc_start(os.getpid()))
     store.write_text(LEASE, json.dumps(asdict(info), indent=1))
     time.sleep(SETTLE_S)
-    back = read_lease(store)
+    back = None
+    for _ in range(3):  # an object store may answer the read-back with a stale or cut response
+        if not getattr(store, "local", True):
+            store.fs.invalidate_cache()
+        back = read_lease(store)
+        if back is not None:
+            break
+        time.sleep(SETTLE_S)
     if back is None or back.token != info.token:
         holder = back.describe() if back else "another writer"
         raise LeaseHeld(f"{store.uri} is being written by {holder}; one writer per output")
