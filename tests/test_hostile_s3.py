@@ -35,7 +35,11 @@ def s3():
     import boto3
 
     boto3.client("s3").create_bucket(Bucket=BUCKET)
+    import fsspec
+
+    fsspec.filesystem("s3").clear_instance_cache()  # no cached client of another test's endpoint
     yield f"s3://{BUCKET}"
+    fsspec.filesystem("s3").clear_instance_cache()  # nor of this one, once it is gone
     server.stop()
     mp.undo()
 

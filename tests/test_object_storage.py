@@ -37,7 +37,11 @@ def s3(monkeypatch_module):
     import boto3
 
     boto3.client("s3").create_bucket(Bucket=BUCKET)
+    import fsspec
+
+    fsspec.filesystem("s3").clear_instance_cache()  # no cached client of another test's endpoint
     yield env
+    fsspec.filesystem("s3").clear_instance_cache()
     server.stop()
 
 
