@@ -343,7 +343,6 @@ def open_source(
         from pipeline.sources.imagenet_d import load_imagenet_d
 
         src = load_imagenet_d(location)
-        src = load_webdataset(location, labels)
     elif kind == "ximagenet":  # the released XIMAGENET-12 tree (pipeline/sources/ximagenet.py)
         from pipeline.sources.ximagenet import load_ximagenet
 
