@@ -71,7 +71,9 @@ class FaultProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("connection", "transfer-encoding", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD answer carries the object's size with no body: pass the upstream's length on.
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if fault == "truncate" and self.command != "HEAD" and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])

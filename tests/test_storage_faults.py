@@ -144,3 +144,40 @@ def test_an_s3_output_through_a_faulty_network_reads_and_writes_exactly(s3_serve
         injected = sum(proxy.counts.values())
     assert injected >= 5, proxy.counts
     fsspec.filesystem("s3").clear_instance_cache()
+
+
+def test_a_lease_over_a_faulty_network_is_taken_over_and_read_back(s3_server, monkeypatch):
+    """A fresh client (no cached listing: sizes come from HEAD) reads each file whole, and a
+    resumed build takes over the lease its killed predecessor left, through the same faults."""
+    import json
+
+    import boto3
+    import fsspec
+
+    from pipeline.io import lease
+
+    monkeypatch.setenv("CNSBENCH_STORAGE_RETRIES", "8")
+    for k, v in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    boto3.client("s3").create_bucket(Bucket="leases")
+    monkeypatch.setattr(lease, "SETTLE_S", 0.01)
+    with FaultProxy(s3_server, rate=0.2, kinds=("503", "drop", "truncate"), seed=5) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        fsspec.filesystem("s3").clear_instance_cache()
+        dead = {"host": "gone", "pid": 999999, "command": "build", "started": 1.0, "heartbeat": 1.0,
+                "token": "old", "proc_start": "1"}
+        for i in range(6):
+            store = OutputStore(f"s3://leases/out{i}")
+            store.write_text(lease.LEASE, json.dumps(dead))
+            store.fs.invalidate_cache()
+            assert json.loads(store.read_bytes(lease.LEASE)) == dead
+            held = lease.acquire(store, "build", echo=lambda msg: None)
+            try:
+                assert lease.read_lease(store).token == held.info.token != "old"
+            finally:
+                held.release()
+            assert not store.exists(lease.LEASE)
+        injected = sum(proxy.counts.values())
+    assert injected >= 3, proxy.counts
+    fsspec.filesystem("s3").clear_instance_cache()
