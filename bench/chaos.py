@@ -1,7 +1,12 @@
 """A randomised fault campaign: builds under injected faults must end identical to a clean build.
 
-    python bench/chaos.py --runs 30 --seed 1 --json            # the campaign of BENCHMARKS.md
+    python bench/chaos.py --runs 30 --seed 1 --json --runner cluster --s3   # BENCHMARKS.md
     python bench/chaos.py --runs 3 --seed 1 --json --runner local   # the short one of the tests
+
+``--runner`` says where the build runs: ``local`` (the in-process executor), ``ray`` (a local
+Ray the build starts itself) or ``cluster`` (a two-node Ray cluster of ``ray start`` nodes,
+each in its own PID namespace, started once for the campaign: ``tests/raycluster.py``; the
+build connects to it with ``--address``).
 
 Every run builds ``configs/tiny.yaml`` (random-weight components, 48 images) into a fresh
 output.  A scheduler seeded from ``--seed`` and the run's number picks, per attempt, a
@@ -10,7 +15,9 @@ fault and a moment:
 ``kill_driver``   SIGKILL of the whole build (driver and every Ray process: the build runs in
                   its own PID namespace) at a random time;
 ``kill_worker``   SIGKILL of one Ray worker process of the build at a random time (Ray
-                  restarts the actor and retries its batch; ``--runner ray`` only);
+                  restarts the actor and retries its batch; ``ray`` and ``cluster``);
+``kill_node``     SIGKILL of the whole worker node (its PID namespace: raylet, agents, the
+                  actors on it) at a random time; a replacement node joins (``cluster``);
 ``actor_raise``   a stage raises in the middle of a batch for some trajectories (they are
                   recorded as failed; the next run redoes them);
 ``crash_actor``   a stage's worker process exits hard once (an OOM kill);
@@ -26,8 +33,8 @@ end has ``runs``, ``faults`` (injected, by kind), ``resumes`` (clean re-runs nee
 ``outputs_differing`` (the target is 0), ``wall_overhead`` (total wall time of the faulted
 runs over ``runs`` x the clean build's) and one entry per run.
 
-Not covered here: the loss of a whole worker node (``tests/test_cluster.py`` kills one on a
-multi-node local cluster).
+A build's lease outlives a SIGKILLed driver; the campaign sets the lease timeout to 10 s, and
+a resume refused with exit 2 (the lease still held) waits that long and runs again.
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
@@ -63,8 +72,9 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _cmd(cfg: Path, out: str, runner: str) -> list[str]:
-    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", out, "--runner", runner]
+def _cmd(cfg: Path, out: str, runner: str, address: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", out, "--runner",
+           "ray" if runner == "cluster" else runner, *(["--address", address] if address else [])]
     return ["unshare", "-p", "-f", "--mount-proc", *cmd] if HAS_UNSHARE else cmd
 
 
@@ -95,15 +105,22 @@ def _kill_all(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
+def map_workers(roots: list[int]) -> list[int]:
+    """The Ray Data actor processes (``ray::MapWorker``) among the descendants of ``roots``."""
+    return [p for root in roots for p in _descendants(root) if "ray::MapWorker" in _cmdline(p)]
+
+
 def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | None = None,
-            kill_worker_after: float | None = None) -> tuple[int | None, float]:
-    """One build; SIGKILL it all after ``kill_after`` s, or one Ray worker after ``kill_worker_after`` s.
+            strike: tuple[float, Callable[[subprocess.Popen], bool]] | None = None,
+            address: str | None = None) -> tuple[int | None, float]:
+    """One build; SIGKILL it all after ``kill_after`` s.  ``strike`` = (t, fault): from t seconds
+    on, ``fault(build process)`` is called until it reports done (a worker or node killed).
     Returns (exit code or None when killed, wall seconds)."""
     start = time.monotonic()
     log_path = Path(tempfile.mkstemp(prefix="attempt-", suffix=".log", dir=cfg.parent)[1])
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(_cmd(cfg, out, runner), env=env, stdout=log, stderr=subprocess.STDOUT)
-    worker_killed = False
+        proc = subprocess.Popen(_cmd(cfg, out, runner, address), env=env, stdout=log, stderr=subprocess.STDOUT)
+    struck = strike is None
     while True:
         code = proc.poll()
         elapsed = time.monotonic() - start
@@ -112,11 +129,8 @@ def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | Non
         if kill_after is not None and elapsed >= kill_after:
             _kill_all(proc)
             return None, elapsed
-        if kill_worker_after is not None and not worker_killed and elapsed >= kill_worker_after:
-            workers = [p for p in _descendants(proc.pid) if "ray::MapWorker" in _cmdline(p)]
-            if workers:
-                os.kill(random.Random(int(elapsed * 1000)).choice(workers), signal.SIGKILL)
-                worker_killed = True
+        if not struck and elapsed >= strike[0]:
+            struck = strike[1](proc)
         if elapsed > TIMEOUT:
             _kill_all(proc)
             raise RuntimeError(f"build of {out} did not finish in {TIMEOUT} s")
@@ -139,25 +153,78 @@ def damage(out: Path, rng: random.Random, kind: str) -> bool:
 
 def s3_behind_a_faulty_proxy(seed: int, rate: float = 0.05):
     """Start an S3 test server and a fault-injecting proxy in front of it; point AWS_* at the proxy."""
-    import socket
-
-    import boto3
     from faultproxy import FaultProxy
-    from moto.server import ThreadedMotoServer
+    from s3server import S3Server
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    os.environ.update(AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos", AWS_DEFAULT_REGION="us-east-1",
-                      AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-    boto3.client("s3").create_bucket(Bucket="chaos")
-    proxy = FaultProxy(f"http://127.0.0.1:{port}", rate=rate, kinds=("503", "drop", "truncate", "delay"), seed=seed,
+    server = S3Server("chaos")
+    proxy = FaultProxy(server.url, rate=rate, kinds=("503", "drop", "truncate", "delay"), seed=seed,
                        delay_s=0.2).__enter__()
-    os.environ["AWS_ENDPOINT_URL"] = proxy.url
+    os.environ.update(server.env(proxy.url))
     return server, proxy
+
+
+class Where:
+    """Where the campaign's builds run: how to start one, and how to kill a worker or a node."""
+
+    def __init__(self, runner: str, workdir: Path) -> None:
+        self.runner, self.cluster, self.address = runner, None, None
+        self.replacing: threading.Thread | None = None
+        self.nodes_added = 0
+        if runner == "cluster":
+            from raycluster import Cluster
+
+            # A short path: Ray's unix sockets live under the nodes' temp dirs (108-byte limit).
+            self.cluster = Cluster(Path(tempfile.mkdtemp(prefix="cnsx-", dir="/tmp")))
+            self.cluster.start()
+            self.address = f"127.0.0.1:{self.cluster.gcs_port}"
+
+    def kinds(self) -> list[str]:
+        kinds = ["kill_driver", "actor_raise", "crash_actor", "corrupt_shard", "delete_shard"]
+        if self.runner in ("ray", "cluster"):
+            kinds.append("kill_worker")
+        if self.cluster is not None:
+            kinds.append("kill_node")
+        return kinds
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return _env({**(self.cluster.env if self.cluster else {}), **(extra or {})})
+
+    def _node_roots(self, proc: subprocess.Popen) -> list[int]:
+        if self.cluster is None:
+            return [proc.pid]
+        return [n.proc.pid for n in self.cluster.nodes if n.alive()]
+
+    def kill_worker(self, proc: subprocess.Popen) -> bool:
+        workers = map_workers(self._node_roots(proc))
+        if workers:
+            os.kill(random.Random(len(workers) * 7919 + proc.pid).choice(workers), signal.SIGKILL)
+        return bool(workers)
+
+    def kill_node(self, proc: subprocess.Popen) -> bool:
+        """SIGKILL the worker node's namespace; a replacement joins in the background."""
+        self.cluster.worker.kill()
+        self.nodes_added += 1
+        self.replacing = threading.Thread(target=self.cluster.add_worker, args=(f"w{self.nodes_added}",), daemon=True)
+        self.replacing.start()
+        return True
+
+    def settle(self) -> None:
+        """Wait for a replacement node before the next attempt."""
+        if self.replacing is not None:
+            self.replacing.join(timeout=300)
+            self.replacing = None
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.settle()
+            self.cluster.stop()
+            shutil.rmtree(self.cluster.base, ignore_errors=True)
+
+
+def _small_pools(raw: dict) -> None:
+    # generate 1 + filter/classify/write 0.25 = 1.75 CPUs: every pool fits on one 2-CPU node.
+    for stage in ("filter", "classify", "write"):
+        raw["resources"][stage]["num_cpus"] = 0.25
 
 
 def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | None = None, echo=print,
@@ -165,14 +232,20 @@ def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | Non
     import contextlib
 
     with contextlib.redirect_stdout(sys.stderr):  # asset notes must not mix into --json's stdout
-        cfg = tiny_config(workdir)
-    kinds = ["kill_driver", "actor_raise", "crash_actor", "corrupt_shard", "delete_shard"]
-    if runner == "ray":
-        kinds.append("kill_worker")
-    env = _env()
+        cfg = tiny_config(workdir, _small_pools if runner == "cluster" else None)
+    where = Where(runner, workdir)
+    try:
+        return _campaign(runs, seed, where, cfg, workdir, s3_url, echo, proxy)
+    finally:
+        where.stop()
+
+
+def _campaign(runs: int, seed: int, where: Where, cfg: Path, workdir: Path, s3_url: str | None, echo,
+              proxy) -> dict:
+    runner, kinds, env = where.runner, where.kinds(), where.env()
 
     clean_out = workdir / "clean"
-    code, clean_wall = attempt(cfg, str(clean_out), runner, env)
+    code, clean_wall = attempt(cfg, str(clean_out), runner, env, address=where.address)
     if code != 0:
         raise RuntimeError(f"the clean build failed (exit {code}); its log is the newest attempt-*.log in {workdir}")
     reference = output_digest(str(clean_out))
@@ -195,22 +268,25 @@ def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | Non
                     continue
             fault_dir = Path(tempfile.mkdtemp(dir=workdir))
             extra: dict[str, str] = {"CNSBENCH_FAULT_DIR": str(fault_dir)}
-            kill_after = kill_worker_after = None
+            kill_after = strike = None
             stage = rng.choice(["generate", "filter", "classify", "write"])
             if kind == "kill_driver":
                 kill_after = rng.uniform(0.1, 0.9) * clean_wall
             elif kind == "kill_worker":
-                kill_worker_after = rng.uniform(0.3, 0.8) * clean_wall
+                strike = (rng.uniform(0.3, 0.8) * clean_wall, where.kill_worker)
+            elif kind == "kill_node":
+                strike = (rng.uniform(0.2, 0.8) * clean_wall, where.kill_node)
             elif kind == "actor_raise":
                 extra["CNSBENCH_FAULT_INJECT"] = f"{stage if stage != 'write' else 'classify'}:start:{rng.choice(['painting', 'heavy'])}:raise"
             elif kind == "crash_actor":
                 extra["CNSBENCH_FAULT_INJECT"] = f"{stage}:start:*:crash_once"
-            code, seconds = attempt(cfg, out, runner, _env(extra), kill_after, kill_worker_after)
+            code, seconds = attempt(cfg, out, runner, where.env(extra), kill_after, strike, where.address)
+            where.settle()
             wall += seconds
             run_faults.append(kind)
         # Resume without faults (storage faults stay: the network stays bad) until the build completes.
         while True:
-            code, seconds = attempt(cfg, out, runner, env)
+            code, seconds = attempt(cfg, out, runner, env, address=where.address)
             wall += seconds
             run_resumes += 1
             if code == 0:
@@ -242,6 +318,7 @@ def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | Non
         "runs": runs,
         "seed": seed,
         "runner": runner,
+        "storage": "s3 behind a faulty proxy" if s3_url else "local disk",
         "faults": faults,
         "resumes": resumes,
         "outputs_differing": differing,
@@ -255,11 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--runner", choices=("ray", "local"), default="ray")
+    p.add_argument("--runner", choices=("cluster", "ray", "local"), default="cluster")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     p.add_argument("--workdir", help="where outputs go (default: a temporary directory, removed after)")
     p.add_argument("--s3", action="store_true", help="faulted outputs on an S3 test server behind a faulty proxy")
     args = p.parse_args(argv)
+    if args.runner == "cluster" and not HAS_UNSHARE:
+        p.error("--runner cluster needs `unshare -p -f --mount-proc` (root or user namespaces); try --runner ray")
     echo = (lambda m: print(m, file=sys.stderr)) if args.json else print
     tmp = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="cnsbench-chaos-"))
     tmp.mkdir(parents=True, exist_ok=True)

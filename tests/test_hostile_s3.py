@@ -4,10 +4,10 @@ manifests are quarantined, foreign prefixes refused, the lease held and released
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 from hostile import synthetic_output, tiny_cfg_path
+from s3server import s3_environment
 
 from pipeline.cli import main
 
@@ -17,31 +17,9 @@ BUCKET = "cnsbench-hostile"
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    mp = pytest.MonkeyPatch()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for k, v in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }.items():
-        mp.setenv(k, v)
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    import fsspec
-
-    fsspec.filesystem("s3").clear_instance_cache()  # no cached client of another test's endpoint
-    yield f"s3://{BUCKET}"
-    fsspec.filesystem("s3").clear_instance_cache()  # nor of this one, once it is gone
-    server.stop()
-    mp.undo()
+    pytest.importorskip("moto.server")
+    with s3_environment(BUCKET):
+        yield f"s3://{BUCKET}"
 
 
 def upload(local_dir, uri: str) -> None:

@@ -4,10 +4,10 @@ mode), a build killed mid-write, resumed on Ray, and read back through the store
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 from buildproc import tiny_config, env_with, kill_at, run_build, snapshot
+from s3server import s3_environment
 
 from pipeline.cli import main
 
@@ -16,40 +16,11 @@ BUCKET = "cnsbench-test"
 
 
 @pytest.fixture(scope="module")
-def s3(monkeypatch_module):
+def s3():
+    """The ``AWS_*`` variables of a test server holding BUCKET (also set in this process)."""
     pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }
-    for k, v in env.items():
-        monkeypatch_module.setenv(k, v)
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    import fsspec
-
-    fsspec.filesystem("s3").clear_instance_cache()  # no cached client of another test's endpoint
-    yield env
-    fsspec.filesystem("s3").clear_instance_cache()
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
+    with s3_environment(BUCKET) as server:
+        yield server.env()
 
 
 def upload_tree(local_dir, uri: str) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import socket
 
 import pytest
 from faultproxy import FaultProxy
+from s3server import S3Server, clear_s3_clients
 
 from pipeline.io import retry
 from pipeline.io.retry import StorageError, is_transient
@@ -108,31 +108,18 @@ def test_a_full_disk_leaves_no_partial_file_and_says_so(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def s3_server():
     pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
+    server = S3Server()
+    yield server
     server.stop()
 
 
 def test_an_s3_output_through_a_faulty_network_reads_and_writes_exactly(s3_server, monkeypatch):
-    import boto3
-
     monkeypatch.setenv("CNSBENCH_STORAGE_RETRIES", "8")
-    for k, v in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    boto3.client("s3").create_bucket(Bucket="faults")
-    with FaultProxy(s3_server, rate=0.25, kinds=("503", "drop", "truncate"), seed=3) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        import fsspec
-
-        fsspec.filesystem("s3").clear_instance_cache()
+    s3_server.create_bucket("faults")
+    with FaultProxy(s3_server.url, rate=0.25, kinds=("503", "drop", "truncate"), seed=3) as proxy:
+        for k, v in s3_server.env(proxy.url).items():
+            monkeypatch.setenv(k, v)
+        clear_s3_clients()
         store = OutputStore("s3://faults/out")
         blobs = {f"images/{i:03d}.tar": hashlib.sha256(str(i).encode()).digest() * (50 + i) for i in range(20)}
         for rel, data in blobs.items():
@@ -143,7 +130,7 @@ def test_an_s3_output_through_a_faulty_network_reads_and_writes_exactly(s3_serve
             assert store.read_bytes(rel) == data
         injected = sum(proxy.counts.values())
     assert injected >= 5, proxy.counts
-    fsspec.filesystem("s3").clear_instance_cache()
+    clear_s3_clients()
 
 
 def test_a_lease_over_a_faulty_network_is_taken_over_and_read_back(s3_server, monkeypatch):
@@ -151,20 +138,15 @@ def test_a_lease_over_a_faulty_network_is_taken_over_and_read_back(s3_server, mo
     resumed build takes over the lease its killed predecessor left, through the same faults."""
     import json
 
-    import boto3
-    import fsspec
-
     from pipeline.io import lease
 
     monkeypatch.setenv("CNSBENCH_STORAGE_RETRIES", "8")
-    for k, v in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    boto3.client("s3").create_bucket(Bucket="leases")
+    s3_server.create_bucket("leases")
     monkeypatch.setattr(lease, "SETTLE_S", 0.01)
-    with FaultProxy(s3_server, rate=0.2, kinds=("503", "drop", "truncate"), seed=5) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        fsspec.filesystem("s3").clear_instance_cache()
+    with FaultProxy(s3_server.url, rate=0.2, kinds=("503", "drop", "truncate"), seed=5) as proxy:
+        for k, v in s3_server.env(proxy.url).items():
+            monkeypatch.setenv(k, v)
+        clear_s3_clients()
         dead = {"host": "gone", "pid": 999999, "command": "build", "started": 1.0, "heartbeat": 1.0,
                 "token": "old", "proc_start": "1"}
         for i in range(6):
@@ -180,4 +162,4 @@ def test_a_lease_over_a_faulty_network_is_taken_over_and_read_back(s3_server, mo
             assert not store.exists(lease.LEASE)
         injected = sum(proxy.counts.values())
     assert injected >= 3, proxy.counts
-    fsspec.filesystem("s3").clear_instance_cache()
+    clear_s3_clients()

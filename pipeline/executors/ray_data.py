@@ -33,7 +33,9 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
     if address or os.environ.get("RAY_ADDRESS"):
         # A Ray job's driver (`cnsbench submit`, KubeRay RayJob) gets the cluster in
         # $RAY_ADDRESS, and ray.init() refuses num_cpus/num_gpus when it connects to one.
-        ray.init(address=address, log_to_driver=True)
+        # Fault-injection rules (tests only: pipeline/faults.py) travel to the job's workers.
+        faults = {k: v for k, v in os.environ.items() if k.startswith("CNSBENCH_FAULT_")}
+        ray.init(address=address, log_to_driver=True, **({"runtime_env": {"env_vars": faults}} if faults else {}))
         return
     res = cfg.resources
     pools = (res.generate, res.filter, res.classify, res.write)

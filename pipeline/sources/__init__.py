@@ -51,6 +51,7 @@ Malformed sources raise :class:`SourceError` naming the file and the problem.
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import os
@@ -73,7 +74,18 @@ from pipeline.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("cns", "webdataset", "imagenet_c", "imagenet_e", "imagenet_d", "ximagenet", "folders")
+# Released benchmark layouts, each in its own module: (kind, module, detector, loader, brings
+# its own label space).  ``detect_kind`` tries them in this order after the CNS and WebDataset
+# layouts and before plain class folders; ``open_source`` calls the loader as
+# ``loader(location)`` when the layout brings its own label space, else ``loader(location, labels)``.
+RELEASED_LAYOUTS = (
+    ("imagenet_d", "pipeline.sources.imagenet_d", "looks_like", "load_imagenet_d", True),
+    ("imagenet_c", "pipeline.sources.imagenet_c", "looks_like", "load_imagenet_c", False),
+    ("imagenet_e", "pipeline.sources.imagenet_e", "looks_like", "load_imagenet_e", False),
+    ("ximagenet", "pipeline.sources.ximagenet", "is_ximagenet", "load_ximagenet", False),
+)
+RELEASED = {layout[0]: layout for layout in RELEASED_LAYOUTS}
+SOURCE_KINDS = ("cns", "webdataset", *RELEASED, "folders")
 ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
@@ -257,7 +269,8 @@ def _check_files_exist(rows: list[dict[str, Any]], source: str) -> None:
 
 # --------------------------------------------------------------------------- detection
 def detect_kind(location: str) -> str:
-    """``cns``, ``webdataset`` or ``folders`` from what ``location`` contains (SourceError otherwise)."""
+    """The source kind of what ``location`` contains: ``cns``, ``webdataset``, a released layout
+    (:data:`RELEASED_LAYOUTS`) or ``folders`` (SourceError when none fits)."""
     fs, root = _fs(location)
     if not fs.exists(root):
         raise SourceError(f"source not found: {location}")
@@ -271,22 +284,9 @@ def detect_kind(location: str) -> str:
         return "cns"
     if _tar_paths(fs, root):
         return "webdataset"
-    from pipeline.sources import imagenet_d
-
-    if imagenet_d.looks_like(fs, root):
-        return "imagenet_d"
-    from pipeline.sources import imagenet_c
-
-    if imagenet_c.looks_like(fs, root):
-        return "imagenet_c"
-    from pipeline.sources.imagenet_e import looks_like as _looks_like_imagenet_e
-
-    if _looks_like_imagenet_e(fs, root):
-        return "imagenet_e"
-    from pipeline.sources.ximagenet import is_ximagenet
-
-    if is_ximagenet(fs, root):
-        return "ximagenet"
+    for kind, module, detect, _load, _labels in RELEASED_LAYOUTS:
+        if getattr(importlib.import_module(module), detect)(fs, root):
+            return kind
     if any(fs.isdir(p) for p in fs.ls(root, detail=False)):
         return "folders"
     raise SourceError(
@@ -331,22 +331,10 @@ def open_source(
         src = load_cns(location, labels, follow_symlinks)
     elif kind == "webdataset":
         src = load_webdataset(location, labels, follow_symlinks)
-    elif kind == "imagenet_c":
-        from pipeline.sources.imagenet_c import load_imagenet_c
-
-        src = load_imagenet_c(location, labels)
-    elif kind == "imagenet_e":
-        from pipeline.sources.imagenet_e import load_imagenet_e
-
-        src = load_imagenet_e(location, labels)
-    elif kind == "imagenet_d":  # the release's own 113-class label space, whatever ``labels`` is
-        from pipeline.sources.imagenet_d import load_imagenet_d
-
-        src = load_imagenet_d(location)
-    elif kind == "ximagenet":  # the released XIMAGENET-12 tree (pipeline/sources/ximagenet.py)
-        from pipeline.sources.ximagenet import load_ximagenet
-
-        src = load_ximagenet(location, labels)
+    elif kind in RELEASED:
+        _kind, module, _detect, load, own_labels = RELEASED[kind]
+        loader = getattr(importlib.import_module(module), load)
+        src = loader(location) if own_labels else loader(location, labels)
     else:
         src = load_folders(location, labels, label_map, follow_symlinks)
     if not src.rows:

@@ -1,0 +1,238 @@
+"""A local multi-node Ray cluster for tests and the fault campaign: ``ray start`` nodes on this
+machine, each inside its own PID namespace (``unshare -p -f --mount-proc``), with token auth.
+
+SIGKILLing a namespace's init takes every process of that node with it, and nothing else:
+other Ray instances on the host are never touched.  Every port is chosen free, and the temp
+dirs are the caller's own (keep the base path short: Ray's unix sockets live under it).
+Used by ``tests/test_cluster.py`` and ``bench/chaos.py --runner cluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline import jobs
+
+RAY = str(Path(sys.executable).with_name("ray"))
+HEAD_RESOURCE = "cnsbench_test_head"  # a custom resource only the head has (for a holder job)
+START_TIMEOUT = 240
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _procs_under(marker: str) -> dict[int, str]:
+    """pid -> command line of the processes whose command line mentions ``marker``
+    (the test's own temp dirs: only this cluster's processes, never anyone else's)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            found[int(entry)] = cmd
+    return found
+
+
+def _raylets(marker: str) -> list[int]:
+    return [pid for pid, cmd in _procs_under(marker).items() if cmd.split(" ", 1)[0].endswith("/raylet")]
+
+
+class Node:
+    """One ``ray start --block`` inside its own PID namespace."""
+
+    def __init__(self, name: str, args: list[str], env: dict, base: Path) -> None:
+        self.name = name
+        self.temp_dir = base / name
+        self.log = base / f"{name}.log"
+        cmd = ["unshare", "-p", "-f", "--mount-proc", RAY, "start", *args, f"--temp-dir={self.temp_dir}", "--block"]
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self, timeout: float = 60) -> None:
+        """SIGKILL the namespace's init (the child of ``unshare``): the kernel then kills every
+        process of the namespace: raylet, agents, workers, the actors of this node."""
+        children = subprocess.run(["pgrep", "-P", str(self.proc.pid)], check=False, capture_output=True, text=True).stdout.split()
+        for pid in children:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while _procs_under(str(self.temp_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+class Cluster:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.token_file = base / "auth_token"
+        self.token_file.write_text(secrets.token_hex(32))
+        self.token_file.chmod(0o600)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CNSBENCH_FAULT", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_"))
+        }
+        env.update(
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(self.token_file),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            RAY_DATA_DISABLE_PROGRESS_BARS="1",
+            RAY_USAGE_STATS_ENABLED="0",
+        )
+        self.env = env
+        self.nodes: list[Node] = []
+        self.head: Node | None = None
+        self.worker: Node | None = None
+        self.worker_node_id: str | None = None
+
+    # Every port explicit and free: other Ray instances on this host use the defaults.
+    @staticmethod
+    def _node_ports(p: list[int]) -> list[str]:
+        return [
+            f"--node-manager-port={p[0]}",
+            f"--object-manager-port={p[1]}",
+            f"--dashboard-agent-listen-port={p[2]}",
+            f"--dashboard-agent-grpc-port={p[3]}",
+            f"--runtime-env-agent-port={p[4]}",
+            f"--metrics-export-port={p[5]}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            "--num-gpus=0",
+            "--object-store-memory=200000000",
+            "--disable-usage-stats",
+        ]
+
+    def start(self) -> None:
+        p = _free_ports(9)
+        self.gcs_port, self.dashboard_port = p[0], p[1]
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.head = Node(
+            "h",
+            [
+                "--head",
+                f"--port={p[0]}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={p[1]}",
+                f"--ray-client-server-port={p[2]}",
+                "--num-cpus=2",
+                f"--resources={json.dumps({HEAD_RESOURCE: 1})}",
+                *self._node_ports(p[3:]),
+            ],
+            self.env,
+            self.base,
+        )
+        self.nodes.append(self.head)
+        self._wait(lambda: self._jobs_api_up(), "the head's Jobs API", self.head)
+        self.add_worker("w")
+
+    def add_worker(self, name: str, **extra_env: str) -> Node:
+        """Start a worker node (2 CPUs) in a new PID namespace; it becomes ``self.worker``."""
+        known = {n.node_id for n in self.alive_nodes()}
+        # The worker gets its own temp dir: two nodes sharing one would share the runtime-env
+        # cache, and the worker's agent would delete the job's working_dir from under the driver.
+        worker = Node(name, [f"--address=127.0.0.1:{self.gcs_port}", "--num-cpus=2", *self._node_ports(_free_ports(6))],
+                      {**self.env, **extra_env}, self.base)
+        self.nodes.append(worker)
+        new = []
+
+        def joined() -> bool:
+            new[:] = [n.node_id for n in self.alive_nodes() if not n.is_head_node and n.node_id not in known]
+            return bool(new)
+
+        self._wait(joined, f"worker node {name} to join", worker)
+        self.worker, self.worker_node_id = worker, new[0]
+        return worker
+
+    def _wait(self, ready, what: str, node: Node) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if not node.alive():
+                raise RuntimeError(f"`ray start` for {what} exited:\n{node.log_tail()}")
+            try:
+                if ready():
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}:\n{node.log_tail()}")
+            time.sleep(2)
+
+    def _jobs_api_up(self) -> bool:
+        self.client().list_jobs()
+        return True
+
+    def client(self):
+        return jobs.make_client(self.address, token_file=self.token_file)
+
+    def _state(self):
+        from ray.util.state.api import StateApiClient
+
+        return StateApiClient(address=self.address, headers=jobs.auth_headers(self.token_file))
+
+    def alive_nodes(self) -> list:
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        nodes = self._state().list(StateResource.NODES, options=ListApiOptions(detail=True),
+                                   raise_on_missing_output=False)
+        return [n for n in nodes if n.state == "ALIVE"]
+
+    def actors_on(self, node_id: str) -> list[str]:
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        actors = self._state().list(
+            StateResource.ACTORS, options=ListApiOptions(filters=[("state", "=", "ALIVE")], detail=True),
+            raise_on_missing_output=False,
+        )
+        return sorted(a.repr_name or a.class_name for a in actors if a.node_id == node_id)
+
+    def stop(self) -> dict[int, str]:
+        """Kill every node's namespace; returns the processes that outlived that (then killed)."""
+        for node in reversed(self.nodes):
+            try:
+                node.kill()
+            except Exception:  # noqa: BLE001 - go on with the others; leftovers are reported
+                pass
+        left = _procs_under(str(self.base))
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return left
