@@ -12,8 +12,8 @@ Every run builds ``configs/tiny.yaml`` (random-weight components, 48 images) int
 output.  A scheduler seeded from ``--seed`` and the run's number picks, per attempt, a
 fault and a moment:
 
-``kill_driver``   SIGKILL of the whole build (driver and every Ray process: the build runs in
-                  its own PID namespace) at a random time;
+``kill_driver``   SIGKILL of the build's driver at a random time (with ``ray``/``local`` the
+                  build runs in its own PID namespace, so every Ray process dies with it);
 ``kill_worker``   SIGKILL of one Ray worker process of the build at a random time (Ray
                   restarts the actor and retries its batch; ``ray`` and ``cluster``);
 ``kill_node``     SIGKILL of the whole worker node (its PID namespace: raylet, agents, the
@@ -75,7 +75,9 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def _cmd(cfg: Path, out: str, runner: str, address: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", out, "--runner",
            "ray" if runner == "cluster" else runner, *(["--address", address] if address else [])]
-    return ["unshare", "-p", "-f", "--mount-proc", *cmd] if HAS_UNSHARE else cmd
+    # A build that starts its own Ray runs in its own PID namespace (a kill takes every Ray
+    # process with it); a driver joining the cluster must not (the raylets check its pid).
+    return ["unshare", "-p", "-f", "--mount-proc", *cmd] if HAS_UNSHARE and not address else cmd
 
 
 def _descendants(pid: int) -> list[int]:

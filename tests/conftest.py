@@ -81,3 +81,17 @@ def ray_session():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_world(tmp_path_factory, ray_session):
+    """One ``cnsbench demo`` build (configs/demo.yaml on the session's Ray), shared read-only
+    by the world, report and digest tests; a test that changes an output copies it first."""
+    from pipeline.checkout import REPO_ROOT
+    from pipeline.cli import main
+
+    if not (REPO_ROOT / "assets" / "world" / "world.json").is_file():
+        pytest.skip("the shipped world (assets/world) is missing")
+    out = tmp_path_factory.mktemp("demo-world") / "out"
+    assert main(["demo", "--output", str(out)]) == 0
+    return out

@@ -1,7 +1,7 @@
 """The report of the demo build: strips per shift, marks = failure points, intervals, compare,
 and the page in headless Chromium.
 
-One demo build (``configs/demo.yaml``, in-process runner) serves every test of the module.
+The session's one demo build (``demo_world`` in conftest) serves every test of the module.
 """
 
 from __future__ import annotations
@@ -16,18 +16,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline.cli import DEMO_CONFIG, main
+from pipeline.cli import main
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    if not (DEMO_CONFIG.parent.parent / "assets" / "world" / "world.json").is_file():
-        pytest.skip("the shipped world (assets/world) is missing")
-    out = tmp_path_factory.mktemp("report") / "demo"
-    assert main(["build", str(DEMO_CONFIG), "--output", str(out), "--runner", "local"]) == 0
-    return out
+def demo(demo_world) -> Path:
+    return demo_world  # read-only here: tests that change an output copy it first
 
 
 class Page(HTMLParser):

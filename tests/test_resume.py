@@ -51,16 +51,16 @@ def test_killed_local_build_resumes_identically(cfg_path, reference_local, tmp_p
     assert not (out / "attempts").exists()
 
 
-def test_killed_ray_build_resumes_identically(cfg_path, tmp_path):
-    ref_out, out = tmp_path / "ref", tmp_path / "out"
-    res = run_build(cfg_path, ref_out, "ray")
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_killed_ray_build_resumes_identically(cfg_path, reference_local, tmp_path):
+    """Killed and resumed on Ray, the output equals the in-process build's (ids and seeds come
+    from coordinates, so the runner changes nothing)."""
+    out = tmp_path / "out"
     kill_at(cfg_path, out, "ray", "write:before_manifest:*:pause", tmp_path / "faults")
     first = len(list((out / "manifest").glob("*.json")))
     res = run_build(cfg_path, out, "ray")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "uncommitted file" in res.stdout or first == 0
-    assert_same(snapshot(out), snapshot(ref_out))
+    assert_same(snapshot(out), reference_local)
 
 
 def test_crashing_actor_is_retried_then_reported(cfg_path, tmp_path):

@@ -4,8 +4,8 @@ the embedded default that ``cnsbench demo`` builds.
 Fast tests: the ``torchscript`` classifier kind, the world's shift operations, and that
 ``configs/demo.yaml`` agrees with the shipped assets and the training script's settings.
 
-Slow tests (``-m slow``): one ``cnsbench demo`` (configs/demo.yaml on a local Ray) per
-module, then the effects the world exists to show, read from the output's Parquet tables
+Slow tests (``-m slow``): the session's one ``cnsbench demo`` (configs/demo.yaml on Ray; conftest),
+then the effects the world exists to show, read from the output's Parquet tables
 and report CSVs: accuracy falls with the shift scale, classifiers fail at different
 points, and the out-of-class filter removes more images at high scales than at low ones.
 """
@@ -209,11 +209,8 @@ def test_demo_names_the_missing_world(tmp_path, monkeypatch, capsys):
 
 # --------------------------------------------------------------------------- the build
 @pytest.fixture(scope="module")
-def world_build(tmp_path_factory, ray_session):
-    if not (WORLD_ASSETS / "world.json").is_file():
-        pytest.skip("assets/world not trained")
-    out = tmp_path_factory.mktemp("world") / "out"
-    assert main(["demo", "--output", str(out)]) == 0
+def world_build(demo_world):
+    out = demo_world
     samples = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "samples").glob("*.parquet"))])
     preds = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "predictions").glob("*.parquet"))])
     return {

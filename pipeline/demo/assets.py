@@ -10,6 +10,7 @@ zero-shot).  The curves of such a world are noise; they exercise the machinery.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 from pathlib import Path
@@ -23,10 +24,23 @@ SHIFTS = ("painting_style", "heavy_snow")
 
 
 def ensure_tiny_assets(root: Path = TINY_ROOT, echo=print) -> Path:
-    """Build the tiny assets into ``root`` unless an up-to-date build is already there."""
+    """Build the tiny assets into ``root`` unless an up-to-date build is already there.
+
+    Safe to call from several processes at once (parallel test workers, two commands):
+    one builds under a lock file beside ``root``, the others wait and find the build.
+    """
     stamp = root / "VERSION"
     if stamp.is_file() and stamp.read_text().strip() == VERSION:
         return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file() and stamp.read_text().strip() == VERSION:
+            return root  # built by another process while this one waited
+        return _build_tiny_assets(root, stamp, echo)
+
+
+def _build_tiny_assets(root: Path, stamp: Path, echo) -> Path:
     echo(f"[cnsbench] building the tiny random-weight assets in {root} (once)")
     import torch
     from diffusers import UNet2DConditionModel
