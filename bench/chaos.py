@@ -304,9 +304,9 @@ def _campaign(runs: int, seed: int, where: Where, cfg: Path, workdir: Path, s3_u
         faulted_wall += wall
         for k in run_faults:
             faults[k] += 1
-        if proxy is not None:
-            injected = sum(proxy.counts.values())
-            faults["storage"] += injected - faults["storage"]  # the proxy counts over the whole campaign
+        if proxy is not None:  # the proxy counts over the whole campaign: this run's share
+            injected = sum(proxy.counts.values()) - faults["storage"]
+            faults["storage"] += injected
             run_faults.append(f"storage x{injected}")
         per_run.append({"run": run, "faults": run_faults, "resumes": run_resumes, "wall_s": round(wall, 1), "same": same})
         echo(f"[chaos] run {run}: faults {run_faults}, {run_resumes} resume(s), {wall:.1f} s, "
