@@ -339,9 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="where outputs go (default: a temporary directory, removed after)")
     p.add_argument("--s3", action="store_true", help="faulted outputs on an S3 test server behind a faulty proxy")
     args = p.parse_args(argv)
-    if args.runner == "cluster" and not HAS_UNSHARE:
-        p.error("--runner cluster needs `unshare -p -f --mount-proc` (root or user namespaces); try --runner ray")
     echo = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    if args.runner == "cluster" and not HAS_UNSHARE:
+        echo("[chaos] no `unshare -p -f --mount-proc` here (root or user namespaces): a cluster's nodes "
+             "cannot be killed one by one; running with --runner ray instead")
+        args.runner = "ray"
     tmp = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="cnsbench-chaos-"))
     tmp.mkdir(parents=True, exist_ok=True)
     server = proxy = None
