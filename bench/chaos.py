@@ -57,6 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from buildproc import HAS_UNSHARE, tiny_config  # noqa: E402
+from raycluster import Cluster, small_pools  # noqa: E402
 
 from pipeline.io.digest import output_digest  # noqa: E402
 
@@ -168,13 +169,11 @@ def s3_behind_a_faulty_proxy(seed: int, rate: float = 0.05):
 class Where:
     """Where the campaign's builds run: how to start one, and how to kill a worker or a node."""
 
-    def __init__(self, runner: str, workdir: Path) -> None:
+    def __init__(self, runner: str) -> None:
         self.runner, self.cluster, self.address = runner, None, None
         self.replacing: threading.Thread | None = None
         self.nodes_added = 0
         if runner == "cluster":
-            from raycluster import Cluster
-
             # A short path: Ray's unix sockets live under the nodes' temp dirs (108-byte limit).
             self.cluster = Cluster(Path(tempfile.mkdtemp(prefix="cnsx-", dir="/tmp")))
             self.cluster.start()
@@ -223,19 +222,13 @@ class Where:
             shutil.rmtree(self.cluster.base, ignore_errors=True)
 
 
-def _small_pools(raw: dict) -> None:
-    # generate 1 + filter/classify/write 0.25 = 1.75 CPUs: every pool fits on one 2-CPU node.
-    for stage in ("filter", "classify", "write"):
-        raw["resources"][stage]["num_cpus"] = 0.25
-
-
 def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | None = None, echo=print,
              proxy=None) -> dict:
     import contextlib
 
     with contextlib.redirect_stdout(sys.stderr):  # asset notes must not mix into --json's stdout
-        cfg = tiny_config(workdir, _small_pools if runner == "cluster" else None)
-    where = Where(runner, workdir)
+        cfg = tiny_config(workdir, small_pools if runner == "cluster" else None)
+    where = Where(runner)
     try:
         return _campaign(runs, seed, where, cfg, workdir, s3_url, echo, proxy)
     finally:

@@ -25,6 +25,13 @@ RAY = str(Path(sys.executable).with_name("ray"))
 HEAD_RESOURCE = "cnsbench_test_head"  # a custom resource only the head has (for a holder job)
 START_TIMEOUT = 240
 
+def small_pools(raw: dict) -> None:
+    """A config mutation for ``buildproc.tiny_config``: generate 1 + filter/classify/write 0.25
+    = 1.75 CPUs, so all four pools fit on either 2-CPU node alone."""
+    for stage in ("filter", "classify", "write"):
+        raw["resources"][stage]["num_cpus"] = 0.25
+
+
 def _free_ports(n: int) -> list[int]:
     socks = []
     try:

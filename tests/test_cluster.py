@@ -38,7 +38,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from buildproc import HAS_UNSHARE, snapshot, tiny_config
-from raycluster import HEAD_RESOURCE, Cluster, _procs_under, _raylets
+from raycluster import HEAD_RESOURCE, Cluster, _procs_under, _raylets, small_pools
 
 from pipeline import jobs
 from pipeline.cli import main
@@ -76,17 +76,11 @@ def _client_env(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def _use_small_pools(raw: dict) -> None:
-    # generate 1 + filter/classify/write 0.25 = 1.75 CPUs: all four pools fit on either node alone.
-    for stage in ("filter", "classify", "write"):
-        raw["resources"][stage]["num_cpus"] = 0.25
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """The uploaded working_dir: only the config (absolute asset paths, on this shared disk)."""
     wd = tmp_path_factory.mktemp("submit-wd")
-    tiny_config(wd, _use_small_pools)
+    tiny_config(wd, small_pools)
     return wd
 
 
