@@ -2,8 +2,9 @@
 
 * A family registered by this test module alone (no edit of pipeline code) builds,
   filters, classifies and aggregates end to end in process on the demo world.
-* ``configs/demo.yaml`` gives the same sample ids, predictions and image bytes as the
-  version before families existed (digest recorded from that version's build).
+* ``configs/demo.yaml`` gives the same sample ids, predictions and images as the
+  version before families existed (digest recorded from that version's build; images
+  within one pixel level, the most that differs between CPUs).
 * An output written before ``families``/``source`` existed resumes without redoing work.
 """
 
@@ -25,17 +26,38 @@ WORLD = REPO / "assets" / "world" / "world.json"
 needs_world = pytest.mark.skipif(not WORLD.is_file(), reason="assets/world not trained")
 
 # Digest (pipeline.io.digest) of `cnsbench build configs/demo.yaml` (either runner) made by
-# the version before families existed (samples and predictions), with one OpenMP thread as
-# in the tests (conftest): the float summation order of CPU kernels depends on the thread
-# count, and so do the last bits of decoded pixels.  Images are digested by decoded pixels
-# (PNG bytes also change with the encoder's version); their digest was recorded when the
-# digest moved from file bytes to pixels, on an output whose samples and predictions
-# digests equal the pre-families ones.
+# the version before families existed: sample ids and coordinates, and predictions.  These
+# are exact on every machine.  Decoded pixels are not: the CPU kernels torch picks (AVX2,
+# AVX-512, ...) sum floats in different orders, which moves a few pixels of a few images by
+# one level (measured: 2 pixels in 100,000, in 21 of the 360 images, between
+# ATEN_CPU_CAPABILITY=avx2 and avx512 on one machine).  So images are compared by their 4x4
+# block sums per channel (pipeline.io.digest.pixel_blocks), recorded in
+# tests/data/demo_pixel_blocks.npz from a build whose samples and predictions digests equal
+# the pre-families ones, within a tolerance of a few one-level pixels per block; another
+# seed, scale or slider moves a block by hundreds.  Re-record with
+#   python -c "import numpy as np; from pipeline.io.digest import pixel_blocks as f; b=f('OUT'); \
+#   n=sorted(b); np.savez_compressed('tests/data/demo_pixel_blocks.npz', names=n, \
+#   blocks=np.stack([b[k] for k in n]).astype('uint16'))"
 DEMO_DIGEST = {
     "samples": "19ad11b8935c83a3891b9f4538ffea787f68c9b5d41f09f6e94c7c07cacdc84f",
     "predictions": "ea6b5f737806f0d3d5366881c9f96002ca575e52a6d462125861d1c76f194ee6",
-    "images": "45a8e30078941f40bebc77d0fd2b9a5e6ef7ae1cac8197baa121953fb67356b7",
 }
+DEMO_PIXEL_BLOCKS = Path(__file__).parent / "data" / "demo_pixel_blocks.npz"
+PIXEL_TOLERANCE = 3  # one-level pixels per block sum
+
+
+def assert_demo_images(out: Path) -> None:
+    import numpy as np
+
+    from pipeline.io.digest import pixel_blocks
+
+    ref = np.load(DEMO_PIXEL_BLOCKS)
+    expected = dict(zip(ref["names"].tolist(), ref["blocks"].astype(np.int64)))
+    got = pixel_blocks(str(out))
+    assert sorted(got) == sorted(expected)
+    worst = {name: int(np.abs(got[name] - expected[name]).max()) for name in expected}
+    off = {name: d for name, d in worst.items() if d > PIXEL_TOLERANCE}
+    assert not off, f"{len(off)} image(s) differ from the recorded demo images: {dict(list(off.items())[:5])}"
 
 
 class InvertFamily(Family):
@@ -140,7 +162,9 @@ def test_demo_build_digest_and_old_output_resume(demo_world, tmp_path):
     from pipeline.build import build
     from pipeline.io.digest import output_digest
 
-    assert output_digest(str(demo_world)) == DEMO_DIGEST
+    digest = output_digest(str(demo_world))
+    assert {k: digest[k] for k in DEMO_DIGEST} == DEMO_DIGEST
+    assert_demo_images(demo_world)
     cfg = load_config(REPO / "configs" / "demo.yaml")
     out = tmp_path / "out"
     shutil.copytree(demo_world, out)
@@ -158,7 +182,7 @@ def test_demo_build_digest_and_old_output_resume(demo_world, tmp_path):
     (out / "config.json").write_text(json.dumps(doc))
     summary = build(cfg, str(out), runner="local", echo=lambda *_: None)
     assert summary.trajectories_written == 0 and summary.trajectories_done_before == 60
-    assert output_digest(str(out)) == DEMO_DIGEST
+    assert output_digest(str(out)) == digest
 
 
 @needs_world

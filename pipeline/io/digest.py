@@ -3,7 +3,10 @@
 Two outputs with the same digest hold the same images, the same per-image coordinates and
 the same predictions, whatever their shard layout, file names or Parquet encoding.  Images
 are compared by their decoded pixels (mode, size and values), not their file bytes: the
-encoder's library version changes PNG bytes without changing a pixel.  The
+encoder's library version changes PNG bytes without changing a pixel.  Decoded pixels are
+exact on one machine but not across CPUs: the kernels torch picks (AVX2, AVX-512, ...) sum
+floats in different orders, which moves a few pixels of a few images by one level.
+``pixel_blocks`` is the fingerprint for comparisons across machines.  The
 ``params`` column and detector scores are left out (scores are floats that may differ in
 the last bit across hardware).  Used to check that a refactoring or a resumed, faulted
 build gives the same output as a clean one.
@@ -33,14 +36,7 @@ def output_digest(uri: str) -> dict[str, str]:
         h_s.update(repr(tuple(row)).encode())
     for row in preds[list(_PRED_KEYS)].itertuples(index=False):
         h_p.update(repr(tuple(row)).encode())
-    images: dict[str, bytes] = {}
-    for manifest in store.manifests():
-        for rel in manifest.files:
-            if rel.startswith("images/") and rel.endswith(".tar"):
-                with tarfile.open(fileobj=io.BytesIO(store.read_bytes(rel))) as tar:
-                    for member in tar.getmembers():
-                        if not member.name.endswith(".json"):
-                            images[member.name] = tar.extractfile(member).read()
+    images = dict(_images(store))
     for name in sorted(images):
         h_i.update(name.encode() + b"\0" + _pixels_sha(images[name]))
     return {"samples": h_s.hexdigest(), "predictions": h_p.hexdigest(), "images": h_i.hexdigest()}
@@ -53,3 +49,36 @@ def _pixels_sha(data: bytes) -> bytes:
         im.load()
         head = f"{im.mode}:{im.size[0]}x{im.size[1]}:".encode()
         return hashlib.sha256(head + im.tobytes()).digest()
+
+
+def pixel_blocks(uri: str, grid: int = 4) -> dict[str, "np.ndarray"]:
+    """Per image of ``uri``'s committed shards: the sums of its pixel values over a
+    ``grid`` x ``grid`` tiling, per channel (int64, shape ``(grid, grid, channels)``).
+
+    A pixel moved by one level moves one block sum by one; a different image (another seed,
+    scale or slider) moves them by hundreds.  Compare two fingerprints with a small
+    absolute tolerance to tell "the same images, computed on another CPU" from "other images".
+    """
+    import numpy as np
+    from PIL import Image
+
+    blocks: dict[str, np.ndarray] = {}
+    for name, data in _images(OutputStore(uri)):
+        with Image.open(io.BytesIO(data)) as im:
+            px = np.asarray(im, dtype=np.int64)
+        px = px.reshape(px.shape[0], px.shape[1], -1)
+        h, w = px.shape[0] // grid * grid, px.shape[1] // grid * grid
+        tiles = px[:h, :w].reshape(grid, h // grid, grid, w // grid, px.shape[2])
+        blocks[name] = tiles.sum(axis=(1, 3))
+    return blocks
+
+
+def _images(store: OutputStore):
+    """``(member name, file bytes)`` of every image in the committed shards of ``store``."""
+    for manifest in store.manifests():
+        for rel in manifest.files:
+            if rel.startswith("images/") and rel.endswith(".tar"):
+                with tarfile.open(fileobj=io.BytesIO(store.read_bytes(rel))) as tar:
+                    for member in tar.getmembers():
+                        if not member.name.endswith(".json"):
+                            yield member.name, tar.extractfile(member).read()
