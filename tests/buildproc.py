@@ -60,6 +60,14 @@ def run_build(cfg: Path, out: Path, runner: str, env: dict | None = None, *extra
     )
 
 
+def build_here(cfg: Path, out: Path | str, *extra: str) -> int:
+    """The same build in this process (runner local): for the runs that nothing kills, so
+    the tests do not pay a new interpreter and its imports for each."""
+    from pipeline.cli import main
+
+    return main(["build", str(cfg), "--output", str(out), "--runner", "local", *extra])
+
+
 def kill_at(cfg: Path, out: Path, runner: str, rule: str, fault_dir: Path) -> None:
     """Start a build that pauses at the fault rule's point, then SIGKILL all of it there."""
     fault_dir.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -15,7 +16,51 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 
+# `./scripts/test` runs the suite on parallel workers (pytest-xdist): every module is one
+# unit of work, so its module fixtures are built once, and modules that share an expensive
+# session fixture form one unit.  Units start longest first (measured with --durations on a
+# 2-core machine), so no worker is left with a long module at the end; modules not listed
+# follow in file order.
+LONGEST_FIRST = (
+    "test_resume_ray",
+    "test_resume",
+    "demo_world",
+    "test_cluster",
+    "test_chaos",
+    "test_object_storage",
+    "test_corruption_world",
+    "test_ximagenet_world",
+    "test_build_e2e",
+    "test_stopping",
+    "test_imagenet_d_world",
+    "test_imagenet_e_world",
+    "test_serve",
+    "test_evaluate",
+)
+SHARED_UNITS = {"test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world"}
+
+
+def _unit(path: str) -> str:
+    stem = Path(path.split("::")[0]).stem
+    return SHARED_UNITS.get(stem, stem)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Hand out whole units (above) in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: file order otherwise
     try:
         import torch
 
@@ -73,6 +118,7 @@ def ray_session():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # this worker's own Ray, never another test worker's
             num_cpus=4,
             num_gpus=1,
             include_dashboard=False,
