@@ -69,3 +69,11 @@ class AnalysisResult:
 
 
 Analysis = Callable[[AnalysisContext], AnalysisResult]
+
+
+def read_images(read_image: Callable[[str], bytes], sample_ids) -> dict[str, bytes]:
+    """``{sample_id: image bytes}`` of many samples: through the reader's ``many`` when it
+    has one (ImageReader reads each tar once for all of them, not once per image)."""
+    ids = list(sample_ids)
+    many = getattr(read_image, "many", None)
+    return many(ids) if many is not None else {sid: read_image(sid) for sid in ids}

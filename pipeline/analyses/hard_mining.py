@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.analyses.base import AnalysisContext, AnalysisResult, read_images
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,7 @@ def export_tar(hard: pd.DataFrame, read_image) -> bytes:
     from pipeline.io.webdataset import build_tar, metadata_json
 
     ids = hard["sample_id"].tolist()
-    many = getattr(read_image, "many", None)  # ImageReader reads each tar once for many ids
-    images = many(ids) if many is not None else {sid: read_image(sid) for sid in ids}
+    images = read_images(read_image, ids)
     members = []
     for r in hard.itertuples(index=False):
         data = images[r.sample_id]
@@ -288,8 +287,7 @@ def hard_set_sheet(hard: pd.DataFrame, read_image, count: int = 32, thumb: int =
     rows = list(hard.head(count).itertuples(index=False))
     refs = {r.sample_id: sample_id(r.shift, int(r.class_id), int(r.seed), 0.0) for r in rows}
     ids = sorted(set(refs) | set(refs.values()))
-    many = getattr(read_image, "many", None)
-    images = many(ids) if many is not None else {sid: read_image(sid) for sid in ids}
+    images = read_images(read_image, ids)
     cell_w, cell_h = 2 * thumb + 4, thumb + 14
     n_rows = -(-len(rows) // per_row)
     sheet = Image.new("RGB", (per_row * (cell_w + 8), n_rows * (cell_h + 6)), "white")

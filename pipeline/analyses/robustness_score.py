@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.analyses.base import AnalysisContext, AnalysisResult, read_images
 
 ORIGINAL = "original"  # the scale-0 images, as a scenario of the tables
 
@@ -262,7 +262,7 @@ def _probe_accuracies(ctx, opts, orig, at, scenarios, classifiers):
 
     labels = ctx.config.benchmark.label_space
     need = pd.concat([orig, at])[["sample_id", "seed", "shard"]].drop_duplicates("sample_id").sort_values(["shard", "sample_id"])
-    images = {sid: decode_image(ctx.read_image(sid)) for sid in need["sample_id"]}
+    images = {sid: decode_image(data) for sid, data in read_images(ctx.read_image, need["sample_id"]).items()}
     seeds = sorted(need["seed"].unique())
     fold_of_seed = {s: i % opts.probe_folds for i, s in enumerate(seeds)}
     jobs, keys = [], []

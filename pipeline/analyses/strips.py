@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.analyses.base import AnalysisContext, AnalysisResult, read_images
 from pipeline.schema import SCORE_COLUMNS
 
 STRIPS_CSV_COLUMNS = ["shift", "row", "trajectory_id", "complete", "classifier", "failure_point"]
@@ -273,9 +273,8 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
                 for c in classifiers:
                     if c in fp_of:
                         marks_rows.append([shift, r, tid, is_complete, c, fp_of[c]])
-            many = getattr(ctx.read_image, "many", None)
             try:
-                images = many(wanted) if many else {sid: ctx.read_image(sid) for sid in wanted}
+                images = read_images(ctx.read_image, wanted)
             except (KeyError, ValueError, OSError) as err:  # a report without a sheet beats no report
                 msg = err.args[0] if isinstance(err, KeyError) and err.args else err
                 sections.append(f"<h3>{html.escape(shift)}</h3><p>No strip: {html.escape(str(msg))}</p>")

@@ -17,8 +17,12 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+from typing import TYPE_CHECKING
 
 from pipeline.io.store import OutputStore
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _SAMPLE_KEYS = ("sample_id", "trajectory_id", "class_id", "seed", "shift", "scale", "kept")
 _PRED_KEYS = ("sample_id", "classifier", "top1", "correct")
@@ -51,7 +55,7 @@ def _pixels_sha(data: bytes) -> bytes:
         return hashlib.sha256(head + im.tobytes()).digest()
 
 
-def pixel_blocks(uri: str, grid: int = 4) -> dict[str, "np.ndarray"]:
+def pixel_blocks(uri: str, grid: int = 4) -> dict[str, np.ndarray]:
     """Per image of ``uri``'s committed shards: the sums of its pixel values over a
     ``grid`` x ``grid`` tiling, per channel (int64, shape ``(grid, grid, channels)``).
 
