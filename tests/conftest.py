@@ -40,8 +40,8 @@ LONGEST_FIRST = (
 SHARED_UNITS = {"test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world"}
 
 
-def _unit(path: str) -> str:
-    stem = Path(path.split("::")[0]).stem
+def _unit(nodeid: str) -> str:
+    stem = Path(nodeid.split("::")[0]).stem
     return SHARED_UNITS.get(stem, stem)
 
 
