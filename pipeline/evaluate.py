@@ -43,7 +43,8 @@ from pipeline.config import (
 )
 from pipeline.executors import StageSpec, get_executor
 from pipeline.io.store import OutputStore
-from pipeline.sources import LoadStage, Source
+from pipeline.sources import Source
+from pipeline.stages.load import LoadStage
 
 
 def select_classifiers(cfg: BuildConfig, names: list[str] | None) -> list[dict[str, Any]]:

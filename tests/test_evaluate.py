@@ -23,7 +23,8 @@ from PIL import Image
 from pipeline.cli import TINY_CONFIG
 from pipeline.config import load_config
 from pipeline.labels import label_space
-from pipeline.sources import LoadStage, SourceError, detect_kind, open_source
+from pipeline.sources import SourceError, detect_kind, open_source
+from pipeline.stages.load import LoadStage
 
 CLASSES = [(22, "bald eagle"), (1, "goldfish")]
 SHIFTS = ["painting_style", "heavy_snow"]

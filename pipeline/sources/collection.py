@@ -50,7 +50,7 @@ class CollectionSource(ImageSource):
     @classmethod
     def index(cls, config) -> dict[int, dict[int, tuple[str, int, int, str]]]:
         """class id -> seed -> (path, offset, size, path relative to the collection)."""
-        from pipeline.sources import NO_SHIFT
+        from pipeline.sources.common import NO_SHIFT
 
         source = cls.read_source(config)
         root = config.source.path.rstrip("/")
@@ -89,7 +89,7 @@ class FoldersSource(CollectionSource):
 
     @classmethod
     def read_source(cls, config):
-        from pipeline.sources import load_folders
+        from pipeline.sources.folders import load_folders
 
         return load_folders(
             config.source.path,
@@ -104,7 +104,7 @@ class WebDatasetSource(CollectionSource):
 
     @classmethod
     def read_source(cls, config):
-        from pipeline.sources import load_webdataset
+        from pipeline.sources.webdataset import load_webdataset
 
         return load_webdataset(
             config.source.path, config.benchmark.label_space, follow_symlinks=config.source.follow_symlinks

@@ -50,7 +50,7 @@ def looks_like(fs, root: str) -> bool:
 def load_imagenet_c(location: str, labels: LabelSpace):
     """Index an ImageNet-C layout into pointer rows (see the module docstring)."""
     from pipeline.imagenet import wnid_index
-    from pipeline.sources import (
+    from pipeline.sources.common import (
         IMAGE_EXTENSIONS,
         Source,
         SourceError,

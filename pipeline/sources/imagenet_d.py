@@ -33,7 +33,7 @@ def looks_like(fs: Any, root: str) -> bool:
 
 def load_imagenet_d(location: str):
     """Index the released layout at ``location`` into a :class:`pipeline.sources.Source`."""
-    from pipeline.sources import (
+    from pipeline.sources.common import (
         IMAGE_EXTENSIONS,
         Source,
         SourceError,

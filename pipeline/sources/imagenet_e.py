@@ -112,7 +112,7 @@ def _read_levels(fs: Any, root: str, where: str) -> dict[str, tuple[str, float]]
     path = posixpath.join(root, LEVELS_FILE)
     if not fs.exists(path):
         return {}
-    from pipeline.sources import SourceError
+    from pipeline.sources.common import SourceError
 
     try:
         data = json.loads(fs.cat_file(path).decode("utf-8"))
@@ -136,7 +136,7 @@ def _read_levels(fs: Any, root: str, where: str) -> dict[str, tuple[str, float]]
 
 
 def _class_of(folder: str, labels: LabelSpace) -> int | None:
-    from pipeline.sources import _folder_class
+    from pipeline.sources.folders import _folder_class
 
     if _WNID.match(folder):
         return imagenet_wnids().get(folder)
@@ -155,7 +155,7 @@ def looks_like(fs: Any, root: str) -> bool:
 def load_imagenet_e(location: str, labels: LabelSpace):
     """The released ImageNet-E layout (see the module docstring) as pointer rows."""
     from pipeline.config import SHIFT_NAME
-    from pipeline.sources import (
+    from pipeline.sources.common import (
         IMAGE_EXTENSIONS,
         Source,
         SourceError,

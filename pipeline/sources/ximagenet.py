@@ -121,8 +121,17 @@ def is_ximagenet(fs: Any, root: str) -> bool:
 
 def load_ximagenet(location: str, labels: LabelSpace):
     """Index a released XIMAGENET-12 tree into pointer rows (see the module docstring)."""
-    from pipeline.sources import (
-        IMAGE_EXTENSIONS, Source, SourceError, _check_class, _check_shift, _dominant_format, _fs, _group_rows, _Image, _url,
+    from pipeline.sources.common import (
+        IMAGE_EXTENSIONS,
+        Source,
+        SourceError,
+        _check_class,
+        _check_shift,
+        _dominant_format,
+        _fs,
+        _group_rows,
+        _Image,
+        _url,
     )
 
     fs, root = _fs(location)

@@ -1,0 +1,152 @@
+"""Reading a config: YAML, relative paths, readable validation errors, the resolved dump and hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pipeline.config.base import ConfigError
+from pipeline.config.build import BuildConfig
+from pipeline.io import bounds
+
+_PATH_KEYS = {
+    ("benchmark", "labels"),
+    ("generator", "model"),
+    ("generator", "class_tokens", "path"),
+    ("generator", "slider_store"),
+    ("filter", "clip", "pretrained"),
+    ("filter", "clip", "model_config_file"),
+    ("filter", "dino", "checkpoint"),
+    ("output", "path"),
+    ("source", "path"),
+    ("source", "label_map"),
+    ("source", "masks", "path"),
+}
+_CLASSIFIER_PATH_KEYS = {"checkpoint", "model_config_file", "label_map"}
+
+
+def _looks_relative_path(value: Any) -> bool:
+    return isinstance(value, str) and (value.startswith("./") or value.startswith("../"))
+
+
+def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
+    """Make ``./`` and ``../`` paths absolute relative to the config's directory."""
+
+    def fix(container: dict[str, Any], key: str) -> None:
+        if key in container and _looks_relative_path(container[key]):
+            container[key] = str((base / container[key]).resolve())
+
+    for path in _PATH_KEYS:
+        node: Any = raw
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            fix(node, path[-1])
+    for clf in raw.get("classifiers") or []:
+        if isinstance(clf, dict):
+            for key in _CLASSIFIER_PATH_KEYS:
+                fix(clf, key)
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Walk a model class along an error location and list the keys allowed there."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ()) or ()
+        candidates = [ann, *args]
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return None
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(BuildConfig, loc)
+            msg = f"unknown key; allowed keys here: {', '.join(allowed) if allowed else '?'}"
+        elif e["type"] == "literal_error":
+            msg = f"{msg}"
+        value = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key or '<root>'}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> BuildConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"invalid config {source}: the top level must be a mapping, got {type(raw).__name__}")
+    try:
+        bounds.check_expansion(raw, source)  # before the copy below expands aliases
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    bad = bounds.nonfinite_path(raw)
+    if bad:
+        raise ConfigError(f"invalid config {source}:\n  {bad}: NaN or infinite numbers are not allowed")
+    try:
+        raw = json.loads(json.dumps(raw))  # deep copy, and rejects non-JSON values early
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid config {source}: {err} (values must be strings, numbers, lists or mappings)") from None
+    if base_dir is not None:
+        _resolve_paths(raw, base_dir)
+    try:
+        return BuildConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> BuildConfig:
+    """Load and validate a YAML config file; raises :class:`ConfigError` with a readable message."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = bounds.load_yaml(p)  # bounded size, nesting and alias expansion
+    except (ValueError, OSError) as err:
+        raise ConfigError(str(err)) from None
+    if overrides:
+        raw = deep_merge(raw or {}, overrides)
+    return parse_config(raw, source=str(p), base_dir=p.resolve().parent)
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def resolved_dict(cfg: BuildConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def config_hash(cfg: BuildConfig) -> str:
+    """Hash of the resolved config (resources excluded: they never change outputs)."""
+    data = resolved_dict(cfg)
+    data.pop("resources", None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def dump_yaml(cfg: BuildConfig) -> str:
+    return yaml.safe_dump(resolved_dict(cfg), sort_keys=False)

@@ -1,0 +1,104 @@
+"""Plain class folders, ``root/<class folder>/<image>``: one image per trajectory, shift ``none``, scale 0."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections import defaultdict
+
+import fsspec
+
+from pipeline.io.safejson import loads as safe_loads
+from pipeline.labels import LabelSpace
+from pipeline.sources.common import (
+    _CLASS_FOLDER,
+    IMAGE_EXTENSIONS,
+    NO_SHIFT,
+    Source,
+    SourceError,
+    _check_class,
+    _dominant_format,
+    _fs,
+    _group_rows,
+    _Image,
+    _inside_source,
+    _is_local,
+    _url,
+)
+
+
+def _read_label_map(path: str, labels: LabelSpace) -> dict[str, int]:
+    if _is_local(path) and os.path.isdir(path):
+        raise SourceError(f"label map {path}: is a directory, not a JSON file")
+    try:
+        with fsspec.open(path, "rb") as fh:
+            data = safe_loads(fh.read(), f"label map {path}")
+    except FileNotFoundError:
+        raise SourceError(f"label map not found: {path}") from None
+    except ValueError as err:
+        raise SourceError(str(err)) from None
+    if not isinstance(data, dict):
+        raise SourceError(f"label map {path}: must be a JSON object {{folder name: class id}}")
+    out = {}
+    for folder, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SourceError(f"label map {path}: class id of folder {folder!r} must be an integer, got {value!r}")
+        _check_class(value, labels, f"label map {path}: folder {folder!r}")
+        out[str(folder)] = value
+    return out
+
+
+def _folder_class(folder: str, labels: LabelSpace) -> int | None:
+    m = _CLASS_FOLDER.match(folder)
+    if m:
+        return int(m.group(1))
+    try:
+        return labels.resolve(folder)
+    except ValueError:
+        return None
+
+
+def load_folders(
+    location: str, labels: LabelSpace, label_map: str | None = None, follow_symlinks: bool = False
+) -> Source:
+    """``root/<class folder>/<image>``, one single-image trajectory per file (see the module docstring)."""
+    fs, root = _fs(location)
+    if not fs.isdir(root):
+        raise SourceError(f"{location}: not a directory (class-folder sources are a folder of class folders)")
+    folders = sorted(p for p in fs.ls(root, detail=False) if fs.isdir(p) and not posixpath.basename(p).startswith("."))
+    if not folders:
+        raise SourceError(f"{location}: no class sub-folders")
+    mapping = _read_label_map(label_map, labels) if label_map else None
+    files_by_class: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    unresolved = []
+    for folder in folders:
+        name = posixpath.basename(folder.rstrip("/"))
+        images = sorted(
+            p for p in fs.ls(folder, detail=False) if os.path.splitext(p)[1].lower() in IMAGE_EXTENSIONS
+        )
+        if not images:
+            continue
+        for p in [folder, *images]:
+            _inside_source(p, root, location, f"{location}: folder {name!r}", follow_symlinks)
+        if mapping is not None:
+            class_id = mapping.get(name)
+        else:
+            class_id = _folder_class(name, labels)
+        if class_id is None:
+            unresolved.append(name)
+            continue
+        _check_class(class_id, labels, f"{location}: folder {name!r}")
+        files_by_class[class_id] += [(name, p) for p in images]
+    if unresolved:
+        shown = ", ".join(repr(n) for n in unresolved[:10])
+        how = f"add them to the label map {label_map}" if label_map else "pass --label-map {folder: class id}"
+        raise SourceError(f"{location}: no class id for {len(unresolved)} folder(s) ({shown}); {how}")
+    groups: dict[tuple[str, int, int], dict[float, _Image]] = {}
+    formats = []
+    for class_id, files in files_by_class.items():
+        for seed, (_, p) in enumerate(sorted(files)):
+            fmt = IMAGE_EXTENSIONS[os.path.splitext(p)[1].lower()]
+            groups[(NO_SHIFT, class_id, seed)] = {0.0: _Image(_url(fs, p, location), fmt=fmt)}
+            formats.append(fmt)
+    names = {c: labels.name(c) for c in files_by_class}
+    return Source("folders", location, _group_rows(groups, names), _dominant_format(formats))

@@ -1,0 +1,179 @@
+"""A directory of WebDataset tars (e.g. a build output's ``images/*.tar``), read by byte range."""
+
+from __future__ import annotations
+
+import posixpath
+import tarfile
+from collections import defaultdict
+from typing import Any
+
+from pipeline.io.fs import PathEscape, safe_relpath
+from pipeline.io.safejson import loads as safe_loads
+from pipeline.labels import LabelSpace
+from pipeline.sources.common import (
+    IMAGE_EXTENSIONS,
+    NO_SHIFT,
+    Source,
+    SourceError,
+    _check_class,
+    _check_shift,
+    _dominant_format,
+    _finite_number,
+    _fs,
+    _group_rows,
+    _Image,
+    _inside_source,
+    _is_local,
+    _share_scale0,
+    _tar_paths,
+    _url,
+)
+
+
+def _scan_tar(fs: Any, path: str, source: str, read_json: bool) -> dict[str, dict[str, Any]]:
+    """key -> {ext: (offset, size)} plus the parsed ``json`` member when ``read_json``.
+
+    Only headers are read (tarfile seeks over the data of a seekable file); JSON members
+    are small and read when asked for.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        with fs.open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
+            for info in tar:
+                if not info.isfile():
+                    continue
+                head, _, tail = info.name.rpartition("/")
+                stem, _, ext = tail.partition(".")
+                key = f"{head}/{stem}" if head else stem
+                members = out.setdefault(key, {})
+                if ext == "json" and read_json:
+                    raw = tar.extractfile(info).read()
+                    try:
+                        members["json"] = safe_loads(raw, f"{source}: member {info.name!r}")
+                    except ValueError as err:
+                        raise SourceError(str(err)) from None
+                else:
+                    members[ext.lower()] = (info.offset_data, info.size)
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise SourceError(f"malformed WebDataset shard {source}: {err}") from None
+    return out
+
+
+def _image_member(members: dict[str, Any]) -> tuple[str, tuple[int, int]] | None:
+    for ext in ("png", "jpg", "jpeg", "webp", "bmp"):
+        if ext in members:
+            return ext, members[ext]
+    return None
+
+
+def load_webdataset(location: str, labels: LabelSpace, follow_symlinks: bool = False) -> Source:
+    """WebDataset tars, with coordinates from committed ``samples`` Parquet or member JSON."""
+    fs, root = _fs(location)
+    tars = _tar_paths(fs, root)
+    for tar in tars:
+        _inside_source(tar, root, location, f"{location}: shard", follow_symlinks)
+    if not tars:
+        raise SourceError(f"{location}: no WebDataset shards (*.tar) in {location} or its images/ folder")
+    samples = None
+    if fs.isdir(posixpath.join(root, "samples")):
+        from pipeline.aggregate.run import load_samples
+        from pipeline.io.store import OutputStore
+
+        samples = load_samples(OutputStore(location))
+        if samples.empty:
+            samples = None  # a build output without committed shards: fall back to member JSON
+    if samples is not None:
+        return _webdataset_from_samples(fs, location, root, samples, labels, follow_symlinks)
+    return _webdataset_from_json(fs, location, tars, labels)
+
+
+def _webdataset_from_samples(
+    fs: Any, location: str, root: str, samples: Any, labels: LabelSpace, follow_symlinks: bool = False
+) -> Source:
+    groups: dict[tuple[str, int, int], dict[float, _Image]] = defaultdict(dict)
+    names: dict[int, str] = {}
+    formats = []
+    for shard_rel, part in samples.groupby("shard", sort=True):
+        try:  # the samples table names its shard; it must be a file of this source
+            safe_relpath(root if _is_local(location) else location, shard_rel, f"{location}: samples 'shard'", follow_symlinks)
+        except PathEscape as err:
+            raise SourceError(str(err)) from None
+        tar_path = posixpath.join(root, posixpath.normpath(str(shard_rel)))
+        tar_url = _url(fs, tar_path, location)
+        index = _scan_tar(fs, tar_path, tar_url, read_json=False)
+        for row in part.itertuples(index=False):
+            where = f"{tar_url}: sample {row.sample_id}"
+            found = _image_member(index.get(str(row.key), {}))
+            if found is None:
+                raise SourceError(f"{where}: no image member {row.key!r}.png/.jpg in the shard")
+            ext, (offset, size) = found
+            class_id, seed, shift = int(row.class_id), int(row.seed), str(row.shift)
+            _check_class(class_id, labels, where)
+            _check_shift(shift, where)
+            scale = round(float(row.scale) * 1000) / 1000
+            group = groups[(shift, class_id, seed)]
+            if scale in group:
+                raise SourceError(f"{where}: a second image for ({shift}, class {class_id}, seed {seed}, scale {scale})")
+            group[scale] = _Image(tar_url, offset, size, IMAGE_EXTENSIONS.get("." + ext, ext))
+            name = row.class_name
+            names.setdefault(class_id, name if isinstance(name, str) and name else labels.name(class_id))
+            formats.append(IMAGE_EXTENSIONS.get("." + ext, ext))
+    return Source("webdataset", location, _group_rows(groups, names), _dominant_format(formats))
+
+
+def _json_label(meta: dict[str, Any]) -> Any:
+    for key in ("class_id", "label", "cls", "class"):
+        if key in meta:
+            return meta[key]
+    return None
+
+
+def _webdataset_from_json(fs: Any, location: str, tars: list[str], labels: LabelSpace) -> Source:
+    groups: dict[tuple[str, int, int], dict[float, _Image]] = defaultdict(dict)
+    names: dict[int, str] = {}
+    formats = []
+    next_seed: dict[int, int] = defaultdict(int)  # per-class running index for members without a seed
+    for tar_path in tars:
+        tar_url = _url(fs, tar_path, location)
+        for key, members in _scan_tar(fs, tar_path, tar_url, read_json=True).items():
+            where = f"{tar_url}: member {key!r}"
+            found = _image_member(members)
+            if found is None:
+                continue  # metadata-only or foreign members carry no image to evaluate
+            meta = members.get("json")
+            if not isinstance(meta, dict):
+                raise SourceError(f"{where}: no {key}.json with the image's class (and shift, seed, scale)")
+            label = _json_label(meta)
+            if isinstance(label, bool) or not isinstance(label, int):
+                raise SourceError(
+                    f"{where}.json: needs an integer class under 'class_id', 'label', 'cls' or 'class', got {label!r}"
+                )
+            shift = meta.get("shift", NO_SHIFT)
+            if not isinstance(shift, str):
+                raise SourceError(f"{where}.json: 'shift' must be a string, got {shift!r}")
+            scale = meta.get("scale", 0.0)
+            if not _finite_number(scale):
+                raise SourceError(f"{where}.json: 'scale' must be a finite number, got {scale!r}")
+            seed = meta.get("seed")
+            if seed is None:
+                seed = next_seed[label]
+                next_seed[label] += 1
+            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+                raise SourceError(f"{where}.json: 'seed' must be an integer >= 0, got {seed!r}")
+            _check_class(label, labels, where)
+            _check_shift(shift, where)
+            scale = round(float(scale) * 1000) / 1000
+            group = groups[(shift, label, seed)]
+            if scale in group:
+                raise SourceError(f"{where}: a second image for ({shift}, class {label}, seed {seed}, scale {scale})")
+            ext, (offset, size) = found
+            fmt = IMAGE_EXTENSIONS.get("." + ext, ext)
+            group[scale] = _Image(tar_url, offset, size, fmt)
+            formats.append(fmt)
+            name = meta.get("class_name")
+            names.setdefault(label, name if isinstance(name, str) and name else labels.name(label))
+    notes = []
+    borrowed = _share_scale0(groups)
+    if borrowed:
+        notes.append(f"{borrowed} trajectories use the scale-0 image of another shift of their (class, seed)")
+    return Source("webdataset", location, _group_rows(groups, names), _dominant_format(formats), notes)
