@@ -133,11 +133,14 @@ def _is_excluded(rel_posix: str, excludes: Sequence[str]) -> bool:
     return any(spec.match_file("/".join(parts[: i + 1])) for i in range(len(parts)))
 
 
-def build_entrypoint(config_rel: str, output_uri: str, *, new_version: bool = False) -> str:
-    """The shell command the job runs (inside the unpacked working_dir)."""
+def build_entrypoint(
+    config_rel: str, output_uri: str, *, new_version: bool = False, sets: Sequence[str] = ()
+) -> str:
+    """The shell command the job runs (inside the unpacked working_dir); ``sets``: ``--set`` items."""
     cmd = ["python", "-m", "pipeline.cli", "build", config_rel, "--output", output_uri]
     if new_version:
         cmd.append("--new-version")
+    cmd += [f"--set={item}" for item in sets]
     return " ".join(shlex.quote(c) for c in cmd)
 
 
@@ -320,6 +323,7 @@ def submit_build(
     entrypoint_num_cpus: float = 1,
     new_version: bool = False,
     token_file: str | os.PathLike[str] | None = None,
+    sets: Sequence[str] = (),
 ) -> str:
     """Submit ``cnsbench build`` as a Ray job; returns the submission id.
 
@@ -350,7 +354,7 @@ def submit_build(
             "`cnsbench build` in this checkout has no --new-version option; a build resumes "
             "on the same --output, so use a new --output for a new version"
         )
-    entrypoint = build_entrypoint(rel, output_uri, new_version=new_version)
+    entrypoint = build_entrypoint(rel, output_uri, new_version=new_version, sets=sets)
     client = make_client(address, token_file=token_file)
     return client.submit_job(
         entrypoint=entrypoint,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.config import ConfigError, load_config
+from pipeline.cli.options import add_set_argument, load_cli_config
+from pipeline.config import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -15,7 +16,7 @@ def run(args: argparse.Namespace) -> int:
         from pipeline.calibrate import threshold_overrides
 
         overrides = threshold_overrides(args.filter_thresholds)
-    cfg = load_config(args.config, overrides)
+    cfg = load_cli_config(args, overrides)
     output = args.output or cfg.output.path
     if not output:
         raise ConfigError("no output: pass --output DIR or set output.path in the config")
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     s = sub.add_parser("build", help="build (or resume) a benchmark")
     s.add_argument("config")
+    add_set_argument(s)
     s.add_argument("--output", help="directory or URI (default: output.path of the config)")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")

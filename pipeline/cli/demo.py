@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from pipeline.checkout import DEMO_CONFIG, REPO_ROOT
+from pipeline.cli.options import add_set_argument, set_args
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     from pipeline.cli import main
 
-    return main(["build", str(config), "--output", args.output, "--runner", args.runner])
+    return main(["build", str(config), "--output", args.output, "--runner", args.runner, *set_args(args)])
 
 
 def register(sub) -> None:
@@ -41,4 +42,5 @@ def register(sub) -> None:
     s.add_argument(
         "--family", metavar="NAME", help="build the world of another benchmark family (configs/world_NAME.yaml)"
     )
+    add_set_argument(s)
     s.set_defaults(func=run)

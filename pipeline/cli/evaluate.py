@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pipeline.cli.options import add_set_argument, load_cli_config
 from pipeline.config import (
     ConfigError,
     deep_merge,
-    load_config,
     parse_config,
     resolved_dict,
 )
+from pipeline.config.overrides import apply_overrides
 from pipeline.evaluate import _source_config, effective_config, evaluate
 from pipeline.sources import SOURCE_KINDS, open_source
 
@@ -24,13 +25,14 @@ def run_cli(args: argparse.Namespace) -> int:
 
         overrides = threshold_overrides(args.filter_thresholds)
     if args.config:
-        cfg = load_config(args.config, overrides)
+        cfg = load_cli_config(args, overrides)
     else:
         cfg = _source_config(args.source)
         if cfg is None:
             raise ConfigError("evaluate: pass --config CONFIG (it supplies the classifiers, filter and resources)")
-        if overrides:
-            cfg = parse_config(deep_merge(resolved_dict(cfg), overrides), source=f"{args.source}/config.json")
+        if overrides or args.sets:
+            raw = apply_overrides(deep_merge(resolved_dict(cfg), overrides or {}), args.sets)
+            cfg = parse_config(raw, source=f"{args.source}/config.json")
     names = [n.strip() for n in args.classifiers.split(",") if n.strip()] if args.classifiers else None
     source = open_source(
         args.source,
@@ -58,6 +60,7 @@ def register(subparsers: Any) -> None:
     )
     s.add_argument("source", help="directory or URI of the images (or an annotations_cns.json file)")
     s.add_argument("--config", help="config supplying classifiers, filter, resources (default: a build output's own)")
+    add_set_argument(s)
     s.add_argument("--output", required=True, help="output directory or URI")
     s.add_argument("--filter", action="store_true", help="also run the OOC filter (default: keep every image)")
     s.add_argument("--classifiers", help="comma-separated classifier names of the config (default: all)")

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from pipeline.cli.options import add_set_argument, load_cli_config
 from pipeline.jobs import (
     _BUILD_PARSER,
     _add_connection_args,
@@ -20,6 +21,8 @@ from pipeline.jobs import (
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
+    if args.sets:
+        load_cli_config(args)  # a bad --set exits 2 here, not in the cluster's job
     try:
         job_id = submit_build(
             args.config,
@@ -31,6 +34,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             entrypoint_num_cpus=args.num_cpus,
             new_version=args.new_version,
             token_file=args.token_file,
+            sets=args.sets,
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a message and exit 1
         return _report(err)
@@ -98,6 +102,7 @@ def register(subparsers: Any) -> None:
         "config with the same --output again resumes the build.",
     )
     sp.add_argument("config", help="build config, inside the repository (e.g. configs/my_benchmark.yaml)")
+    add_set_argument(sp)
     sp.add_argument("--output", required=True, metavar="URI", help="output URI, e.g. s3://bucket/builds/name")
     _add_connection_args(sp)
     sp.add_argument("--num-gpus", type=float, default=0, metavar="N", help="GPUs reserved for the driver (default 0)")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeline.config import ConfigError, load_config
+from pipeline.cli.options import add_set_argument, load_cli_config
+from pipeline.config import ConfigError
 from pipeline.train.sliders import LOG_PREFIX, train_sliders
 
 
 def _cmd_train_sliders(args: argparse.Namespace) -> int:
     overrides = {"slider_training": {"iterations": args.iterations}} if args.iterations is not None else None
-    cfg = load_config(args.config, overrides)
+    cfg = load_cli_config(args, overrides)
     store = args.output or cfg.generator.slider_store
     if not store:
         raise ConfigError("no slider store: pass --output STORE or set generator.slider_store in the config")
@@ -36,6 +37,7 @@ def register(subparsers: Any) -> None:
         "files plus a metadata JSON each. Pairs already done are skipped, so rerunning resumes.",
     )
     p.add_argument("config")
+    add_set_argument(p)
     p.add_argument("--output", metavar="STORE", help="slider store directory or URI (default: generator.slider_store)")
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' trains in-process, no Ray")

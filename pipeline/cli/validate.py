@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.config import load_config
+from pipeline.cli.options import add_set_argument, load_cli_config
 
 VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misses thousands of sliders)
 
@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from pipeline.config import config_hash
 
-    cfg = load_config(args.config)
+    cfg = load_cli_config(args)
     summary = plan.summarize(cfg)
     print(f"config {args.config}: valid (hash {config_hash(cfg)[:12]})")
     for line in summary.lines():
@@ -46,4 +46,5 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     s = sub.add_parser("validate", help="check a config and print its plan and missing assets")
     s.add_argument("config")
+    add_set_argument(s)
     s.set_defaults(func=run)

@@ -6,13 +6,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipeline.config.base import ConfigError
 from pipeline.config.build import BuildConfig
+from pipeline.config.overrides import apply_overrides
 from pipeline.io import bounds
 
 _PATH_KEYS = {
@@ -115,8 +116,13 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | N
         raise ConfigError(format_validation_error(err, source)) from None
 
 
-def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> BuildConfig:
-    """Load and validate a YAML config file; raises :class:`ConfigError` with a readable message."""
+def load_config(
+    path: str | os.PathLike[str], overrides: dict[str, Any] | None = None, sets: Sequence[str] | None = None
+) -> BuildConfig:
+    """Load and validate a YAML config file; raises :class:`ConfigError` with a readable message.
+
+    ``overrides`` (a partial config) is merged into the file, then ``sets`` (``--set
+    key.path=value`` items, :mod:`.overrides`) are applied, all before validation."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -126,7 +132,11 @@ def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
         raise ConfigError(str(err)) from None
     if overrides:
         raw = deep_merge(raw or {}, overrides)
-    return parse_config(raw, source=str(p), base_dir=p.resolve().parent)
+    source = str(p)
+    if sets:
+        raw = apply_overrides(raw, sets)
+        source = f"{p} with --set {' --set '.join(sets)}"
+    return parse_config(raw, source=source, base_dir=p.resolve().parent)
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,32 @@
+"""Arguments shared by the commands that take a config: ``--set key.path=value``.
+
+Every such command calls :func:`add_set_argument` on its parser and loads its config
+with :func:`load_cli_config`, so overrides are parsed, merged and validated in one place
+(:mod:`pipeline.config.overrides`) and a bad key or value exits 2 naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pipeline.config import BuildConfig, load_config
+
+SET_HELP = (
+    "override a config value before validation (repeatable; the value is YAML), "
+    "e.g. --set generator.steps=3 --set benchmark.classes=[2] --set classifiers[0].name=x"
+)
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY.PATH=VALUE", help=SET_HELP)
+
+
+def set_args(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` items given to a command (to pass on to another command line)."""
+    return [f"--set={item}" for item in getattr(args, "sets", None) or []]
+
+
+def load_cli_config(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> BuildConfig:
+    """``args.config`` with ``overrides`` (a partial config) and the command's ``--set`` items."""
+    return load_config(args.config, overrides, sets=getattr(args, "sets", None))
