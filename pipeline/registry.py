@@ -102,6 +102,22 @@ CLASSIFIERS.register(
     "a TorchScript file (torch.jit.save) with input size, mean and std; for models timm cannot express",
 )
 CLASSIFIERS.register("torch_hub", "pipeline.models.classifiers:TorchHubClassifier", "a torch.hub entry point ('repo:entry'), e.g. DINOv2 + linear head")
+CLASSIFIERS.register(
+    "vlm", "pipeline.models.vlm:VLMClassifier",
+    "a vision-language model (transformers image-text-to-text: LLaVA, Qwen2-VL, ...) asked per classifiers[].protocol",
+)
+
+# How a vlm classifier is asked and scored (``classifiers[].protocol.kind``): pipeline.models.vqa_protocols.
+VQA_PROTOCOLS = Registry("VQA protocol")
+VQA_PROTOCOLS.register(
+    "two_choice", "pipeline.models.vqa_protocols:TwoChoice",
+    "ImageNet-D's VQA: truth + the distractor's top-1 (top-2 if right), T=0.2, substring + synonyms; both/neither excluded",
+)
+VQA_PROTOCOLS.register(
+    "multiple_choice", "pipeline.models.vqa_protocols:MultipleChoice",
+    "k options: truth + k-1 distractors from a classifier's top-k or the label space, order seeded by the sample id",
+)
+VQA_PROTOCOLS.register("open", "pipeline.models.vqa_protocols:Open", "a free answer matched to every class name and its synonyms")
 
 # Aggregation (``aggregate.analyses``): see pipeline.analyses.base.
 ANALYSES = Registry("analysis")
@@ -154,6 +170,7 @@ ALL: dict[str, Registry] = {
     "mask providers (source.masks.kind)": MASKS,
     "filters (filter.kind)": FILTERS,
     "classifiers (classifiers[].kind)": CLASSIFIERS,
+    "VQA protocols (classifiers[].protocol.kind, kind vlm)": VQA_PROTOCOLS,
     "analyses (aggregate.analyses)": ANALYSES,
     "executors (--runner)": EXECUTORS,
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Strict
 from pipeline.config.filter import Preprocessing
@@ -13,7 +13,7 @@ from pipeline.io import bounds
 
 class ClassifierSpec(Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.\-]+$", description="unique display name")
-    kind: str = Field("timm", description="registry key: timm | open_clip_zeroshot")
+    kind: str = Field("timm", description="registry key: timm | open_clip_zeroshot | torchscript | torch_hub | vlm")
     model: str = Field(..., description="timm model name (arch.tag) or open_clip architecture")
     checkpoint: str | None = Field(None, description="local weights file (timm) or pretrained tag/file (open_clip)")
     model_config_file: str | None = Field(None, description="open_clip: JSON architecture of a custom model")
@@ -25,6 +25,23 @@ class ClassifierSpec(Strict):
     preprocess: Preprocessing | None = Field(
         None, description="cns: Resize(256) bicubic, CenterCrop(224), ImageNet mean/std; model: the model's own"
     )
+    protocol: dict[str, Any] | None = Field(
+        None, description="vlm: how the model is asked and scored (kind two_choice | multiple_choice | open, ...)"
+    )
+    dtype: str | None = Field(None, description="vlm: weights dtype float32 | float16 | bfloat16 (default float32)")
+
+    @model_validator(mode="after")
+    def _vlm(self) -> "ClassifierSpec":
+        from pipeline.models.vqa_protocols import resolve_protocol
+
+        if self.kind == "vlm":
+            # Defaults filled in, so config.json records the prompt and every parameter.
+            self.__dict__["protocol"] = resolve_protocol(self.protocol, "protocol")
+            if self.dtype not in (None, "float32", "float16", "bfloat16"):
+                raise ValueError(f"dtype: must be float32, float16 or bfloat16, got {self.dtype!r}")
+        elif self.protocol is not None or self.dtype is not None:
+            raise ValueError(f"protocol / dtype: only a classifier of kind vlm takes them (kind is {self.kind!r})")
+        return self
 
     @field_validator("templates")
     @classmethod
