@@ -149,6 +149,18 @@ def test_rainbow_grey_segmented_transparent_at_strength_one():
     assert np.array_equal(tr[..., :3], img)
 
 
+def test_rainbow_hue_wraps_in_uint8_before_the_modulo_as_the_script():
+    # Color_image.py: turn_hsv[:, :, 0] = (turn_hsv[:, :, 0] + hues) % 180 on a uint8 array.
+    hues = np.array([0, 80, 100, 170, 179], dtype=np.uint8)
+    script = (hues + np.uint8(90)) % 180  # numpy keeps uint8: 170 + 90 = 260 -> 4
+    assert script.tolist() == [90, 170, 10, 4, 13]
+    hsv = np.stack([hues, np.full(5, 200, np.uint8), np.full(5, 200, np.uint8)], -1)[None]
+    img = imageops.hsv_to_rgb(hsv)
+    got = imageops.rgb_to_hsv(imageops.shift_hue(img, 90))[0, :, 0].astype(int)
+    assert np.abs(got - script.astype(int)).max() <= 1  # one unit of HSV round trip
+    assert abs(int(got[3]) - 80) > 60  # a plain rotation would give 80
+
+
 def test_bad_strength_and_unknown_scenario_are_errors():
     img, mask = _image()
     with pytest.raises(ValueError, match="strength must be in"):

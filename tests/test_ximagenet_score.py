@@ -35,6 +35,62 @@ def test_table2_is_reproduced_by_the_table_variant(model):
     assert abs(got["score"] - score) < 2 * TOL
 
 
+# Seed 003, Table 1: top-1 accuracies in % on the same eight scenarios (Blur_bg, Blur_obj, Color_g,
+# Color_b, Color_grey, Color_r, Rand_bg, Seg_img): EX1 (trained on originals) and EX2 (trained and
+# tested on the scenario) -- C(i) and C'(i).  mu and mu' are not printed.
+TABLE1 = {
+    "ResNet50": ([90.97, 88.17, 84.42, 86.98, 92.13, 89.03, 22.41, 68.55], [83.52, 80.24, 83.61, 84.45, 84.71, 80.40, 53.91, 85.76]),
+    "DenseNet121": ([93.77, 88.92, 87.39, 87.33, 93.23, 88.21, 26.41, 69.67], [90.79, 86.57, 88.92, 89.96, 90.44, 87.37, 69.58, 91.60]),
+    "VGG-16": ([89.92, 89.91, 78.64, 70.46, 81.48, 80.68, 24.58, 49.62], [74.85, 71.54, 74.18, 76.26, 77.58, 69.91, 70.25, 73.27]),
+    "ViT": ([88.44, 90.77, 65.87, 62.82, 70.69, 66.53, 17.21, 49.01], [71.51, 70.21, 74.77, 75.96, 75.80, 71.14, 38.01, 78.69]),
+    "Swin": ([80.97, 81.57, 64.59, 65.91, 69.28, 64.41, 19.43, 44.57], [72.81, 75.02, 81.05, 81.96, 81.63, 76.42, 13.23, 80.64]),
+}
+# A cell (C - mu)^2 in % from accuracies rounded to 0.01 %: the printed cell's rounding (0.005)
+# plus 2 |C - mu| x 0.005 % (< 0.0075) -- 0.02 covers both.
+CELL_TOL = 0.02
+
+
+def _reference(acc: list[float], cells: list[float]) -> float:
+    """The reference accuracy (mu or mu') the printed cells imply: least squares on a 1e-5 grid."""
+    a, c = np.array(acc) / 100, np.array(cells) / 100
+    grid = np.arange(0, 1, 1e-5)
+    err = (((a[None, :] - grid[:, None]) ** 2 - c[None, :]) ** 2).sum(1)
+    return float(grid[err.argmin()])
+
+
+@pytest.mark.parametrize("model", ["ResNet50", "DenseNet121", "VGG-16", "ViT"])
+def test_table2_is_reproduced_from_the_table1_accuracies(model):
+    """Every cell of Table 2 is (C(i) - mu)^2 of Table 1's accuracies, with one mu per row and a separate mu'."""
+    ext, inn, v_ext, v_inn, score = TABLE2[model]
+    cross, inner = (np.array(x) / 100 for x in TABLE1[model])
+    mu, mu_inner = _reference(TABLE1[model][0], ext), _reference(TABLE1[model][1], inn)
+    assert np.abs((cross - mu) ** 2 * 100 - ext).max() < CELL_TOL
+    assert np.abs((inner - mu_inner) ** 2 * 100 - inn).max() < CELL_TOL
+    assert mu > mu_inner + 0.05  # mu' is not mu: trained and tested on originals vs the EX2 reference
+    got = robustness_score(list(cross), list(inner), mu, mu_inner, "table")
+    assert abs(got["var_cross"] - v_ext) < TOL and abs(got["var_inner"] - v_inn) < TOL
+    assert abs(got["score"] - score) < 2 * TOL
+
+
+def test_the_swin_row_is_not_reproducible_from_its_accuracies():
+    """Swin's internal Blur_object and Segmented_image cells are C'(i)^2: computed with mu' = 0."""
+    ext, inn, v_ext, v_inn, score = TABLE2["Swin"]
+    cross, inner = (np.array(x) / 100 for x in TABLE1["Swin"])
+    mu = _reference(TABLE1["Swin"][0], ext)
+    assert np.abs((cross - mu) ** 2 * 100 - ext).max() < CELL_TOL  # the external row is fine
+    zero = [1, 7]  # Blur_object, Segmented_image
+    assert np.abs(inner[zero] ** 2 * 100 - np.array(inn)[zero]).max() < CELL_TOL  # 0.7502^2, 0.8064^2
+    rest = [i for i in range(8) if i not in zero]
+    mu_inner = _reference([TABLE1["Swin"][1][i] for i in rest], [inn[i] for i in rest])
+    assert np.abs((inner[rest] - mu_inner) ** 2 * 100 - np.array(inn)[rest]).max() < CELL_TOL
+    assert np.abs((inner[zero] - mu_inner) ** 2 * 100 - np.array(inn)[zero]).min() > 40  # not with the row's mu'
+    # The printed variance and score follow the mixed cells, not one mu'.
+    mixed = score_from_squared_deviations([x / 100 for x in ext], list((inner[rest] - mu_inner) ** 2) + list(inner[zero] ** 2))
+    assert abs(mixed["var_inner"] - v_inn) < TOL and abs(mixed["score"] - score) < 2 * TOL
+    one = robustness_score(list(cross), list(inner), mu, mu_inner, "table")
+    assert one["score"] == pytest.approx(0.803, abs=1e-3)  # with one mu' Swin scores 0.803, not 0.6305
+
+
 def test_the_printed_equations_divide_by_n_and_do_not_give_the_table():
     ext, inn, v_ext, v_inn, score = TABLE2["ResNet50"]
     got = score_from_squared_deviations([x / 100 for x in ext], [x / 100 for x in inn], "equation")

@@ -1,7 +1,10 @@
 """Mask providers ``none`` and ``folder``.
 
 ``folder``: ``{source.masks.path}/<class folder>/<image stem>.png`` beside a collection's
-``<class folder>/<image>``; a pixel is object when its grey value is >= 128.
+``<class folder>/<image>``; a pixel is object when its value (any channel) is non-zero, as in the
+XIMAGENET-12 scripts (``Color_image.py`` tests ``mask == 0`` for background,
+``MaskStandardization.py`` maps every non-zero value to 255), so the release's ``masks/``
+and ``standard_masks/`` give the same objects.
 """
 
 from __future__ import annotations
@@ -44,5 +47,6 @@ class FolderMasks(MaskProvider):
         stem = os.path.splitext(rel)[0] + ".png"
         path = confined(self.spec.path, stem, what="source.masks.path")
         with Image.open(path) as m:
-            arr = np.asarray(m.convert("L").resize(image.size, Image.NEAREST)) >= 128
-        return arr
+            plane = m.convert("L") if m.mode in ("1", "L", "I", "I;16", "F") else m.convert("RGB")
+            arr = np.asarray(plane.resize(image.size, Image.NEAREST))
+        return arr > 0 if arr.ndim == 2 else (arr > 0).any(axis=-1)

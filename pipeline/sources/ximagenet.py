@@ -15,6 +15,19 @@ original) is one trajectory of two scales: 0 = the original, 1 = the scenario im
 seed is the original's index within its class (sorted names).  So the robustness score
 (``C(i)`` at scale 1, ``mu`` at scale 0) and the scenario regression run on the release
 unchanged.  Scenario images without an original are skipped (counted in the notes).
+
+The release also holds folders that are not scenarios (:data:`MASK_FOLDERS`): the object
+masks ``masks/`` and their 0/255 version ``standard_masks/`` (``MaskStandardization.py``),
+and ``segmented_image_transparent/`` (``Segmentbackground.py``: the RGB image with the mask
+as alpha).  They are never indexed as scenarios; :func:`mask_folder` names the one to read
+masks from (``source.masks: {kind: folder, path: ...}``), and the notes count the originals
+that have a mask.  The segmented scenario is stored nested,
+``segmented_image/segmented_image/<wnid>`` (``segementwithRGB.py``); a scenario folder
+whose only sub-folder carries its own name is read one level down.
+
+Class folders renamed ``0`` .. ``11``, as the original training script (``train.py``)
+tells its users, say nothing about which class is which: they are refused (SourceError,
+exit 2) with the WordNet ids to rename them to.
 """
 
 from __future__ import annotations
@@ -72,6 +85,9 @@ SCENARIO_ALIASES = {
     "bright_changing_bg": "bright_background",
     "bright_changing_fg": "bright_object",
 }
+# Folders of the release that hold masks, not scenarios (matched after :func:`normalise`).
+MASK_FOLDERS = ("masks", "standard_masks", "segmented_image_transparent")
+BARE_NUMBER = re.compile(r"^\d+$")
 IMAGE_ID = re.compile(r"(n\d{8}_\d+)")
 _SUFFIXES = ("_segmented", "_transparent", "_blur", "_bright")
 
@@ -97,12 +113,41 @@ def image_key(filename: str) -> str:
 
 
 def class_of_folder(folder: str, labels: LabelSpace) -> int | None:
+    """ImageNet index of a class folder: one of the 12 wnids or ``NNN_name`` (a bare number is no class)."""
     if folder in XIMAGENET_CLASSES:
         return XIMAGENET_CLASSES[folder][0]
-    m = re.match(r"^(\d+)(?:[_\- ].*)?$", folder)
+    m = re.match(r"^(\d+)[_\- ].*$", folder)
     if m and 0 <= int(m.group(1)) < len(labels):
         return int(m.group(1))
     return None
+
+
+def bare_number_message(location: str, scenario: str, folder: str) -> str:
+    wnids = ", ".join(f"{w} ({name})" for w, (_, name) in sorted(XIMAGENET_CLASSES.items()))
+    return (
+        f"{location}: class folder {folder!r} in {scenario!r} is a bare number: the original training script "
+        "renames the 12 class folders 0..11, which does not say which class is which (read as ImageNet indices "
+        f"they would be ImageNet classes 0..11). Rename each class folder to its WordNet id: {wnids}"
+    )
+
+
+def is_mask_folder(name: str) -> bool:
+    return normalise(name) in MASK_FOLDERS
+
+
+def mask_folder(fs: Any, root: str) -> str | None:
+    """The release's mask folder to read masks from: ``standard_masks`` (0/255), else ``masks``; None without one."""
+    by_name = {normalise(posixpath.basename(p.rstrip("/"))): p for p in fs.ls(root, detail=False) if fs.isdir(p)}
+    return by_name.get("standard_masks") or by_name.get("masks")
+
+
+def class_dirs(fs: Any, folder: str) -> list[str]:
+    """The class folders of a scenario folder, one level down when it nests a folder of its own name."""
+    subs = sorted(p for p in fs.ls(folder, detail=False) if fs.isdir(p))
+    own = normalise(posixpath.basename(folder.rstrip("/")))
+    if len(subs) == 1 and normalise(posixpath.basename(subs[0].rstrip("/"))) == own:
+        return sorted(p for p in fs.ls(subs[0], detail=False) if fs.isdir(p))
+    return subs
 
 
 def is_ximagenet(fs: Any, root: str) -> bool:
@@ -116,7 +161,8 @@ def is_ximagenet(fs: Any, root: str) -> bool:
     if not originals or len(names) < 2:
         return False
     inner = [posixpath.basename(p.rstrip("/")) for p in fs.ls(originals[0], detail=False) if fs.isdir(p)]
-    return any(n in XIMAGENET_CLASSES or re.match(r"^\d+[_\- ]", n) for n in inner)
+    # Bare numbers count too, so that a tree renamed for train.py is refused by the loader, not read as classes.
+    return any(n in XIMAGENET_CLASSES or re.match(r"^\d+([_\- ]|$)", n) for n in inner)
 
 
 def load_ximagenet(location: str, labels: LabelSpace):
@@ -143,8 +189,10 @@ def load_ximagenet(location: str, labels: LabelSpace):
 
     def images_of(folder: str) -> dict[int, dict[str, str]]:
         out: dict[int, dict[str, str]] = defaultdict(dict)
-        for cdir in sorted(p for p in fs.ls(folder, detail=False) if fs.isdir(p)):
+        for cdir in class_dirs(fs, folder):
             cname = posixpath.basename(cdir.rstrip("/"))
+            if BARE_NUMBER.match(cname):
+                raise SourceError(bare_number_message(location, posixpath.basename(folder.rstrip("/")), cname))
             cid = class_of_folder(cname, labels)
             if cid is None:
                 raise SourceError(
@@ -162,7 +210,7 @@ def load_ximagenet(location: str, labels: LabelSpace):
     groups: dict[tuple[str, int, int], dict[float, Any]] = {}
     formats, unmatched, scenarios = [], 0, []
     for name, folder in sorted(by_name.items()):
-        if name == orig_name:
+        if name == orig_name or is_mask_folder(name):
             continue
         scenario = scenario_name(name)
         _check_shift(scenario, f"{location}: scenario folder {posixpath.basename(folder)!r}")
@@ -184,6 +232,26 @@ def load_ximagenet(location: str, labels: LabelSpace):
         raise SourceError(f"{location}: two scenario folders map to the same scenario name: {sorted(scenarios)}")
     names = {cid: labels.name(cid) for (_, cid, _) in groups}
     notes = [f"{unmatched} scenario image(s) without an original of the same id were skipped"] if unmatched else []
+    notes += _mask_notes(fs, root, originals)
     src = Source("ximagenet", location, _group_rows(groups, names), _dominant_format(formats), notes,
                  analyses=["robustness_score", "scenario_regression"])
     return src
+
+
+def _mask_notes(fs: Any, root: str, originals: dict[int, dict[str, str]]) -> list[str]:
+    """What the release's mask folders hold (never scenarios): how many originals have a mask."""
+    skipped = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)
+                     if fs.isdir(p) and is_mask_folder(posixpath.basename(p.rstrip("/"))))
+    folder = mask_folder(fs, root)
+    if folder is None:
+        return []
+    have = set()
+    for cdir in class_dirs(fs, folder):
+        have |= {image_key(p) for p in fs.ls(cdir, detail=False) if p.lower().endswith(".png")}
+    total = sum(len(files) for files in originals.values())
+    with_mask = sum(1 for files in originals.values() for key in files if key in have)
+    return [
+        f"mask folders {', '.join(skipped)} are not scenarios; masks are read from "
+        f"{posixpath.basename(folder.rstrip('/'))}/ ({with_mask} of {total} originals have one; any non-zero value "
+        f"is object): source.masks {{kind: folder, path: {folder}}}"
+    ]

@@ -9,13 +9,21 @@ published transform with the published parameters (:mod:`.scenarios` documents e
 :mod:`.generated` the generated background).  The original image and its object mask
 come from the build's image source and mask provider (``source.masks``).
 
-Random parameters of a scenario (a hue, a hue shift, which other image is the random
+Random parameters of a scenario (a hue, a hue shift, which image is the random
 background) are drawn from the coordinates (class, seed, scenario), so a trajectory's
 strengths share them and a rebuild gets the same images.
+
+The random background comes, as in ``generated_background.py``, from a class outside the
+benchmark (``background_class``, default ``n02123159``, tiger cat, outside the 12), so no
+competing benchmark label enters the image; the unit's image and mask are resized to the
+background's size (the script resizes the segmented object to the background), so the
+scenario image has the background's size.  ``background_class: null`` takes another class
+of the build instead (``background_classes``), a deviation kept as an option.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections import OrderedDict
 from typing import Any, ClassVar, Literal
@@ -35,8 +43,15 @@ class MaskedScenarioOptions(BaseModel):
         description="add: the published addWeighted(background, 1, segmented object, 1, 0) (the background also "
         "shows under the object); paste: object pixels kept",
     )
+    background_class: int | str | None = Field(
+        "n02123159",
+        description="random background: the class its images come from, outside the benchmark (an ImageNet "
+        "WordNet id, a class index or name of the label space; default n02123159 as generated_background.py); "
+        "null: a class of the build (background_classes)",
+    )
     background_classes: Literal["others", "any"] = Field(
-        "others", description="random background: an image of another class of the build (others) or of any class"
+        "others",
+        description="with background_class null: an image of another class of the build (others) or of any class",
     )
     background_prompt: str | None = Field(
         None,
@@ -44,6 +59,20 @@ class MaskedScenarioOptions(BaseModel):
         "default generator.prompt (the class prompt)",
     )
     generated_seed_offset: int = Field(1, description="generated_background: noise seed = unit seed + offset")
+
+
+def resolve_background_class(value: int | str, labels: Any) -> int:
+    """Class id of ``background_class`` in the label space (a WordNet id on ImageNet-1k, an index or a name)."""
+    from pipeline.imagenet import wnid_index
+
+    if isinstance(value, str) and re.fullmatch(r"n\d{8}", value):
+        if len(labels) != 1000:
+            raise ValueError(f"background_class {value!r} is an ImageNet WordNet id, but the label space is not ImageNet-1k")
+        cid = wnid_index(value)
+        if cid is None:
+            raise ValueError(f"background_class {value!r} is not an ImageNet-1k WordNet id")
+        return cid
+    return labels.resolve(value)
 
 
 def scenario_seed(class_id: int, seed: int, scenario: str) -> list[int]:
@@ -73,6 +102,18 @@ class MaskedScenarioFamily(Family):
             problems.append(f"{key}: masked_scenario strengths must be in [0, 1], got {bad}")
         if config.source.masks.kind == "none":
             problems.append("source.masks.kind: masked_scenario needs object masks (e.g. 'folder', 'cross_attention', 'ink')")
+        where = "generator.options" if group.primary else f"{group.where}.options"
+        if "random_background" in group.shifts and group.options.background_class is not None:
+            try:
+                cid = resolve_background_class(group.options.background_class, config.benchmark.label_space)
+            except ValueError as err:
+                problems.append(f"{where}.background_class: {err}")
+            else:
+                if cid in config.benchmark.classes:
+                    problems.append(
+                        f"{where}.background_class: class {cid} ({config.benchmark.class_name(cid)}) is a class of the "
+                        "benchmark; the random background comes from a class outside it"
+                    )
         if GENERATED in group.shifts and config.source.kind != "seed":
             import os
 
@@ -89,13 +130,16 @@ class MaskedScenarioFamily(Family):
 
     # ------------------------------------------------------------------ backgrounds and the painter
     def _background(self, ctx: UnitContext, rng) -> tuple[Any, dict[str, Any]]:
-        """Another unit's original image, chosen by ``rng`` (the random real background)."""
+        """The random real background: an image of ``background_class`` (or of a build class), chosen by ``rng``."""
         import numpy as np
 
         bench = self.config.benchmark
-        classes = list(bench.classes)
-        if self.options.background_classes == "others" and len(classes) > 1:
-            classes = [c for c in classes if c != ctx.class_id]
+        if self.options.background_class is not None:
+            classes = [resolve_background_class(self.options.background_class, bench.label_space)]
+        else:
+            classes = list(bench.classes)
+            if self.options.background_classes == "others" and len(classes) > 1:
+                classes = [c for c in classes if c != ctx.class_id]
         cid = int(classes[int(rng.integers(0, len(classes)))])
         seed = int(bench.seeds[int(rng.integers(0, len(bench.seeds)))])
         key = (cid, seed)
@@ -153,14 +197,17 @@ class MaskedScenarioFamily(Family):
                 images, seconds = painted.images, painted.seconds
                 recorded.update(painted.params)
             else:
+                fg, fg_mask = img, mask
                 if shift == "random_background":
                     bg, where = self._background(ctx, rng)
-                    if bg.shape != img.shape:
-                        bg = np.asarray(Image.fromarray(bg).resize((img.shape[1], img.shape[0]), Image.BILINEAR))
+                    if bg.shape[:2] != img.shape[:2]:  # the object resized to the background, as the script
+                        size = (bg.shape[1], bg.shape[0])
+                        fg = np.asarray(Image.fromarray(img).resize(size, Image.BILINEAR))
+                        fg_mask = np.asarray(Image.fromarray(mask).resize(size, Image.NEAREST))
                     draws["background"] = bg
                     recorded.update(where)
                 images = [
-                    base.image if s == 0 else Image.fromarray(scenarios.apply(shift, img, mask, s, draws, opts))
+                    base.image if s == 0 else Image.fromarray(scenarios.apply(shift, fg, fg_mask, s, draws, opts))
                     for s in scales
                 ]
             params = [{"scenario": shift, "strength": s, **recorded, **mask_info} for s in scales]

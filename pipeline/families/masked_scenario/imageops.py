@@ -106,7 +106,11 @@ def set_hue(img: np.ndarray, hue: int) -> np.ndarray:
 
 
 def shift_hue(img: np.ndarray, delta: int) -> np.ndarray:
-    """Every pixel's hue rotated by ``delta`` (OpenCV units, modulo 180)."""
+    """Every pixel's hue shifted by ``delta`` as ``Color_image.py`` does: ``(h + delta) % 180`` on a uint8 array.
+
+    The sum wraps at 256 before the ``% 180`` (a hue of 170 shifted by 90 gives 260 -> 4,
+    not 80), so hues near the top of the range land near red instead of rotating on.
+    """
     hsv = rgb_to_hsv(img)
-    hsv[..., 0] = (hsv[..., 0].astype(int) + delta) % 180
+    hsv[..., 0] = ((hsv[..., 0].astype(int) + delta) % 256) % 180
     return hsv_to_rgb(hsv)

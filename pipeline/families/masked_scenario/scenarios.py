@@ -15,7 +15,8 @@ blur_object            object        GaussianBlur 15x15, sigma 3 / sigma ramps 0
 image_r, _g, _b        background    HSV hue set to one value drawn from R [0, 29] or [150, 180]
                                      (either half with p = 1/2), G [30, 89], B [90, 149] (OpenCV
                                      hue units, degrees / 2) / pixel blend with the original
-image_rainbow          background    hue rotated by d ~ U{0..90} (mod 180) / rotation round(s d)
+image_rainbow          background    hue shifted by d ~ U{0..90}: (h + d) wrapped in uint8, then
+                                     % 180 / shift round(s d)
 image_grey             background    grey (ITU-R 601 luma) / pixel blend
 bright_background      background    unsharp mask addWeighted(img, 1.5, GaussianBlur 9x9 sigma 4,
                                      0.9, 1.9) / weights ramp (1 + 0.5 s, 0.9 s, 1.9 s)
@@ -23,17 +24,19 @@ bright_object          object        the same on the object
 segmented_image        background    set to (0, 0, 0) / background scaled by (1 - s)
 transparent_image      background    RGBA with alpha 0 on the background, RGB kept / alpha
                                      255 (1 - s)
-random_background      image         another image B resized to the size of this one,
-                                     addWeighted(B, 1, segmented, 1, 0): background = B,
-                                     object = saturate(object + B) / background (1-s) I + s B,
-                                     object saturate(I + s B).  ``paste`` mode: object kept.
+random_background      image         an image B of a class outside the benchmark; this image and
+                                     its mask resized to B's size, addWeighted(B, 1, segmented,
+                                     1, 0): background = B, object = saturate(object + B) /
+                                     background (1-s) I + s B, object saturate(I + s B).
+                                     ``paste`` mode: object kept.
 =====================  ============  ===========================================================
 
 (``generated_background`` needs the text-to-image model: :mod:`.generated`.)
 
 Quirks of the scripts kept on purpose: the overexposure blur passes ``cv2.BORDER_DEFAULT``
 (= 4) where the sigma goes, so its sigma is 4; the R/G/B scenarios *set* the hue rather
-than shift it; the random-background blend adds the background under the object too.
+than shift it; the rainbow shift wraps in uint8 before its ``% 180``; the random-background
+blend adds the background under the object too.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("image_r", "background", _hue_set, "background hue set to a red hue"),
         Scenario("image_g", "background", _hue_set, "background hue set to a green hue"),
         Scenario("image_b", "background", _hue_set, "background hue set to a blue hue"),
-        Scenario("image_rainbow", "background", _rainbow, "background hue rotated by 0..90 (OpenCV units)"),
+        Scenario("image_rainbow", "background", _rainbow, "background hue shifted by 0..90 (OpenCV units, uint8 wrap)"),
         Scenario("image_grey", "background", _grey, "background in grey"),
         Scenario("bright_background", "background", _bright("background"), "overexposed background (unsharp mask)"),
         Scenario("bright_object", "object", _bright("object"), "overexposed object (unsharp mask)"),
