@@ -71,14 +71,15 @@ def test_accuracy_drop_failure_points_and_published_summary_by_hand():
     assert size.loc[0.7, "value"] == pytest.approx(0.08) and size.loc[0.7, "parameter"] == "target_share"
     rot = table[(table["classifier"] == "linear") & (table["attribute"] == "rotation")].set_index("level")
     assert rot.loc[0.5, "value"] == pytest.approx(45.0)  # no params: the default mapping (90 degrees at 1)
-    # Published: rates 0.1, 0.08, 0.05 (levels 0.5, 0.7, 1) and the strongest rotation level.
+    # Published: rates 0.1, 0.08, 0.05 (levels 0.5, 0.7, 1); rotation has no published level (the
+    # released direction set is random).
     pub = table[(table["classifier"] == "linear") & table["published"]]
-    assert sorted(zip(pub["attribute"], pub["level"])) == [("rotation", 1.0), ("size", 0.5), ("size", 0.7), ("size", 1.0)]
+    assert sorted(zip(pub["attribute"], pub["level"])) == [("size", 0.5), ("size", 0.7), ("size", 1.0)]
     summ = result.tables["attributes_summary"].set_index("classifier")
-    # linear: drops 0.5, 0.5, 1.0 (size) and 0 (rotation) -> mean 0.5 (positive = accuracy fell)
-    assert summ.loc["linear", "mean_drop_published"] == pytest.approx(0.5)
-    # cnn: size 0, 0, 0 and rotation at 1.0: 0.5 -> mean 0.125
-    assert summ.loc["cnn", "mean_drop_published"] == pytest.approx(0.125)
+    # linear: drops 0.5, 0.5, 1.0 (size) -> mean 2/3 (positive = accuracy fell)
+    assert summ.loc["linear", "mean_drop_published"] == pytest.approx(2 / 3)
+    # cnn: size 0, 0, 0 -> 0 (its rotation drop 0.5 at level 1 is not a published level)
+    assert summ.loc["cnn", "mean_drop_published"] == pytest.approx(0.0)
     assert summ.loc["cnn", "accuracy_original"] == pytest.approx(1.0)
     fps = result.tables["attributes_failure_points"]
     lin = fps[(fps["classifier"] == "linear") & (fps["attribute"] == "size")].set_index("level")
@@ -87,6 +88,30 @@ def test_accuracy_drop_failure_points_and_published_summary_by_hand():
     assert cnn.loc[0.25, "fp_ratio_cumulative"] == pytest.approx(0.5)
     assert [r["classifier"] for r in result.json["summary"]] == ["linear", "cnn"]
     assert "Attribute edits" in result.title and "<table" in result.html
+
+
+def test_random_sets_without_a_level_are_reported_apart_and_left_out_of_the_published_mean():
+    samples, preds = _tables({
+        ("linear", "size", 1): [True, True, False, False, False],
+        ("linear", "size", 2): [True, True, True, True, False],
+    })
+    extra_s, extra_p = [], []
+    for seed, ok in ((1, False), (2, True)):
+        for scale, good in ((0.0, True), (1.0, ok)):  # released rp: the original and the set's image
+            sid = sample_id("random_position", 3, seed, scale)
+            extra_s.append({"sample_id": sid, "trajectory_id": trajectory_id("random_position", 3, seed),
+                            "shift": "random_position", "scale": scale, "kept": True, "params": ""})
+            extra_p.append({"sample_id": sid, "classifier": "linear", "correct": good})
+    samples = pd.concat([samples, pd.DataFrame(extra_s)], ignore_index=True)
+    preds = pd.concat([preds, pd.DataFrame(extra_p)], ignore_index=True)
+    result = run(AnalysisContext(_config(), samples, preds))
+    assert "random_position" not in set(result.tables["attributes"]["attribute"])  # not a level curve
+    sets = result.tables["attributes_release_sets"]
+    assert sets.to_dict("records") == [{"classifier": "linear", "attribute": "random_position", "accuracy_original": 1.0,
+                                        "accuracy": 0.5, "accuracy_drop": 0.5, "n": 2}]
+    summ = result.tables["attributes_summary"].set_index("classifier")
+    assert summ.loc["linear", "mean_drop_published"] == pytest.approx(2 / 3)  # the size levels only
+    assert summ.loc["linear", "drop_random_position"] == pytest.approx(0.5)
 
 
 def test_background_published_level_is_lambda_20():

@@ -12,7 +12,7 @@ from PIL import Image
 
 from pipeline.labels import label_space
 from pipeline.sources import SourceError, detect_kind, open_source
-from pipeline.sources.imagenet_e import imagenet_wnids, load_imagenet_e, parse_set
+from pipeline.sources.imagenet_e import load_imagenet_e, parse_set
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = REPO / "assets" / "world" / "world.json"
@@ -34,10 +34,10 @@ DIGITS = label_space(["zero", "one", "two", "three", "four", "five", "six", "sev
         ("size0.08", ("size", 0.7)),
         ("rate-0.05", ("size", 1.0)),
         ("full", ("size_full", 1.0)),
-        ("rp", ("position", 1.0)),
-        ("random_position", ("position", 1.0)),
-        ("rd", ("rotation", 1.0)),
-        ("ro", ("rotation", 1.0)),
+        ("rp", ("random_position", None)),  # a random box position per image: no level
+        ("random_position", ("random_position", None)),
+        ("rd", ("random_direction", None)),
+        ("ro", ("random_direction", None)),
         ("unknown_set", None),
         ("size_0.5", None),  # larger than the scale's origin (0.15): no level
     ],
@@ -46,13 +46,16 @@ def test_set_names(name, expected):
     got = parse_set(name)
     if expected is None:
         assert got is None
+    elif expected[1] is None:
+        assert got == expected
     else:
         assert got[0] == expected[0] and got[1] == pytest.approx(expected[1])
 
 
 def test_wordnet_ids_in_imagenet_order():
-    wnids = imagenet_wnids()
-    assert len(wnids) == 1000 and wnids["n01440764"] == 0 and wnids["n15075141"] == 999
+    from pipeline.imagenet import wnid_index, wnids
+
+    assert len(wnids()) == 1000 and wnid_index("n01440764") == 0 and wnid_index("n15075141") == 999
 
 
 def _release(root: Path, sets=("ori", "bg-20", "bg_20", "bg20_adv", "size_0.1", "size_0.05", "full", "rp", "rd")):
@@ -65,14 +68,21 @@ def _release(root: Path, sets=("ori", "bg-20", "bg_20", "bg20_adv", "size_0.1", 
     return root
 
 
+def rows_of(src, shift: str) -> list[dict]:
+    return [r for r in src.rows if r["shift"] == shift]
+
+
 def test_layout_to_trajectories(tmp_path):
     root = _release(tmp_path / "ie")
     assert detect_kind(str(root)) == "imagenet_e"
     src = open_source(str(root), DIGITS)
     assert src.kind == "imagenet_e" and src.classes == [3, 7]
     assert set(src.shifts) == {
-        "background_complexity", "background_simplicity", "background_complexity_adv", "size", "size_full", "position", "rotation",
+        "background_complexity", "background_simplicity", "background_complexity_adv", "size", "size_full",
+        "random_position", "random_direction",
     }
+    assert rows_of(src, "random_position")[0]["scales"] == [0.0, 1.0]  # scale 1 marks the set, not a level
+    assert any("rp=random_position (no level)" in n for n in src.notes)
     rows = {r["trajectory_id"]: r for r in src.rows}
     # Stems sorted within a class give the seeds: ..._00000003 -> 0, ..._00000007 -> 1.
     size = rows["size/003/seed_0001"]
@@ -93,6 +103,12 @@ def test_levels_file_and_errors(tmp_path):
     assert src.shifts == ["rotation"] and src.scales == [0.0, 0.5]
     (root / "levels.json").write_text(json.dumps({"mystery": {"attribute": "rotation"}}))
     with pytest.raises(SourceError, match="levels.json: entry 'mystery'"):
+        load_imagenet_e(str(root), DIGITS)
+    (root / "levels.json").write_text(json.dumps({"mystery": {"attribute": "random_crop", "level": None}}))
+    src = load_imagenet_e(str(root), DIGITS)
+    assert src.shifts == ["random_crop"] and any("random_crop (no level)" in n for n in src.notes)
+    (root / "levels.json").write_text(json.dumps({"mystery": {"attribute": "crop", "level": None}}))
+    with pytest.raises(SourceError, match="without a level needs an attribute named random_"):
         load_imagenet_e(str(root), DIGITS)
     bad = _release(tmp_path / "no_ori", sets=("bg_20",))
     with pytest.raises(SourceError, match="no set of unedited originals"):
@@ -117,12 +133,16 @@ def test_evaluate_reports_accuracy_per_attribute_and_level(tmp_path):
     assert list(table.columns[:5]) == ["classifier", "attribute", "level", "accuracy", "accuracy_drop"]
     levels = {a: sorted(set(t["level"])) for a, t in table.groupby("attribute")}
     assert levels["size"] == [0.0, 0.5, 1.0] and levels["size_full"] == [0.0, 1.0]
-    assert levels["background_simplicity"] == [0.0, 1.0] and levels["rotation"] == [0.0, 1.0]
+    assert levels["background_simplicity"] == [0.0, 1.0]
+    assert not {"random_position", "random_direction"} & set(levels)  # no level: apart from the curves
     assert set(table["classifier"]) == {"linear", "cnn", "vit", "clip-zs"}
     assert table["accuracy"].between(0, 1).all()
+    sets = pd.read_csv(out / "report" / "attributes_release_sets.csv")
+    assert sorted(set(sets["attribute"])) == ["random_direction", "random_position"] and len(sets) == 8
     summ = pd.read_csv(out / "report" / "attributes_summary.csv")
-    # Every released set is a published ImageNet-E level: 2 size + full + bg +-20 + adv + rp + rd.
-    assert set(summ["n_published"]) == {8}
+    # The published levels: 2 size + full + bg +-20 + adv; rp and rd are reported on their own.
+    assert set(summ["n_published"]) == {6}
+    assert {"drop_random_position", "drop_random_direction"} <= set(summ.columns)
 
 
 def test_cli_names_an_unknown_set_folder_with_exit_code_2(tmp_path, capsys):

@@ -12,11 +12,15 @@ Per classifier, attribute (shift) and level (scale):
 * ``report/attributes_failure_points.csv`` -- the failure-point distribution over the
   levels of each attribute (:func:`pipeline.aggregate.metrics.failure_point_table`):
   the first level at which a classifier is wrong.
+* ``report/attributes_release_sets.csv`` -- released sets without a physical level (random
+  position, random direction: :func:`pipeline.families.object_edit.without_level`), apart
+  from the level curves: ``classifier, attribute, accuracy_original, accuracy,
+  accuracy_drop, n``.
 * ``report/attributes_summary.csv`` -- ImageNet-E's summary: per classifier the mean
   accuracy drop over the published levels present (object pixel rate 0.1 / 0.08 / 0.05,
-  lambda +-20, the released "full size" and adversarial-background sets, and the
-  strongest position and rotation levels standing in for the released random position
-  and random direction sets), plus the accuracy on the unedited images.
+  lambda +-20, the released "full size" and adversarial-background sets), the accuracy on
+  the unedited images, and the drop on each set without a level (``drop_random_position``,
+  ...), which the level average leaves out as the original's does.
 
 Each attribute is measured on its own levels (a released set has other levels per
 attribute than a build), always on complete trajectories as in the CNS metrics.
@@ -30,7 +34,7 @@ import math
 import pandas as pd
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult
-from pipeline.families.object_edit import RELEASE_ONLY
+from pipeline.families.object_edit import RELEASE_ONLY, without_level
 
 CONTRACT_COLUMNS = ["classifier", "attribute", "level", "accuracy", "accuracy_drop"]
 COLUMNS = CONTRACT_COLUMNS + ["n", "parameter", "value", "published"]
@@ -68,8 +72,8 @@ def _physical_values(ctx: AnalysisContext, samples: pd.DataFrame) -> dict[tuple[
     return values
 
 
-def _published(attribute: str, level: float, value: float | None, top: float) -> bool:
-    if level == 0:
+def _published(attribute: str, level: float, value: float | None) -> bool:
+    if level == 0 or without_level(attribute):
         return False
     if attribute in RELEASE_ONLY:
         return True
@@ -79,7 +83,7 @@ def _published(attribute: str, level: float, value: float | None, top: float) ->
         return any(abs(value - s) < 1e-4 for s in PUBLISHED_SHARES)
     if attribute in ("background_complexity", "background_simplicity"):
         return abs(abs(value) - PUBLISHED_LAMBDA) < 1e-6
-    return level == top  # position, rotation: the strongest level stands in for rp / rd
+    return False  # position, rotation: the released sets are random, without a level
 
 
 def attribute_tables(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -101,9 +105,8 @@ def attribute_tables(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.DataFrame]:
         acc = acc.rename(columns={"shift": "attribute", "scale": "level"})
         acc["parameter"] = PARAMETERS.get(shift, "")
         acc["value"] = [values.get((shift, round(float(lv), 3)), float("nan")) for lv in acc["level"]]
-        top = max(scales)
         acc["published"] = [
-            _published(shift, float(lv), None if pd.isna(v) else float(v), top) for lv, v in zip(acc["level"], acc["value"])
+            _published(shift, float(lv), None if pd.isna(v) else float(v)) for lv, v in zip(acc["level"], acc["value"])
         ]
         acc_frames.append(acc[COLUMNS])
         fp = failure_point_table(sub, preds, scales)
@@ -114,23 +117,38 @@ def attribute_tables(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.DataFrame]:
     return table, fps
 
 
-def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per classifier: accuracy on unedited images, mean drop at the published levels, and at all levels."""
+RELEASE_SET_COLUMNS = ["classifier", "attribute", "accuracy_original", "accuracy", "accuracy_drop", "n"]
+
+
+def split_release_sets(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(level curves, released sets without a level) of an attributes table."""
+    mask = table["attribute"].map(without_level).astype(bool)
+    curves, sets = table[~mask].reset_index(drop=True), table[mask]
+    orig = sets[sets["level"] == 0].set_index(["classifier", "attribute"])["accuracy"]
+    edited = sets[sets["level"] != 0].copy()
+    edited["accuracy_original"] = [orig.get((c, a), float("nan")) for c, a in zip(edited["classifier"], edited["attribute"])]
+    return curves, edited[RELEASE_SET_COLUMNS].reset_index(drop=True)
+
+
+def summary(table: pd.DataFrame, release_sets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per classifier: accuracy on unedited images, mean drop at the published levels, at all levels, and per set without a level."""
     rows = []
     for clf in pd.unique(table["classifier"]):
         t = table[table["classifier"] == clf]
         pub = t[t["published"]]
         edited = t[t["level"] != 0]
-        rows.append(
-            {
-                "classifier": clf,
-                "accuracy_original": float(t.loc[t["level"] == 0, "accuracy"].mean()),
-                "mean_drop_published": float(pub["accuracy_drop"].mean()) if len(pub) else float("nan"),
-                "n_published": len(pub),
-                "mean_drop_all_levels": float(edited["accuracy_drop"].mean()) if len(edited) else float("nan"),
-                "published_levels": " ".join(f"{a}@{lv:g}" for a, lv in zip(pub["attribute"], pub["level"])),
-            }
-        )
+        row = {
+            "classifier": clf,
+            "accuracy_original": float(t.loc[t["level"] == 0, "accuracy"].mean()),
+            "mean_drop_published": float(pub["accuracy_drop"].mean()) if len(pub) else float("nan"),
+            "n_published": len(pub),
+            "mean_drop_all_levels": float(edited["accuracy_drop"].mean()) if len(edited) else float("nan"),
+            "published_levels": " ".join(f"{a}@{lv:g}" for a, lv in zip(pub["attribute"], pub["level"])),
+        }
+        if release_sets is not None:
+            for attr, drop in release_sets.loc[release_sets["classifier"] == clf, ["attribute", "accuracy_drop"]].values:
+                row[f"drop_{attr}"] = float(drop)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -162,9 +180,14 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     if table.empty:
         result.html = "<p>No attribute with an unedited level 0 and edited levels in this output.</p>"
         return result
-    summ = summary(table)
+    table, release_sets = split_release_sets(table)
+    if not fps.empty:
+        fps = fps[~fps["attribute"].map(without_level).astype(bool)]
+    summ = summary(table, release_sets)
     result.tables["attributes"] = table
     result.tables["attributes_summary"] = summ
+    if not release_sets.empty:
+        result.tables["attributes_release_sets"] = release_sets
     if not fps.empty:
         result.tables["attributes_failure_points"] = fps
     if ctx.config.aggregate.plots:
@@ -172,6 +195,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.json = {
         "summary": json.loads(summ.to_json(orient="records")),
         "accuracy": json.loads(table[COLUMNS].to_json(orient="records")),
+        "release_sets": json.loads(release_sets.to_json(orient="records")),
     }
     wide = table.pivot_table(index=["attribute", "level"], columns="classifier", values="accuracy", sort=False)
     plot = '<p><img src="attributes_accuracy.png" alt="accuracy per attribute and level"></p>' if ctx.config.aggregate.plots else ""
@@ -181,5 +205,11 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         + summ.to_html(index=False, float_format=lambda v: f"{v:.3f}")
         + wide.to_html(float_format=lambda v: f"{v:.3f}")
         + plot
+        + (
+            "<p>Released sets without a level (a random position or direction per image), not on the level curves "
+            "and not in the published mean:</p>" + release_sets.to_html(index=False, float_format=lambda v: f"{v:.3f}")
+            if not release_sets.empty
+            else ""
+        )
     )
     return result

@@ -20,12 +20,20 @@ set folder name                                 attribute, level (the ``object_e
 ``bg20-adv``, ``bg_20_adv``                     ``background_complexity_adv``, lambda / 20
 ``size0.05``, ``size_0.1``, ``rate-0.08``       ``size``, (0.15 - rate) / 0.1  (0.1 -> 0.5, 0.08 -> 0.7, 0.05 -> 1)
 ``full``, ``size_full``                         ``size_full``, 1
-``rp``, ``random_position``, ``position``       ``position``, 1
-``rd``, ``ro``, ``random_direction``, ``rotate``  ``rotation``, 1
+``rp``, ``random_position``, ``position``       ``random_position`` (no level)
+``rd``, ``ro``, ``random_direction``, ``rotate``  ``random_direction`` (no level)
 ==============================================  ==============================================
 
 Levels are the ``object_edit`` family's default mapping (:func:`pipeline.families.object_edit.level_of`),
-so a released set and a build with default options share their level axis.  Class
+so a released set and a build with default options share their level axis.  The random
+position and random direction sets have no physical level (each image got its own random
+box position or angle): they are release-only shifts
+(:data:`pipeline.families.object_edit.NO_LEVEL`) whose trajectory
+is (original, released image) at scales 0 and 1, where 1 marks "the set", not a level; the
+``attributes`` analysis reports them apart from the level curves.  A folder whose name is
+not in this table needs an entry in ``levels.json`` (``"level": null`` for a set without a
+level, whose attribute must then be named ``random_<something>``); otherwise the source is
+refused, naming the folder.  Class
 folders are WordNet ids (``n01440764``, ImageNet-1k order from timm's synset list), a
 leading class index (``022_bald eagle``) or a class name.  The images of one source
 image carry the same file stem in every set; the stem's index within its class (over
@@ -35,14 +43,11 @@ all sets, sorted) is the seed, so (attribute, class, seed) is a trajectory whose
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import os
 import posixpath
 import re
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from pipeline.labels import LabelSpace
@@ -55,27 +60,17 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(rf"^(?:bg|background)(?:complexity)?(?:lambda)?{_NUM}$"), "bg"),
     (re.compile(rf"^(?:size|rate|objectrate|pixelrate){_NUM}$"), "size"),
     (re.compile(r"^(?:size)?full$"), "full"),
-    (re.compile(r"^(?:rp|randomposition|position|randompos)$"), "position"),
-    (re.compile(r"^(?:rd|ro|randomdirection|randomrotation|rotate|rotation|direction)$"), "rotation"),
+    (re.compile(r"^(?:rp|randomposition|position|randompos)$"), "random_position"),
+    (re.compile(r"^(?:rd|ro|randomdirection|randomrotation|rotate|rotation|direction)$"), "random_direction"),
 ]
+
 _WNID = re.compile(r"^n\d{8}$")
 
 
-@functools.lru_cache(maxsize=1)
-def imagenet_wnids() -> dict[str, int]:
-    """WordNet id -> ImageNet-1k class index (timm's ``imagenet_synsets.txt``, read without importing timm)."""
-    spec = importlib.util.find_spec("timm")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("timm is not installed; it ships the ImageNet synset list")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "_info" / "imagenet_synsets.txt"
-    wnids = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    if len(wnids) != 1000:
-        raise RuntimeError(f"{path}: expected 1000 synsets, found {len(wnids)}")
-    return {w: i for i, w in enumerate(wnids)}
-
-
-def parse_set(name: str) -> tuple[str, float] | None:
+def parse_set(name: str) -> tuple[str, float | None] | None:
     """(attribute, level) of a set folder name, ``("none", 0.0)`` for the originals, None if unknown.
+
+    A set without a physical level (:data:`NO_LEVEL`) has level None.
 
     Separators (``_``, ``-``, spaces) are ignored, except that a ``-`` right before the
     number is a minus sign: ``bg-20`` and ``bg_-20`` are lambda = -20, ``bg_20`` is +20.
@@ -104,11 +99,11 @@ def parse_set(name: str) -> tuple[str, float] | None:
             return ("size", level) if level > 0 else None
         if kind == "full":
             return ("size_full", 1.0)
-        return (kind, 1.0)
+        return (kind, None)
     return None
 
 
-def _read_levels(fs: Any, root: str, where: str) -> dict[str, tuple[str, float]]:
+def _read_levels(fs: Any, root: str, where: str) -> dict[str, tuple[str, float | None]]:
     path = posixpath.join(root, LEVELS_FILE)
     if not fs.exists(path):
         return {}
@@ -122,24 +117,27 @@ def _read_levels(fs: Any, root: str, where: str) -> dict[str, tuple[str, float]]
         raise SourceError(f"{where}/{LEVELS_FILE}: must be an object {{set folder: {{attribute, level}}}}")
     out = {}
     for folder, entry in data.items():
+        level = entry.get("level", False) if isinstance(entry, dict) else False
         if (
             not isinstance(entry, dict)
             or not isinstance(entry.get("attribute"), str)
-            or isinstance(entry.get("level"), bool)
-            or not isinstance(entry.get("level"), (int, float))
+            or isinstance(level, bool)
+            or not (level is None or isinstance(level, (int, float)))
         ):
             raise SourceError(
-                f"{where}/{LEVELS_FILE}: entry {folder!r} must be {{\"attribute\": str, \"level\": number}}, got {entry!r}"
+                f"{where}/{LEVELS_FILE}: entry {folder!r} must be {{\"attribute\": str, \"level\": number or null "
+                f"(a set without a level)}}, got {entry!r}"
             )
-        out[str(folder)] = (entry["attribute"], float(entry["level"]))
+        out[str(folder)] = (entry["attribute"], None if level is None else float(level))
     return out
 
 
 def _class_of(folder: str, labels: LabelSpace) -> int | None:
+    from pipeline.imagenet import wnid_index
     from pipeline.sources.folders import _folder_class
 
     if _WNID.match(folder):
-        return imagenet_wnids().get(folder)
+        return wnid_index(folder)
     return _folder_class(folder, labels)
 
 
@@ -155,6 +153,7 @@ def looks_like(fs: Any, root: str) -> bool:
 def load_imagenet_e(location: str, labels: LabelSpace):
     """The released ImageNet-E layout (see the module docstring) as pointer rows."""
     from pipeline.config import SHIFT_NAME
+    from pipeline.families.object_edit import NO_LEVEL, without_level
     from pipeline.sources.common import (
         IMAGE_EXTENSIONS,
         Source,
@@ -172,6 +171,7 @@ def load_imagenet_e(location: str, labels: LabelSpace):
     overrides = _read_levels(fs, root, location)
     sets = sorted(p for p in fs.ls(root, detail=False) if fs.isdir(p) and not posixpath.basename(p).startswith("."))
     found: dict[str, tuple[str, float]] = {}
+    no_level: set[str] = set()
     unknown = []
     for path in sets:
         name = posixpath.basename(path.rstrip("/"))
@@ -182,6 +182,14 @@ def load_imagenet_e(location: str, labels: LabelSpace):
         attribute, level = parsed
         if attribute != "none" and not SHIFT_NAME.match(attribute):
             raise SourceError(f"{location}: set {name!r}: attribute {attribute!r} must match {SHIFT_NAME.pattern}")
+        if level is None:  # a release-only set: scale 1 marks the set, not a level
+            if not without_level(attribute):
+                raise SourceError(
+                    f"{location}: set {name!r}: a set without a level needs an attribute named random_<something> "
+                    f"(as {', '.join(NO_LEVEL)}), got {attribute!r}"
+                )
+            no_level.add(attribute)
+            level = 1.0
         if attribute != "none" and level <= 0:
             raise SourceError(f"{location}: set {name!r}: level must be > 0 (level 0 is the originals), got {level}")
         found[path] = (attribute, round(level, 3))
@@ -242,7 +250,10 @@ def load_imagenet_e(location: str, labels: LabelSpace):
             group[0.0] = originals_by_unit[(class_id, seed)]
     _share_scale0(groups)
     lonely = sum(1 for g in groups.values() if 0.0 not in g)
-    notes = [f"sets: {', '.join(f'{posixpath.basename(p)}={a}@{lv:g}' for p, (a, lv) in sorted(found.items()))}"]
+    def shown(attribute: str, level: float) -> str:
+        return f"{attribute} (no level)" if attribute in no_level else f"{attribute}@{level:g}"
+
+    notes = [f"sets: {', '.join(f'{posixpath.basename(p)}={shown(a, lv)}' for p, (a, lv) in sorted(found.items()))}"]
     if lonely:
         notes.append(f"{lonely} edited image(s) have no original in the originals set (no level 0)")
     names = {c: labels.name(c) for c in stems}

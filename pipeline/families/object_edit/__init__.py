@@ -43,9 +43,18 @@ from pipeline.families.base import Family, ShiftImages, UnitContext
 GEOMETRY = ("size", "position", "rotation")
 BACKGROUND = {"background_complexity": 1.0, "background_simplicity": -1.0}
 ATTRIBUTES = GEOMETRY + tuple(BACKGROUND)
-# Released ImageNet-E sets without a counterpart here ("full" size, adversarial background):
-# valid shift names for evaluating released images, never made by a build.
-RELEASE_ONLY = ("size_full", "background_complexity_adv")
+# Released ImageNet-E sets without a physical level: random position and random direction
+# (a random box position / angle per image).  A released set of another name without a
+# level must be called ``random_<something>`` (levels.json ``"level": null``).
+NO_LEVEL = ("random_position", "random_direction")
+# Released ImageNet-E sets without a counterpart here ("full" size, adversarial background,
+# the random sets): valid shift names for evaluating released images, never made by a build.
+RELEASE_ONLY = ("size_full", "background_complexity_adv", *NO_LEVEL)
+
+
+def without_level(attribute: str) -> bool:
+    """True for a released set that has no physical level (reported apart from the level curves)."""
+    return attribute in NO_LEVEL or attribute.startswith("random_")
 
 
 class _Strict(BaseModel):
@@ -150,12 +159,16 @@ class ObjectEditFamily(Family):
     @classmethod
     def check_shifts(cls, shifts: list[str], options: BaseModel) -> list[str]:
         known = ATTRIBUTES + RELEASE_ONLY
-        return [f"unknown attribute {s!r} (object_edit shifts: {', '.join(ATTRIBUTES)})" for s in shifts if s not in known]
+        return [
+            f"unknown attribute {s!r} (object_edit shifts: {', '.join(ATTRIBUTES)})"
+            for s in shifts
+            if s not in known and not without_level(s)
+        ]
 
     @classmethod
     def missing_files(cls, config, group, pairs) -> list[str]:
         problems = []
-        release = sorted({s for _, s in pairs if s in RELEASE_ONLY})
+        release = sorted({s for _, s in pairs if s in RELEASE_ONLY or without_level(s)})
         if release:
             problems.append(
                 f"{group.where}.shifts: {release} exist only as released ImageNet-E sets (cnsbench evaluate); "
