@@ -368,8 +368,8 @@ def _build(
 
 
 def build_chain(cfg: BuildConfig) -> list[StageSpec]:
-    """The stages of a build: generate -> filter -> classify -> write."""
-    from pipeline.stages.classify import ClassifyStage
+    """The stages of a build: generate -> filter -> classify (a stage per classifier group) -> write."""
+    from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
     from pipeline.stages.generate import GenerateStage
     from pipeline.stages.write import WriteStage
@@ -377,6 +377,6 @@ def build_chain(cfg: BuildConfig) -> list[StageSpec]:
     return [
         StageSpec(GenerateStage),
         StageSpec(FilterStage),
-        StageSpec(ClassifyStage),
+        *classify_specs(cfg),
         StageSpec(WriteStage, batch_size=cfg.output.trajectories_per_shard),
     ]

@@ -99,8 +99,8 @@ def _check_assets(cfg: BuildConfig) -> None:
 
 
 def _stages(cfg: BuildConfig) -> list[StageSpec]:
-    """load -> [filter ->] classify -> write."""
-    from pipeline.stages.classify import ClassifyStage
+    """load -> [filter ->] classify (a stage per classifier group) -> write."""
+    from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
     from pipeline.stages.write import WriteStage
 
@@ -110,7 +110,7 @@ def _stages(cfg: BuildConfig) -> list[StageSpec]:
     chain = [StageSpec(LoadStage, {"fill_filter": not cfg.filter.enabled}, batch_size=nxt.batch_size)]
     if cfg.filter.enabled:
         chain.append(StageSpec(FilterStage))
-    chain.append(StageSpec(ClassifyStage))
+    chain += classify_specs(cfg)
     chain.append(StageSpec(WriteStage, batch_size=cfg.output.trajectories_per_shard))
     return chain
 

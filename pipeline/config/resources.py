@@ -25,10 +25,22 @@ class StageResources(Strict):
         return self
 
 
+class ClassifyResources(StageResources):
+    """The classify pool, with an optional memory budget per actor."""
+
+    memory_budget_gb: float | None = Field(
+        None,
+        gt=0,
+        description="GB one classify actor may use on its device: the classifiers are packed into groups whose "
+        "projected memory (weights + activations at the batch size) fits, each group its own actor pool; "
+        "unset: one pool runs every classifier",
+    )
+
+
 class Resources(Strict):
     generate: StageResources = StageResources(num_gpus=1.0, batch_size=1)
     filter: StageResources = StageResources(num_gpus=0.25, batch_size=8)
-    classify: StageResources = StageResources(num_gpus=0.25, batch_size=8)
+    classify: ClassifyResources = ClassifyResources(num_gpus=0.25, batch_size=8)
     write: StageResources = StageResources(num_cpus=1.0, batch_size=64)
     # Reading existing images (evaluate): light I/O, batches the size of the next stage's.
     load: StageResources = StageResources(num_cpus=1.0, batch_size=8)

@@ -1,4 +1,4 @@
-"""Classify stage: runs every configured classifier on every image of a batch.
+"""Classify stage: runs the configured classifiers on every image of a batch.
 
 Input rows follow :data:`pipeline.schema.FILTERED`; output rows follow
 :data:`pipeline.schema.CLASSIFIED` with ``pred_top1[image][classifier]``,
@@ -7,15 +7,26 @@ classifier order, all as ImageNet ids.  Images are decoded once per batch and ea
 classifier sees all of them in one batched call (chunked inside ``predict``).  Filtered-out
 images are classified too, so unfiltered numbers can be reported; failed rows pass
 through with empty lists.
+
+A stage owns a group of the classifiers (``classifiers``: their indices in the config,
+default all).  When ``resources.classify.memory_budget_gb`` splits the pool into groups
+(:func:`pipeline.memory.classifier_groups`), each group is its own stage in the chain
+(:func:`classify_specs`), and each stage merges its predictions into those of the groups
+before it (``done``), so the columns stay in the config's order whatever the grouping.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pipeline import registry, schema
 from pipeline.stages.base import Stage, decode_image, pick_device
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.config import BuildConfig
+    from pipeline.executors import StageSpec
+
+# Per image, one entry per classifier.
 _ADDED = ("pred_top1", "pred_top5", "pred_p_true")
 
 
@@ -23,13 +34,28 @@ class ClassifyStage(Stage):
     name = "classify"
     output_schema = schema.CLASSIFIED
 
+    def __init__(
+        self,
+        config,
+        output: str | None = None,
+        device: str | None = None,
+        threads: int | None = None,
+        classifiers: Sequence[int] | None = None,
+        done: Sequence[int] = (),
+    ) -> None:
+        super().__init__(config, output, device, threads)
+        n = len(self.config.classifiers)
+        self.owned = sorted(range(n) if classifiers is None else classifiers)
+        self.done = sorted(done)  # classifiers whose predictions the input rows carry already
+        if set(self.owned) & set(self.done) or not set(self.owned + self.done) <= set(range(n)):
+            raise ValueError(f"classify stage: classifiers {self.owned} and done {self.done} must be disjoint indices < {n}")
+
     def setup(self) -> None:
-        """Pick the device and build every classifier of the config, in order."""
+        """Pick the device and build the classifiers this stage owns, in config order."""
         self.device = pick_device(self.device_override)
         labels = self.config.benchmark.label_space
-        self.classifiers = [
-            registry.CLASSIFIERS.get(spec.kind)(spec, self.device, labels) for spec in self.config.classifiers
-        ]
+        specs = [self.config.classifiers[i] for i in self.owned]
+        self.classifiers = [registry.CLASSIFIERS.get(spec.kind)(spec, self.device, labels) for spec in specs]
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """FILTERED rows -> CLASSIFIED rows, same order."""
@@ -53,4 +79,36 @@ class ClassifyStage(Stage):
             preds[i]["pred_top1"].append([top1[j] for top1, _, _ in per_clf])
             preds[i]["pred_top5"].append([top5[j] for _, top5, _ in per_clf])
             preds[i]["pred_p_true"].append([p[j] for _, _, p in per_clf])
+        if self.done:
+            preds = {i: self._merged(rows[i], p) for i, p in preds.items()}
         return [{**row, **preds[i]} for i, row in enumerate(rows)]
+
+    def _merged(self, row: dict[str, Any], own: dict[str, list]) -> dict[str, list]:
+        """This group's predictions placed among those of earlier groups, in config order."""
+        if not own["pred_top1"]:  # a failed row: nothing was classified
+            return {k: row.get(k) or [] for k in _ADDED}
+        order = sorted(self.done + self.owned)
+        out: dict[str, list] = {}
+        for key in _ADDED:
+            merged = []
+            for earlier, mine in zip(row[key], own[key], strict=True):  # per image
+                by_index = {**dict(zip(self.done, earlier, strict=True)), **dict(zip(self.owned, mine, strict=True))}
+                merged.append([by_index[c] for c in order])
+            out[key] = merged
+        return out
+
+
+def classify_specs(cfg: "BuildConfig") -> list["StageSpec"]:
+    """The classify stages of a chain: one per classifier group that fits the memory budget."""
+    from pipeline.executors import StageSpec
+    from pipeline.memory import classifier_groups
+
+    groups = classifier_groups(cfg)
+    if len(groups) == 1:
+        return [StageSpec(ClassifyStage)]
+    done: list[int] = []
+    specs = []
+    for group in groups:
+        specs.append(StageSpec(ClassifyStage, {"classifiers": list(group), "done": list(done)}))
+        done += group
+    return specs

@@ -62,14 +62,32 @@ class ReclassifyStage(Stage):
         self.store = OutputStore(self.output)
         self._classify: dict[tuple[str, ...], ClassifyStage] = {}
 
-    def _classifier(self, names: tuple[str, ...]) -> ClassifyStage:
-        if names not in self._classify:
-            specs = [c for c in self.config.classifiers if c.name in names]
-            sub = self.config.model_copy(update={"classifiers": specs})
-            stage = ClassifyStage(sub, device=self.device_override)
+    def _classified(self, names: tuple[str, ...], rows: list[dict[str, Any]]) -> tuple[list[dict], list[str]]:
+        """``rows`` classified by the classifiers ``names`` (in config order) and those names.
+
+        One group (``resources.classify.memory_budget_gb`` unset, or everything fits) stays
+        loaded for the next shard; several groups load one after the other, so only one
+        group's models are in memory at a time."""
+        from pipeline.memory import classifier_groups
+
+        specs = [c for c in self.config.classifiers if c.name in names]
+        sub = self.config.model_copy(update={"classifiers": specs})
+        ordered = [c.name for c in specs]
+        groups = classifier_groups(sub)
+        if len(groups) == 1:
+            if names not in self._classify:
+                stage = ClassifyStage(sub, device=self.device_override)
+                stage.ensure_setup()
+                self._classify[names] = stage
+            return self._classify[names].process(rows), ordered
+        done: list[int] = []
+        for group in groups:
+            stage = ClassifyStage(sub, device=self.device_override, classifiers=group, done=done)
             stage.ensure_setup()
-            self._classify[names] = stage
-        return self._classify[names]
+            rows = stage.process(rows)
+            done += group
+            del stage
+        return rows, ordered
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [self.add_predictions(r["shard"], tuple(r["classifiers"])) for r in rows]
@@ -102,9 +120,7 @@ class ReclassifyStage(Stage):
                     "error": None,
                 }
             )
-        stage = self._classifier(names)
-        classified = stage.process(rows)
-        ordered = [c.name for c in stage.config.classifiers]
+        classified, ordered = self._classified(names, rows)
         preds = [p for r in classified for p in prediction_rows(r, ordered)]
 
         tag = hashlib.sha256(",".join(sorted(names)).encode()).hexdigest()[:8]

@@ -1,0 +1,166 @@
+"""Classifier groups under a memory budget: packing, and predictions identical whatever the grouping."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from pipeline import schema
+from pipeline.checkout import TINY_CONFIG
+from pipeline.config import load_config
+from pipeline.memory import GB, RUNTIME_BYTES, Footprint, classifier_footprints, classifier_groups, group_bytes, pack
+from pipeline.stages.classify import ClassifyStage, classify_specs
+
+MB = 1024**2
+# One prompt template: the zero-shot head is built in a tenth of the time, nothing else changes.
+FAST = ["classifiers[2].templates=['a photo of a {c}.']"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tiny_assets():
+    import torch
+
+    from pipeline.demo.assets import ensure_tiny_assets
+
+    ensure_tiny_assets()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def fp(name: str, weights_mb: int, act_mb: int = 0) -> Footprint:
+    return Footprint(name, weights_mb * MB // 4, weights_mb * MB, act_mb * MB)
+
+
+def test_pack_fits_the_budget_largest_first():
+    sizes = [fp("a", 300), fp("b", 2000, 100), fp("c", 900), fp("d", 100, 400), fp("e", 5000)]
+    budget = RUNTIME_BYTES + 2200 * MB
+    groups = pack(sizes, budget)
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
+    assert groups == [[0, 2, 3], [1], [4]]  # b (2.1 GB) first, then c, a, d fill a second group; e alone
+    for g in groups:
+        assert g == sorted(g)
+        if len(g) > 1:
+            assert group_bytes([sizes[i] for i in g]) <= budget
+    # activations count once per group (the models run one after the other)
+    assert group_bytes([sizes[0], sizes[3]]) == RUNTIME_BYTES + 400 * MB + 400 * MB
+    assert pack(sizes, 100 * GB) == [[0, 1, 2, 3, 4]]
+
+
+@pytest.fixture(scope="module")
+def whole():
+    """The tiny config's classifiers in one stage, and what it makes of a batch."""
+    stage = ClassifyStage(load_config(TINY_CONFIG, sets=FAST), device="cpu")
+    return stage, stage(filtered_rows())
+
+
+def test_footprints_of_the_tiny_classifiers_are_their_parameters(whole):
+    stage, _ = whole
+    for f, clf in zip(classifier_footprints(stage.config), stage.classifiers, strict=True):
+        assert f.params == sum(p.numel() for p in clf.model.parameters()), f.name
+        assert f.weight_bytes == 4 * f.params and f.activation_bytes > 0 and not f.note
+
+
+def test_budget_groups_and_the_chain():
+    cfg = load_config(TINY_CONFIG)
+    assert classifier_groups(cfg) == [[0, 1, 2]] and len(classify_specs(cfg)) == 1
+    tight = load_config(TINY_CONFIG, sets=["resources.classify.memory_budget_gb=0.1"])  # below any actor
+    assert classifier_groups(tight) == [[0], [1], [2]]
+    specs = classify_specs(tight)
+    assert [s.kwargs for s in specs] == [
+        {"classifiers": [0], "done": []},
+        {"classifiers": [1], "done": [0]},
+        {"classifiers": [2], "done": [0, 1]},
+    ]
+    roomy = load_config(TINY_CONFIG, sets=["resources.classify.memory_budget_gb=4"])
+    assert classifier_groups(roomy) == [[0, 1, 2]]
+
+
+def png(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def filtered_rows() -> pa.Table:
+    scales = [0.0, 1.0]
+    rows = [
+        dict(trajectory_id=f"snow/{c:03d}/seed_1", unit_id=f"u{c}", class_id=c, class_name="x", seed=1, shift="snow",
+             scales=scales, sample_ids=[f"s{c}_{i}" for i in range(2)], images=[png(10 * c + i) for i in range(2)],
+             unet_evals=1.0, gen_seconds=0.1, error=None, clip_text=[30.0] * 2, clip_shift_text=[30.0] * 2,
+             clip_image=[1.0] * 2, dino_image=[1.0] * 2, n_pass=[2] * 2, kept=[True] * 2)
+        for c in (1, 22)
+    ]
+    rows.append(dict(trajectory_id="snow/002/seed_9", unit_id="u9", class_id=2, class_name="y", seed=9, shift="snow",
+                     scales=[], sample_ids=[], images=[], unet_evals=0.0, gen_seconds=0.0, error="boom", clip_text=[],
+                     clip_shift_text=[], clip_image=[], dino_image=[], n_pass=[], kept=[]))
+    return pa.Table.from_pylist(rows, schema=schema.FILTERED)
+
+
+@pytest.mark.parametrize("groups", [[[0], [1], [2]], [[1], [0, 2]]])
+def test_stages_per_group_give_the_one_stage_columns(groups, whole):
+    cfg = load_config(TINY_CONFIG, sets=FAST)
+    out, done = filtered_rows(), []
+    for g in groups:
+        out = ClassifyStage(cfg, device="cpu", classifiers=g, done=done)(out)
+        done += g
+    assert out.schema.equals(schema.CLASSIFIED)
+    assert out.to_pylist() == whole[1].to_pylist()
+    assert len(out.column("pred_top1")[0].as_py()[0]) == 3
+
+
+def test_overlapping_groups_are_refused():
+    with pytest.raises(ValueError, match="disjoint"):
+        ClassifyStage(load_config(TINY_CONFIG), device="cpu", classifiers=[0, 1], done=[1])
+
+
+def published(root: Path) -> Path:
+    """A small published CNS-Bench layout: 1 shift x 2 classes x 1 seed x 2 scales."""
+    images = []
+    for cls, name in ((1, "goldfish"), (22, "bald eagle")):
+        for scale in (0.0, 2.0):
+            rel = f"snow/{cls:03d}_{name}/seed_0001_scale_{round(scale * 1000):04d}.png"
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(png(cls + int(scale)))
+            images.append({"image": rel, "seed": 1, "scale": scale, "shift": "snow", "class": cls})
+    ann = {"info": {"name": "mini"}, "scales": [0.0, 2.0], "classes": ["goldfish", "bald eagle"], "shifts": ["snow"],
+           "images": images}
+    (root / "annotations_cns.json").write_text(json.dumps(ann))
+    return root
+
+
+def test_evaluate_one_group_equals_one_classifier_per_group(tmp_path):
+    from pipeline.cli.evaluate import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    source = published(tmp_path / "src")
+    outs = {}
+    fast = [f"--set={item}" for item in FAST]
+    for label, sets in (("one", []), ("each", ["--set", "resources.classify.memory_budget_gb=0.1"])):
+        out = tmp_path / label
+        args = parser.parse_args(
+            ["evaluate", str(source), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "local", *fast, *sets]
+        )
+        assert args.func(args) == 0
+        outs[label] = out
+    files = sorted(p.name for p in (outs["one"] / "predictions").glob("*.parquet"))
+    assert files and files == sorted(p.name for p in (outs["each"] / "predictions").glob("*.parquet"))
+    for name in files:
+        one = pd.read_parquet(outs["one"] / "predictions" / name)
+        each = pd.read_parquet(outs["each"] / "predictions" / name)
+        pd.testing.assert_frame_equal(one, each)
+        assert list(dict.fromkeys(one["classifier"])) == ["tiny-resnet", "tiny-vit", "tiny-clip-zs"]
+        assert (outs["one"] / "predictions" / name).read_bytes() == (outs["each"] / "predictions" / name).read_bytes()
+    recorded = json.loads((outs["each"] / "config.json").read_text())["config"]
+    assert recorded["resources"]["classify"]["memory_budget_gb"] == 0.1
