@@ -68,6 +68,9 @@ CLASSIFIED = pa.schema(
         ("pred_top1", pa.list_(pa.list_(pa.int64()))),
         ("pred_top5", pa.list_(pa.list_(pa.list_(pa.int64())))),
         ("pred_p_true", pa.list_(pa.list_(pa.float64()))),
+        # A vlm classifier's answer text and whether its protocol excluded it (null for the others).
+        ("pred_answer", pa.list_(pa.list_(pa.string()))),
+        ("pred_excluded", pa.list_(pa.list_(pa.bool_()))),
     ]
 )
 
@@ -101,6 +104,12 @@ PREDICTIONS = pa.schema(
         ("top5", pa.list_(pa.int64())),
         ("p_true", pa.float64()),
         ("correct", pa.bool_()),
+        # vlm classifiers (pipeline.models.vlm): the answer text, and whether the protocol
+        # excluded it (naming several options or none; ``correct`` is then null and the
+        # answer counts neither way).  Null for other classifiers; appended last so older
+        # predictions files still read.
+        ("answer", pa.string()),
+        ("excluded", pa.bool_()),
     ]
 )
 

@@ -172,3 +172,33 @@ class VLMClassifier:
         top1 = [s.chosen for s in scored]
         p_true = [float("nan") if s.excluded else float(s.verdict == "TRUE") for s in scored]
         return VLMOutputs(top1, [[c] for c in top1], p_true, answers, scored)
+
+
+def classify_all(
+    classifiers: Sequence[Any],
+    images: Sequence[Any],
+    truth: Sequence[int],
+    sample_ids: Sequence[str],
+    params: Sequence[str | None],
+    earlier: dict[str, list[list[int]]] | None = None,
+) -> list[tuple[list, list, list, list, list]]:
+    """Every classifier over ``images``: per classifier (in the given order) the per-image
+    top-1, top-5, p(true), answer text and exclusion (the last two None but for vlms).
+
+    Ranking classifiers run first, vlms after them with their top-5 rankings (and those of
+    ``earlier``: classifiers of an earlier group, already run) to draw distractors from.
+    """
+    from pipeline.models.classifiers import topk_predictions
+
+    n = len(images)
+    rankings = dict(earlier or {})
+    results: dict[str, tuple[list, list, list, list, list]] = {}
+    for clf in sorted(classifiers, key=lambda c: bool(getattr(c, "asks", False))):  # stable: config order kept
+        if getattr(clf, "asks", False):
+            out = clf.answer(images, truth, sample_ids, params, rankings)
+            results[clf.name] = (out.top1, out.top5, out.p_true, out.answers, out.excluded)
+        else:
+            top1, top5, p_true = topk_predictions(clf.predict(images), clf.out_to_label, truth)
+            rankings[clf.name] = top5
+            results[clf.name] = (top1, top5, p_true, [None] * n, [None] * n)
+    return [results[c.name] for c in classifiers]

@@ -1,7 +1,7 @@
 """The released ImageNet-D layout as an evaluate source.
 
-``root/{background,texture,material}/<class folder>/<image>`` (an optional ``questions/``
-folder of the VQA evaluation is ignored).  Class folders are named as in the release
+``root/{background,texture,material}/<class folder>/<image>``, with an optional ``questions/``
+folder of the VQA evaluation (:mod:`pipeline.sources.imagenet_d_questions`).  Class folders are named as in the release
 (``banana``, ``binder_closed``, ``t_shirt``) and map to the 113-class label space
 ``imagenet_d`` (:mod:`pipeline.imagenet_d`), whose classes each stand for a set of
 ImageNet ids; an ImageNet classifier is then correct when its top-1 id is any of them
@@ -19,9 +19,23 @@ from typing import Any
 
 from pipeline import imagenet_d
 from pipeline.labels import label_space
+from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
 LABELS = "imagenet_d"
 IGNORED = {"questions"}
+
+# chenshuang-zhang/imagenet_d: evaluate_imagenet_models.py feeds each torchvision model its
+# own weights.transforms() (utils/models.py); evaluate_vlm.py feeds CLIP clip.load's own
+# preprocess and builds the zero-shot head from the single prompt "A photo of a {c}".
+PROTOCOL = ReleaseProtocol(
+    name="imagenet_d",
+    original="chenshuang-zhang/imagenet_d evaluate_imagenet_models.py, evaluate_vlm.py",
+    preprocess={ANY_KIND: MODEL},
+    templates=("A photo of a {c}",),
+    accuracy="ImageNet models: top-1 over ImageNet-1k, correct when any of the class's ImageNet ids; "
+    "zero-shot: top-1 over the 113 class names",
+    metric="top-1 accuracy per nuisance kind (background, texture, material)",
+)
 
 
 def looks_like(fs: Any, root: str) -> bool:
@@ -78,4 +92,8 @@ def load_imagenet_d(location: str):
             "the release's folder names are listed in pipeline/data/imagenet_d/classes.json"
         )
     names = {c: labels.name(c) for _, c, _ in groups}
-    return Source("imagenet_d", location, _group_rows(groups, names), _dominant_format(formats), labels=LABELS)
+    rows = _group_rows(groups, names)
+    from pipeline.sources.imagenet_d_questions import attach_questions
+
+    note = attach_questions(fs, root, rows)
+    return Source("imagenet_d", location, rows, _dominant_format(formats), labels=LABELS, notes=[note] if note else [])

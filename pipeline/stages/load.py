@@ -76,6 +76,7 @@ class LoadStage(Stage):
         for r in rows:
             row = {k: r[k] for k in ("trajectory_id", "unit_id", "class_id", "class_name", "seed", "shift")}
             row.update(scales=list(r["scales"]), sample_ids=list(r["sample_ids"]), unet_evals=0.0, gen_seconds=0.0)
+            row["params"] = r.get("params")  # per image, from layouts that record some (ImageNet-D questions)
             error = None
             images: list[bytes] = []
             if not self.fill_filter and 0.0 not in row["scales"]:
@@ -90,7 +91,7 @@ class LoadStage(Stage):
                         break
             if error:
                 log.warning("%s: %s", row["trajectory_id"], error)
-                row.update(scales=[], sample_ids=[], images=[], error=error)
+                row.update(scales=[], sample_ids=[], images=[], params=None, error=error)
             else:
                 row.update(images=images, error=None)
             if self.fill_filter:

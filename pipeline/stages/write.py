@@ -37,9 +37,11 @@ def _parquet_bytes(rows: list[dict[str, Any]], sch: pa.Schema) -> bytes:
 def prediction_rows(row: dict[str, Any], classifiers: list[str]) -> list[dict[str, Any]]:
     """The ``predictions`` table rows of one classified trajectory row, per image and classifier."""
     out = []
+    answers, excluded = row.get("pred_answer"), row.get("pred_excluded")  # vlm classifiers only
     for i, sid in enumerate(row["sample_ids"]):
         for j, clf in enumerate(classifiers):
             top1 = row["pred_top1"][i][j]
+            dropped = excluded[i][j] if excluded else None
             out.append(
                 {
                     "sample_id": sid,
@@ -47,7 +49,9 @@ def prediction_rows(row: dict[str, Any], classifiers: list[str]) -> list[dict[st
                     "top1": top1,
                     "top5": row["pred_top5"][i][j],
                     "p_true": row["pred_p_true"][i][j],
-                    "correct": top1 == row["class_id"],
+                    "correct": None if dropped else top1 == row["class_id"],
+                    "answer": answers[i][j] if answers else None,
+                    "excluded": dropped,
                 }
             )
     return out
