@@ -26,6 +26,7 @@ import json
 import time
 from typing import Any, Callable
 
+from pipeline import release_protocol
 from pipeline.build import (
     BuildSummary,
     ShardTally,
@@ -66,7 +67,8 @@ def effective_config(
     """``cfg`` with its benchmark replaced by the source's coordinates.
 
     classes / seeds / shifts / scales become those present in the source, the filter is
-    enabled only with ``use_filter``, the classifiers are narrowed to ``classifiers``, and
+    enabled only with ``use_filter``, the classifiers are narrowed to ``classifiers``, a
+    released layout's protocol fills their inputs (:func:`pipeline.release_protocol.apply_to`), and
     ``output.image_format`` becomes the source's dominant format so its images are stored
     unchanged.  Raises ConfigError (e.g. scales without 0, a margin below the largest scale).
     """
@@ -85,6 +87,7 @@ def effective_config(
     raw["aggregate"]["analyses"] += [a for a in source.analyses if a not in configured]
     raw["filter"]["enabled"] = bool(use_filter)
     raw["classifiers"] = select_classifiers(cfg, classifiers)
+    release_protocol.apply_to(raw, cfg, source)  # a released layout: its authors' inputs, docs/protocol.md
     raw["output"]["image_format"] = source.image_format
     return parse_config(raw, source=f"evaluate config for {source.location}")
 

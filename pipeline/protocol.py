@@ -42,19 +42,29 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 @dataclass(frozen=True)
 class Preprocess:
-    """Resize the shorter side to ``resize``, center-crop ``crop``, scale to [0, 1], normalise."""
+    """Resize the shorter side to ``resize``, center-crop ``crop``, scale to [0, 1], normalise.
+
+    ``shifted_crop_only``: images at a scale > 0 skip the resize (center crop and
+    normalisation only).  ImageNet-C stores its corrupted images already resized and
+    cropped to 224 px, and its ``test.py`` feeds them with ``CenterCrop(224)`` alone, while
+    the clean images (scale 0) get the full transform.
+    """
 
     resize: int
     crop: int
     interpolation: str
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    shifted_crop_only: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "resize": self.resize, "crop": self.crop, "interpolation": self.interpolation,
             "mean": list(self.mean), "std": list(self.std),
         }
+        if self.shifted_crop_only:
+            out["shifted_crop_only"] = True
+        return out
 
 
 # easyrobust benchmarks/cns_benchmark.py: Resize(int(224 / 0.875)), interpolation 3 (bicubic).
@@ -198,11 +208,16 @@ def preprocess_of(choice: Any, cns_default: Preprocess) -> Preprocess | None:
     return Preprocess(
         int(data["resize"]), int(data["crop"]), str(data["interpolation"]),
         tuple(float(v) for v in data["mean"]), tuple(float(v) for v in data["std"]),
+        bool(data.get("shifted_crop_only", False)),
     )
 
 
-def build_transform(p: Preprocess) -> Callable[[Any], Any]:
-    """PIL image -> normalised float tensor [C, H, W], as torchvision composes it."""
+def build_transform(p: Preprocess, shifted: bool = False) -> Callable[[Any], Any]:
+    """PIL image -> normalised float tensor [C, H, W], as torchvision composes it.
+
+    ``shifted``: the transform of images at a scale > 0, without the resize when
+    ``p.shifted_crop_only``.
+    """
     from torchvision import transforms
 
     modes = {
@@ -210,8 +225,9 @@ def build_transform(p: Preprocess) -> Callable[[Any], Any]:
         "bicubic": transforms.InterpolationMode.BICUBIC,
         "nearest": transforms.InterpolationMode.NEAREST,
     }
+    resize = [] if shifted and p.shifted_crop_only else [transforms.Resize(p.resize, interpolation=modes[p.interpolation])]
     compose = transforms.Compose([
-        transforms.Resize(p.resize, interpolation=modes[p.interpolation]),
+        *resize,
         transforms.CenterCrop(p.crop),
         transforms.ToTensor(),
         transforms.Normalize(mean=list(p.mean), std=list(p.std)),

@@ -146,6 +146,10 @@ ANALYSES.register(
     "hard_mining", "pipeline.analyses.hard_mining:run",
     "ImageNet-D hard set: images >= k of n surrogates get wrong; transfer to held-out classifiers, shared failures",
 )
+ANALYSES.register(
+    "release_protocol", "pipeline.analyses.release_protocol:run",
+    "a released benchmark's evaluation protocol (docs/protocol.md): each classifier's inputs, overrides flagged",
+)
 
 ANALYSES.register(
     "robustness_score", "pipeline.analyses.robustness_score:run",

@@ -24,6 +24,9 @@ class PreprocessSpec(Strict):
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bicubic"
     mean: list[float] = Field(..., min_length=1)
     std: list[float] = Field(..., min_length=1)
+    shifted_crop_only: bool = Field(
+        False, description="images at a scale > 0 are center-cropped without the resize (ImageNet-C's test.py)"
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> "PreprocessSpec":

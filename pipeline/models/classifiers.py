@@ -104,18 +104,32 @@ class Classifier:
         self._out_to_label: list[int] = []
         self.preprocess_choice = spec.preprocess or "model"
         self._input_transform = self._choose_transform(spec.preprocess)
+        self._shifted_transform = self._choose_transform(spec.preprocess, shifted=True)
 
-    def _choose_transform(self, choice: Any):
-        """The protocol's transform for ``choice``; None: the model's own (:meth:`_preprocess`)."""
+    def _choose_transform(self, choice: Any, shifted: bool = False):
+        """The protocol's transform for ``choice`` (of images at a scale > 0 with ``shifted``);
+        None: the model's own (:meth:`_preprocess`)."""
         from pipeline.protocol import CNS_CLASSIFIER, build_transform, preprocess_of
 
         p = preprocess_of(choice, CNS_CLASSIFIER)
-        return build_transform(p) if p is not None else None
+        return build_transform(p, shifted) if p is not None else None
 
-    def inputs(self, images: Sequence[Any]) -> torch.Tensor:
-        """PIL images -> the stacked input tensor the model sees (on CPU)."""
-        transform = self._input_transform or self._preprocess
-        return torch.stack([transform(im) for im in images])
+    def inputs(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
+        """PIL images -> the stacked input tensor the model sees (on CPU).
+
+        ``shifted[i]``: image i is at a scale > 0 (a transform with ``shifted_crop_only``
+        skips its resize, see :class:`pipeline.protocol.Preprocess`).
+        """
+        plain = self._input_transform or self._preprocess
+        moved = self._shifted_transform or self._preprocess
+        flags = shifted if shifted is not None else [False] * len(images)
+        return torch.stack([(moved if s else plain)(im) for im, s in zip(images, flags, strict=True)])
+
+    @classmethod
+    def own_preprocess(cls, spec: ClassifierSpec) -> Any:
+        """The model's own eval transform as a :class:`pipeline.protocol.Preprocess`, read from its
+        configuration without loading weights; None where the kind cannot state it as one."""
+        return None
 
     @property
     def name(self) -> str:
@@ -152,13 +166,15 @@ class Classifier:
         raise NotImplementedError
 
     @torch.inference_mode()
-    def predict(self, images: Sequence[Any]) -> torch.Tensor:
-        """PIL images -> float32 logits [N, C] on CPU, in chunks of :data:`PREDICT_CHUNK`."""
+    def predict(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
+        """PIL images -> float32 logits [N, C] on CPU, in chunks of :data:`PREDICT_CHUNK`
+        (``shifted``: see :meth:`inputs`)."""
         if not images:
             return torch.empty(0, len(self.out_to_label))
         outs = []
         for i in range(0, len(images), PREDICT_CHUNK):
-            x = self.inputs(images[i : i + PREDICT_CHUNK]).to(self.device)
+            part = None if shifted is None else shifted[i : i + PREDICT_CHUNK]
+            x = self.inputs(images[i : i + PREDICT_CHUNK], part).to(self.device)
             outs.append(self._forward(x).float().cpu())
         return torch.cat(outs)
 
@@ -219,6 +235,14 @@ class TimmClassifier(Classifier):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    @classmethod
+    def own_preprocess(cls, spec: ClassifierSpec) -> Any:
+        """timm's data config of the model (a weightless copy on the meta device), as
+        :func:`pipeline.models.detectors.timm_transform` resolves it."""
+        from pipeline.models.own_preprocess import timm_own_preprocess
+
+        return timm_own_preprocess(spec.model, spec.model_kwargs)
+
 
 # --------------------------------------------------------------------------- open_clip
 def zero_shot_templates(templates: str | list[str], where: str) -> list:
@@ -270,6 +294,13 @@ class OpenClipZeroShot(Classifier):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         img = torch.nn.functional.normalize(self.model.encode_image(x).float(), dim=-1)
         return 100.0 * img @ self.head
+
+    @classmethod
+    def own_preprocess(cls, spec: ClassifierSpec) -> Any:
+        """open_clip's eval transform of the model (= ``clip.load``'s for the OpenAI models)."""
+        from pipeline.models.own_preprocess import open_clip_own_preprocess
+
+        return open_clip_own_preprocess(spec.model, spec.checkpoint, spec.model_config_file)
 
 
 # --------------------------------------------------------------------------- torchscript

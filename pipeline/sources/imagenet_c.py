@@ -20,13 +20,29 @@ images.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 from collections import defaultdict
 
 from pipeline.labels import LabelSpace
+from pipeline.release_protocol import ANY_KIND, MODEL, TORCHVISION_EVAL, ReleaseProtocol
 
 CLEAN = "clean"
+
+# hendrycks/robustness ImageNet-C/test.py: clean images Resize(256) / CenterCrop(224), the
+# corrupted ones (stored at 224 px by make_imagenet_c.py) CenterCrop(224) only, ImageNet
+# mean/std.  The original evaluates torchvision ImageNet CNNs only; other kinds (CLIP,
+# TorchScript) keep their own transform.
+_TEST_PY = dataclasses.replace(TORCHVISION_EVAL, shifted_crop_only=True)
+PROTOCOL = ReleaseProtocol(
+    name="imagenet_c",
+    original="hendrycks/robustness ImageNet-C/test.py",
+    preprocess={"timm": _TEST_PY, "torch_hub": _TEST_PY, ANY_KIND: MODEL},
+    accuracy="top-1 over the 1000 ImageNet classes (the WordNet id folder)",
+    metric="CE per corruption: errors summed over severities 1-5 over AlexNet's; mCE and relative mCE: "
+    "means over the 15 benchmark corruptions (a partial grid gets no AlexNet-normalised mCE)",
+)
 
 
 def _corruptions() -> tuple[str, ...]:

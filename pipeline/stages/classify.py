@@ -62,16 +62,17 @@ class ClassifyStage(Stage):
         from pipeline.models.classifiers import topk_predictions
 
         todo = [i for i, r in enumerate(rows) if not r.get("error") and r.get("images")]
-        images, truth, owner = [], [], []
+        images, truth, owner, shifted = [], [], [], []
         for i in todo:
-            for data in rows[i]["images"]:
+            for data, scale in zip(rows[i]["images"], rows[i]["scales"], strict=True):
                 images.append(decode_image(data))
                 truth.append(rows[i]["class_id"])
                 owner.append(i)
+                shifted.append(scale > 0)  # ImageNet-C's protocol crops these without resizing
 
         per_clf = []  # one (top1, top5, p_true) triple per classifier, each over all images
         for clf in self.classifiers if images else []:
-            logits = clf.predict(images)
+            logits = clf.predict(images, shifted)
             per_clf.append(topk_predictions(logits, clf.out_to_label, truth))
 
         preds: dict[int, dict[str, list]] = {i: {k: [] for k in _ADDED} for i in range(len(rows))}
