@@ -87,8 +87,15 @@ class Progress:
         stream: TextIO | None = None,
         interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rate: bool = False,
+        failures: bool = True,
+        first_after: float = 0.0,
     ) -> None:
+        """``rate``: show ``<unit>/s`` (when no images are counted); ``failures``: show the
+        failed count; ``first_after``: no line before that many seconds (a short task prints
+        nothing until :meth:`close`)."""
         self.what, self.total, self.unit = what, int(total), unit
+        self.rate, self.failures = rate, failures
         self.done_before = int(done)
         self.done = self.images = self.failed = 0
         self.stream = stream if stream is not None else sys.stdout
@@ -100,6 +107,7 @@ class Progress:
         self.clock = clock
         self.start = clock()
         self._last = -float("inf")
+        self._quiet_until = self.start + first_after
         self._drawn = False
         self.closed = False
 
@@ -121,15 +129,18 @@ class Progress:
         parts = [f"{PREFIX} {self.what}: {reached}/{self.total} {self.unit}"]
         if self.total:
             parts[0] += f" ({100.0 * reached / self.total:.0f}%)"
+        progressed = self.done + self.failed
         if self.images:
             parts.append(f"{self.images / elapsed:.1f} images/s")
-        progressed = self.done + self.failed
+        elif self.rate and progressed:
+            parts.append(f"{progressed / elapsed:.2f} {self.unit}/s")
         remaining = self.total - reached
         if progressed and remaining > 0 and not self.closed:
             parts.append(f"ETA {_duration(remaining * elapsed / progressed)}")
         elif self.closed:
             parts.append(f"{_duration(elapsed)} elapsed")
-        parts.append(f"{self.failed} failed")
+        if self.failures:
+            parts.append(f"{self.failed} failed")
         return ", ".join(parts)
 
     def log(self, message: str) -> None:
@@ -146,6 +157,8 @@ class Progress:
 
     def _render(self, force: bool) -> None:
         now = self.clock()
+        if not force and now < self._quiet_until:
+            return
         if self.live:
             if force or now - self._last >= 0.2:
                 self.stream.write("\r\x1b[K" + self.line())

@@ -29,6 +29,7 @@ from pipeline.models.lora import (
     target_modules,
 )
 from pipeline.train import sliders
+from pipeline.train.run import train_sliders
 
 SHIFT = "heavy_snow"
 SPEC = SliderTrainingSpec(iterations=30, max_denoise_steps=5, learning_rate=1e-2, dtype="float32", seed=0)
@@ -229,7 +230,7 @@ def test_train_sliders_local_writes_files_and_resumes(tiny_world, pipe, tmp_path
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
     lines: list[str] = []
-    summary = sliders.train_sliders(cfg, str(store), runner="local", echo=lines.append)
+    summary = train_sliders(cfg, str(store), runner="local", echo=lines.append)
     assert not summary.trained and len(summary.skipped) == 2 and not summary.failed
     assert all("skipped" in line for line in lines) and len(lines) == 2
     assert all(os.stat(p).st_mtime_ns == m for p, m in mtimes.items())
@@ -237,7 +238,7 @@ def test_train_sliders_local_writes_files_and_resumes(tiny_world, pipe, tmp_path
     # A slider whose metadata JSON (the done-marker) is missing is trained again.
     (store / "cartoon_style" / "001.json").unlink()
     lines.clear()
-    summary = sliders.train_sliders(cfg, str(store), runner="local", echo=lines.append)
+    summary = train_sliders(cfg, str(store), runner="local", echo=lines.append)
     assert [r["job"]["shift"] for r in summary.trained] == ["cartoon_style"] and len(summary.skipped) == 1
     assert (store / "cartoon_style" / "001.json").is_file()
 
@@ -247,7 +248,7 @@ def test_train_sliders_on_ray(tiny_world, tmp_path, ray_session):
     cfg = _config(tiny_world, tmp_path, shifts=("heavy_snow",), iterations=2)
     store = tmp_path / "ray-store"
     lines: list[str] = []
-    summary = sliders.train_sliders(cfg, str(store), runner="ray", echo=lines.append)
+    summary = train_sliders(cfg, str(store), runner="ray", echo=lines.append)
     assert not summary.failed, summary.failed
     assert len(summary.trained) == 1
     assert any(line.startswith("[train-sliders] 1/1 heavy_snow/001_goldfish: final loss") for line in lines)
@@ -255,7 +256,7 @@ def test_train_sliders_on_ray(tiny_world, tmp_path, ray_session):
     assert meta["device"] == "cpu" and meta["iterations"] == 2
     # Same seed and code in a Ray worker as in-process: the same slider.
     local_store = tmp_path / "local-store"
-    sliders.train_sliders(cfg, str(local_store), runner="local", echo=lambda _: None)
+    train_sliders(cfg, str(local_store), runner="local", echo=lambda _: None)
     a = load_slider_file(str(store / "heavy_snow" / "001.safetensors"))
     b = load_slider_file(str(local_store / "heavy_snow" / "001.safetensors"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -280,14 +281,14 @@ def test_bad_slider_pattern_is_reported(tiny_world, tmp_path):
     cfg = _config(tiny_world, tmp_path)
     cfg.generator.slider_pattern = "{shift}/{class_id:03d}.npz"
     with pytest.raises(ValueError, match=r"generator.slider_pattern .*\.npz"):
-        sliders.train_sliders(cfg, str(tmp_path / "s"), runner="local", echo=lambda _: None)
+        train_sliders(cfg, str(tmp_path / "s"), runner="local", echo=lambda _: None)
 
 
 def test_missing_class_tokens_are_reported_before_training(tiny_world, tmp_path):
     cfg = _config(tiny_world, tmp_path)
     cfg.generator.class_tokens = ClassTokens(kind="ti_folder", path=str(tmp_path / "no-tokens"))
     with pytest.raises(FileNotFoundError, match=r"generator.class_tokens: .*no-tokens/1.bin"):
-        sliders.train_sliders(cfg, str(tmp_path / "s"), runner="local", echo=lambda _: None)
+        train_sliders(cfg, str(tmp_path / "s"), runner="local", echo=lambda _: None)
 
 
 def test_failing_pairs_are_reported_and_leave_no_files(tiny_world, tmp_path):
@@ -298,7 +299,7 @@ def test_failing_pairs_are_reported_and_leave_no_files(tiny_world, tmp_path):
     cfg.generator.class_tokens = ClassTokens(kind="ti_folder", path=str(tokens))
     store = tmp_path / "s"
     lines: list[str] = []
-    summary = sliders.train_sliders(cfg, str(store), runner="local", echo=lines.append)
+    summary = train_sliders(cfg, str(store), runner="local", echo=lines.append)
     assert not summary.trained and sorted(summary.failed) == ["cartoon_style/001_goldfish", "heavy_snow/001_goldfish"]
     assert all("FAILED" in line for line in lines) and len(lines) == 2
     assert not store.exists() or not any(store.rglob("*.json"))

@@ -7,7 +7,8 @@ from typing import Any
 
 from pipeline.cli.options import add_set_argument, load_cli_config
 from pipeline.config import ConfigError
-from pipeline.train.sliders import LOG_PREFIX, train_sliders
+from pipeline.train.run import train_sliders
+from pipeline.train.sliders import LOG_PREFIX
 
 
 def _cmd_train_sliders(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ What it trains (one module per stage in :mod:`pipeline.demo.train`; all seeded; 
                  augmentation invariance: two random crops/rotations/contrast/noise views
                  of a digit, NT-Xent on a projection of the class token), ``dino/dino.pth``;
 ``sliders``      one LoRA concept slider per (digit, shift) with the project's slider
-                 trainer (:func:`pipeline.train.sliders.train_sliders`, text-slider
+                 trainer (:func:`pipeline.train.run.train_sliders`, text-slider
                  objective), ``sliders/{shift}/{i:03d}.safetensors``;
 ``calibrate``    the four filter thresholds, from held-out digits: a common quantile of the
                  detectors' out-of-class scores such that the 2-of-4 rule removes 90% of

@@ -189,15 +189,17 @@ class PromptNuisanceFamily(Family):
             self.options.model_dump_json(), tuple(bench.classes), json.dumps(bench.labels), self.device, str(self.dtype),
         )
 
+        self.table = self.options.nuisances()
+
         def make():
             from pipeline.models.nuisance_sampler import NuisanceSampler
 
-            sampler = NuisanceSampler(gen, self.device, self.dtype, self.options)
+            prompts = {shift: (self.options.template(kind), words) for shift, (kind, words) in self.table.items()}
+            sampler = NuisanceSampler(gen, self.device, self.dtype, prompts, self.options.plain_prompt)
             sampler.setup(list(bench.classes), bench.label_space)
             return sampler
 
         self.sampler = cache.shared(key, make)
-        self.table = self.options.nuisances()
 
     def generate(self, ctx: UnitContext, shifts: list[str], scales: list[float]) -> dict[str, ShiftImages]:
         result = self.sampler.generate_group(ctx.class_id, ctx.seed, list(shifts), list(scales))

@@ -1,4 +1,4 @@
-"""Sampler of the ``prompt_nuisance`` family: the prompt baseline with a template per nuisance kind.
+"""Sampler of the ``prompt_nuisance`` family: the prompt baseline with a template per nuisance.
 
 :class:`~pipeline.models.sampler.PromptSampler` already runs a (class, seed) unit as one
 batched group: the plain prompt (scale 0) and every shift prompt are branches of the same
@@ -8,32 +8,34 @@ template of the nuisance's kind, filled with the class token and the nuisance's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from pipeline.models.sampler import PromptSampler
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pipeline.families.prompt_nuisance import PromptNuisanceOptions
-
 
 class NuisanceSampler(PromptSampler):
-    """The prompt baseline's batched sampler with one prompt template per nuisance kind."""
+    """The prompt baseline's batched sampler with one prompt template per nuisance.
 
-    def __init__(self, spec: Any, device: str, dtype: Any, options: "PromptNuisanceOptions") -> None:
-        if options.plain_prompt:
-            spec = spec.model_copy(update={"prompt": options.plain_prompt})
+    ``prompts``: shift -> (template, nuisance words); the template has the placeholders
+    ``{token}``, ``{class_name}`` and ``{nuisance}`` (the family picks it by the nuisance's
+    kind).  ``plain_prompt`` replaces ``generator.prompt`` at scale 0 when given.
+    """
+
+    def __init__(
+        self, spec: Any, device: str, dtype: Any, prompts: Mapping[str, tuple[str, str]], plain_prompt: str | None = None
+    ) -> None:
+        if plain_prompt:
+            spec = spec.model_copy(update={"prompt": plain_prompt})
         super().__init__(spec, device, dtype)
-        self.options = options
-        self.table = options.nuisances()
+        self.prompts = dict(prompts)
 
     def plain_text(self, class_id: int) -> str:
         return self.spec.prompt.format(token=self.tokens[class_id])
 
     def nuisance_text(self, class_id: int, shift: str) -> str:
-        kind, words = self.table[shift]
-        return self.options.template(kind).format(
-            token=self.tokens[class_id], class_name=self.labels.name(class_id), nuisance=words
-        )
+        template, words = self.prompts[shift]
+        return template.format(token=self.tokens[class_id], class_name=self.labels.name(class_id), nuisance=words)
 
     def _shift_embeds(self, class_id: int, shift: str):
         key = (class_id, shift)

@@ -17,13 +17,12 @@ response that needs no token, and its Content-Security-Policy pins the script by
 import base64
 import functools
 import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from pipeline.serve.errors import InvalidRequest, NotFound, PreviewFailed
+from pipeline.serve.errors import InvalidRequest, NotFound, PreviewFailed, parse_json_body
 from pipeline.serve.middleware import BearerAuth, BodyLimit, SecurityHeaders
 from pipeline.serve.options import APP_NAME
 from pipeline.serve.preview import PreviewResult, parse_preview, strip_png
@@ -66,16 +65,6 @@ def page() -> tuple[str, str]:
         "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
     return html, csp
-
-
-def parse_json_body(body: bytes) -> Any:
-    """The JSON value of a request body; ValueError (-> 400) when it is not JSON or nested too deeply."""
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(str(err)) from None
 
 
 def make_api(

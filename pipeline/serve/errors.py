@@ -2,7 +2,8 @@
 
 * :class:`NotFound` -> 404 with the valid ``choices``;
 * :class:`InvalidRequest` -> 422 with pydantic's error list;
-* :class:`PreviewFailed` -> 500 naming the model error.
+* :class:`PreviewFailed` -> 500 naming the model error;
+* a body that is not JSON -> 400 (:func:`parse_json_body`).
 
 The value helpers turn what Parquet and the models give (nullable booleans, NaN scores)
 into what JSON can carry.
@@ -10,6 +11,7 @@ into what JSON can carry.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +36,16 @@ class InvalidRequest(ValueError):
     def __init__(self, errors: list[dict[str, Any]] | str) -> None:
         super().__init__(str(errors))
         self.errors = errors
+
+
+def parse_json_body(body: bytes) -> Any:
+    """The JSON value of a request body; ValueError (-> 400) when it is not JSON or nested too deeply."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(str(err)) from None
 
 
 def is_missing(value: Any) -> bool:

@@ -20,7 +20,7 @@ import hashlib
 from importlib import resources
 from typing import Any, Callable
 
-from pipeline.serve.errors import InvalidRequest, NotFound
+from pipeline.serve.errors import InvalidRequest, NotFound, parse_json_body
 
 _SCRIPT_LINK = '<script src="review.js"></script>'
 
@@ -50,7 +50,6 @@ def add_review_routes(app: Any, need_index: Callable[[], Any]) -> None:
     from fastapi.responses import HTMLResponse, JSONResponse, Response
 
     from pipeline.review import Review, ReviewError, UnknownSet
-    from pipeline.serve.api import parse_json_body
 
     def review() -> Review:
         return Review(need_index().store)

@@ -37,10 +37,11 @@ off" are peft's ``enable_adapters``; the optimiser steps peft's ``lora_A``/``lor
 weights, and the trained adapter leaves through ``get_peft_model_state_dict`` renamed to
 the published ``lora_unet_*`` layout.  The original layers are put back afterwards.
 
-Public API: :func:`train_slider` (one slider on a loaded pipeline),
-:func:`train_sliders` (every (class, shift) pair of a config, under Ray or in-process,
-resumable) and :class:`SliderTrainer` (the per-worker state);
-``cnsbench train-sliders`` is :mod:`pipeline.cli.train_sliders`.
+Public API: :func:`train_slider` (one slider on a loaded pipeline), :class:`SliderTrainer`
+(the per-worker state) and the files of a store (:class:`SliderJob`, :func:`plan_slider_jobs`);
+every (class, shift) pair of a config, under Ray or in-process and resumable, is
+:func:`pipeline.train.run.train_sliders`, ``cnsbench train-sliders`` is
+:mod:`pipeline.cli.train_sliders`.
 """
 
 from __future__ import annotations
@@ -51,14 +52,16 @@ import hashlib
 import json
 import os
 import posixpath
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec
 from pipeline.models import diffusion
 from pipeline.models.lora import lora_key, save_slider_file, target_modules
+from pipeline.progress import Progress
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +70,8 @@ LOG_PREFIX = "[train-sliders]"
 SLIDER_SUFFIXES = (".safetensors", ".pt", ".pth")
 # Guidance of the LoRA-on partial denoising (the reference's CFG scale).
 TRAIN_GUIDANCE = 7.5
+# Progress inside one slider: a line every this many seconds, none for a shorter training.
+ITERATION_REPORT_S = 5.0
 
 
 # --------------------------------------------------------------------------- one slider
@@ -133,6 +138,7 @@ def train_slider(
     *,
     resolution: int | None = None,
     guidance_scale: float = TRAIN_GUIDANCE,
+    on_iteration: Callable[[float], None] | None = None,
 ) -> tuple[dict[str, "torch.Tensor"], list[float]]:
     """Train one text slider for ``shift`` on ``class_token``; returns (state dict, losses).
 
@@ -146,7 +152,7 @@ def train_slider(
     (``lora_unet_<path>.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha``), loadable by
     :meth:`SliderBank.add` and, after :func:`save_slider_file`, by ``load_slider_file``.
     ``losses`` has one value per iteration.  Same seed, same pipeline, same device: same
-    slider.
+    slider.  ``on_iteration(loss)`` is called after every iteration (progress).
     """
     import torch
     import torch.nn.functional as F
@@ -254,6 +260,8 @@ def train_slider(
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
+            if on_iteration is not None:
+                on_iteration(losses[-1])
         state = slider.state_dict()
     finally:
         slider.remove()
@@ -437,6 +445,13 @@ def base_model_fingerprint(model: str) -> dict[str, str | None]:
 
 
 # --------------------------------------------------------------------------- worker
+def _print_above_live_line(line: str) -> None:
+    """A progress line on stdout; on a terminal it first clears the command's live line."""
+    out = sys.stdout
+    out.write(("\r\x1b[K" if out.isatty() else "") + line + "\n")
+    out.flush()
+
+
 class SliderTrainer:
     """Per-worker state: loads the pipeline and class tokens once, then trains and writes jobs.
 
@@ -484,7 +499,14 @@ class SliderTrainer:
         # slider_training.resolution: 512 under the cns protocol (the original trains at 512 and
         # generates at 768), generator.resolution otherwise.
         resolution = spec.resolution or self.cfg.generator.resolution
-        state, losses = train_slider(self.pipe, token, job.shift, spec, self.device, job.seed, resolution=resolution)
+        progress = Progress(
+            f"slider {job.label}", spec.iterations, unit="iterations", echo=_print_above_live_line,
+            interval=ITERATION_REPORT_S, first_after=ITERATION_REPORT_S, rate=True, failures=False,
+        )
+        state, losses = train_slider(
+            self.pipe, token, job.shift, spec, self.device, job.seed, resolution=resolution,
+            on_iteration=lambda _loss: progress.advance(),
+        )
         seconds = time.perf_counter() - start
         meta: dict[str, Any] = {
             "class_id": job.class_id,
@@ -520,107 +542,3 @@ class SliderTrainer:
         # Written after the weights: its presence says the slider file is complete.
         _write_bytes_atomic(job.meta_path, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
         return {"job": job.to_dict(), "final_loss": meta["final_loss"], "seconds": seconds, "path": job.path}
-
-
-# --------------------------------------------------------------------------- all pairs
-@dataclass
-class TrainSummary:
-    total: int
-    trained: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # job labels
-    failed: dict[str, str] = field(default_factory=dict)  # job label -> error
-    seconds: float = 0.0
-
-    def lines(self) -> list[str]:
-        out = [
-            f"sliders: {self.total} pairs, {len(self.trained)} trained, {len(self.skipped)} skipped (done), "
-            f"{len(self.failed)} failed in {self.seconds:.1f} s"
-        ]
-        for label, err in sorted(self.failed.items()):
-            out.append(f"failed {label}: {err.strip().splitlines()[0] if err.strip() else err}")
-        return out
-
-
-def train_sliders(
-    cfg: BuildConfig,
-    store: str,
-    *,
-    address: str | None = None,
-    runner: str = "ray",
-    echo: Callable[[str], None] = print,
-) -> TrainSummary:
-    """Train every (class, shift) slider of ``cfg.benchmark`` into ``store``; resumable.
-
-    A pair whose slider file and metadata JSON both exist is skipped.  ``runner="ray"``
-    runs one actor per worker (``slider_training.resources``: GPUs, CPUs, pool size,
-    retries), connecting to ``address`` or starting a local Ray (and stopping it after);
-    ``runner="local"`` trains in this process.  One progress line per pair goes to
-    ``echo``.  A pair that fails is reported in the summary; the others go on.
-    """
-    if runner not in ("ray", "local"):
-        raise ValueError(f"train_sliders: runner must be 'ray' or 'local', got {runner!r}")
-    start = time.perf_counter()
-    positive_prompt(cfg.slider_training, "<token>", "some_shift")  # a bad placeholder fails here, not per pair
-    jobs = plan_slider_jobs(cfg, store)
-    done = [is_done(job) for job in jobs]
-    todo = [job for job, d in zip(jobs, done) if not d]
-    # Check everything training will load before any worker starts or model loads.
-    missing = missing_training_assets(cfg) if todo else []
-    if missing:
-        from pipeline.assets import AssetError
-
-        raise AssetError("slider training needs files that are missing:\n  " + "\n  ".join(missing))
-    from pipeline.progress import Progress
-
-    summary = TrainSummary(total=len(jobs))
-    # Printing (the CLI): a progress line, live on a terminal, with the per-slider lines above
-    # it.  A caller's own echo gets the per-slider lines only.
-    progress = Progress("train-sliders", len(jobs), unit="sliders", done=len(jobs) - len(todo)) if echo is print else None
-    echo = progress.log if progress else echo
-    counter = iter(range(1, len(jobs) + 1))
-    for job, d in zip(jobs, done):
-        if d:
-            summary.skipped.append(job.label)
-            echo(f"{LOG_PREFIX} {next(counter)}/{len(jobs)} {job.label}: skipped (done: {job.meta_path})")
-
-    def record(job: SliderJob, result: dict[str, Any] | None, error: str | None) -> None:
-        n = next(counter)
-        if error is not None:
-            summary.failed[job.label] = error
-            first = error.strip().splitlines()[0] if error.strip() else error
-            echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: FAILED: {first}")
-            if progress:
-                progress.update(failed=1)
-        else:
-            summary.trained.append(result)
-            echo(f"{LOG_PREFIX} {n}/{len(jobs)} {job.label}: final loss {result['final_loss']:.6g} "
-                 f"({result['seconds']:.1f} s) -> {job.path}")
-            if progress:
-                progress.update(done=1)
-
-    if todo:
-        from pipeline.executors import get_executor
-        from pipeline.stages.train import JOB, train_chain
-
-        def on_row(row: dict[str, Any]) -> None:
-            job = SliderJob(**json.loads(row["job"]))
-            record(job, json.loads(row["result"]) if row["result"] else None, row["error"])
-
-        executor = get_executor(runner, _for_training(cfg), address, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
-        rows = [job.to_dict() for job in todo]
-        for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
-            pass
-    if progress:
-        progress.close()
-    summary.seconds = time.perf_counter() - start
-    return summary
-
-
-def _for_training(cfg: BuildConfig) -> BuildConfig:
-    """The config the executor sizes its local Ray from: the training pool as the generate pool.
-
-    Without CUDA a GPU request could never be met by a real device; the local Ray then
-    registers one logical GPU and the actors train on the CPU.
-    """
-    res = cfg.slider_training.resources
-    return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"generate": res})})

@@ -28,7 +28,7 @@ def slider_config(ctx: Ctx, classes: list[int] | None = None):
 
 
 def stage_sliders(ctx: Ctx) -> dict[str, Any]:
-    from pipeline.train.sliders import train_sliders
+    from pipeline.train.run import train_sliders
 
     _seed(70)
     cfg = slider_config(ctx)
