@@ -26,19 +26,66 @@ def tiny_assets():
 
 
 def make_layout(root: Path, corruptions=("gaussian_noise", "contrast"), clean: bool = False) -> Path:
+    """Shaped as the release: ``<corruption>/<severity>/<wnid>/ILSVRC2012_val_*.JPEG`` at 224 px
+    (make_imagenet_c.py corrupts the Resize(256) / CenterCrop(224) image and saves it as JPEG
+    quality 85); the clean validation images at their own, larger size."""
     rng = np.random.default_rng(0)
     for wnid in WNIDS:
         for name in FILES:
-            img = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)
+            img = rng.integers(0, 255, (250, 300, 3), dtype=np.uint8)
             if clean:
                 (root / "clean" / wnid).mkdir(parents=True, exist_ok=True)
                 Image.fromarray(img).save(root / "clean" / wnid / name, "JPEG")
+            crop = img[13:237, 38:262]
             for cor in corruptions:
                 for sev in range(1, 6):
                     d = root / cor / str(sev) / wnid
                     d.mkdir(parents=True, exist_ok=True)
-                    Image.fromarray(np.clip(img.astype(int) + 10 * sev, 0, 255).astype(np.uint8)).save(d / name, "JPEG")
+                    out = np.clip(crop.astype(int) + 10 * sev, 0, 255).astype(np.uint8)
+                    Image.fromarray(out).save(d / name, "JPEG", quality=85, optimize=True)
     return root
+
+
+def original_input(path: Path, clean: bool):
+    """The tensor hendrycks/robustness ImageNet-C/test.py feeds a model (ImageFolder loads RGB)."""
+    import torchvision.transforms as trn
+
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    if clean:
+        t = trn.Compose([trn.Resize(256), trn.CenterCrop(224), trn.ToTensor(), trn.Normalize(mean, std)])
+    else:
+        t = trn.Compose([trn.CenterCrop(224), trn.ToTensor(), trn.Normalize(mean, std)])
+    return t(Image.open(path).convert("RGB"))
+
+
+def spy_inputs(monkeypatch) -> list:
+    """Record (classifier name, input tensor) of every batch a classifier is fed (in process)."""
+    from pipeline.models import classifiers
+
+    seen, inputs = [], classifiers.Classifier.inputs
+
+    def spy(self, images, shifted=None):
+        x = inputs(self, images, shifted)
+        seen.append((self.name, x.clone()))
+        return x
+
+    monkeypatch.setattr(classifiers.Classifier, "inputs", spy)
+    return seen
+
+
+def assert_fed(received, expected) -> None:
+    """Every received input is one of the expected tensors, and each expected one is received once."""
+    import torch
+
+    want = torch.stack(expected)
+    got = torch.cat(received)
+    assert got.shape == want.shape
+    hits = []
+    for x in got:
+        diff = (want - x).abs().flatten(1).amax(dim=1)
+        assert float(diff.min()) < 1e-6, f"an input matches none of the original's (closest differs by {float(diff.min())})"
+        hits.append(int(diff.argmin()))
+    assert sorted(hits) == list(range(len(expected)))
 
 
 def read_dir(out: Path, kind: str) -> pd.DataFrame:
@@ -93,13 +140,30 @@ def test_evaluate_imagenet_c_layout_end_to_end(tiny_assets, tmp_path):
     assert ce["error_clean"].isna().all()  # ImageNet-C ships no clean images
 
 
-def test_clean_folder_gives_scale_zero(tiny_assets, tmp_path):
+def test_clean_folder_gives_scale_zero(tiny_assets, tmp_path, monkeypatch):
+    """The release evaluated as test.py does: clean images Resize(256) / CenterCrop(224), corrupted ones
+    CenterCrop(224) only; the classifier receives exactly the original's tensors."""
     from pipeline.cli import main
 
     root = make_layout(tmp_path / "imagenet-c", corruptions=("fog",), clean=True)
     out = tmp_path / "eval"
+    seen = spy_inputs(monkeypatch)
     assert main(["evaluate", str(root), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "local",
                  "--classifiers", "tiny-resnet"]) == 0  # fmt: skip
+    files = sorted(root.rglob("*.JPEG"))
+    assert_fed([x for name, x in seen if name == "tiny-resnet"], [original_input(f, f.parts[-3] == "clean") for f in files])
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["classifiers"][0]["preprocess"] == {
+        "resize": 256, "crop": 224, "interpolation": "bilinear", "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225], "shifted_crop_only": True,
+    }  # fmt: skip
+    protocol = next(a for a in cfg["aggregate"]["analyses"] if isinstance(a, dict) and a["name"] == "release_protocol")
+    assert protocol["protocol"] == "imagenet_c" and protocol["overridden"] == {}
+    named = pd.read_csv(out / "report" / "release_protocol.csv")
+    assert named["classifier"].tolist() == ["tiny-resnet"] and named["comparable"].all()
+    assert "imagenet_c" in (out / "report" / "index.html").read_text()
+    metrics = json.loads((out / "report" / "metrics.json").read_text())
+    assert "14 of the 15 benchmark corruptions missing" in json.dumps(metrics)  # no AlexNet mCE, said why
     samples = read_dir(out, "samples")
     assert sorted(set(samples["scale"])) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and len(samples) == 24
     acc = pd.read_csv(out / "report" / "accuracy.csv")

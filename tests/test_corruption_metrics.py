@@ -109,3 +109,42 @@ def test_family_correlations_table():
     assert corr.loc["fp_relative", "spearman"] == pytest.approx(-1.0)
     assert math.isnan(corr.loc["failed_share", "spearman"])
     assert set(corr["family_a"]) == {"slider"} and set(corr["n_classifiers"]) == {4}
+
+
+def alexnet_like(factor: float = 1.0, drop: tuple[str, float] | None = None):
+    """Errors of a classifier that makes ``factor`` x AlexNet's published error on every
+    benchmark corruption at every severity (clean: AlexNet's 43.5 %); ``drop`` leaves out
+    one (corruption, severity)."""
+    from pipeline.analyses.corruption import alexnet_errors
+
+    errs, clean = alexnet_errors()
+    rows = []
+    for cor, e in errs.items():
+        rows.append((f"x{factor}", cor, 0.0, 10, clean))
+        rows += [(f"x{factor}", cor, float(s), 10, factor * e) for s in range(1, 6) if drop != (cor, float(s))]
+    return errors_table(rows)
+
+
+def test_alexnet_row_gives_mce_100_and_a_partial_grid_none():
+    from pipeline.analyses.corruption import alexnet_errors, alexnet_mce_gaps
+
+    errs, clean = alexnet_errors()
+    assert len(errs) == 15 and clean == pytest.approx(0.435)
+    t = corruption_table(pd.concat([alexnet_like(1.0), alexnet_like(0.5)]), alexnet=(errs, clean))
+    mean = t[t["corruption"] == MEAN_ROW].set_index("classifier")
+    assert 100 * mean.loc["x1.0", "ce_alexnet"] == pytest.approx(100.0)  # AlexNet: mCE 100
+    assert 100 * mean.loc["x1.0", "relative_ce_alexnet"] == pytest.approx(100.0)
+    assert 100 * mean.loc["x0.5", "ce_alexnet"] == pytest.approx(50.0)
+    # relative CE of x0.5 on fog: (0.5 * E - 0.435) / (E - 0.435)
+    fog = t[(t["classifier"] == "x0.5") & (t["corruption"] == "fog")].iloc[0]
+    assert fog["relative_ce_alexnet"] == pytest.approx((0.5 * errs["fog"] - clean) / (errs["fog"] - clean))
+    # One severity missing: that corruption has no AlexNet CE and the classifier no AlexNet mCE.
+    part = corruption_table(alexnet_like(1.0, drop=("fog", 3.0)), alexnet=(errs, clean))
+    assert math.isnan(part.set_index("corruption").loc["fog", "ce_alexnet"])
+    assert part.set_index("corruption").loc["snow", "ce_alexnet"] == pytest.approx(1.0)
+    assert math.isnan(part.set_index("corruption").loc[MEAN_ROW, "ce_alexnet"])
+    assert alexnet_mce_gaps(part[part["corruption"] != MEAN_ROW]) == ["severities 1..5 incomplete for fog"]
+    # Corruptions missing: named.
+    few = corruption_table(alexnet_like(1.0).query("corruption in ['fog', 'snow']"), alexnet=(errs, clean))
+    assert math.isnan(few.set_index("corruption").loc[MEAN_ROW, "ce_alexnet"])
+    assert "13 of the 15 benchmark corruptions missing" in alexnet_mce_gaps(few[few["corruption"] != MEAN_ROW])[0]

@@ -11,10 +11,14 @@ and ``E_clean(f)`` the error on the uncorrupted images (severity 0):
 * CE normalised by AlexNet's published errors (``pipeline/data/imagenet_c_alexnet.json``,
   the 15 benchmark corruptions only): ``mean_s E / E_AlexNet(c)``; relative:
   ``(mean_s E - E_clean) / (E_AlexNet(c) - E_clean,AlexNet)``.  Meaningful for ImageNet
-  classifiers on ImageNet-like images only;
-* mCE / relative mCE: the mean over the 15 benchmark corruptions of the build (the 4
+  classifiers on ImageNet-like images only.  AlexNet's errors are averages over all five
+  severities, so a corruption whose grid lacks one of the severities 1..5 gets none (a
+  partial grid is refused, not normalised by a grid it does not have);
+* mCE / relative mCE: the mean over the benchmark corruptions of the build (the 4
   extra corruptions are reported but, as in the paper, not averaged; a build with only
-  extra corruptions averages those).
+  extra corruptions averages those).  The AlexNet-normalised mCE exists only over all 15
+  benchmark corruptions at all five severities, as published; otherwise it is NaN and
+  the report says what is missing (:func:`alexnet_mce_gaps`).
 
 Errors are over every kept image at a severity (ImageNet-C's per-severity error); a
 severity-0 image belongs to every corruption.  Failure points over the continuous grid
@@ -24,6 +28,7 @@ severity-0 image belongs to every corruption.  Failure points over the continuou
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from pathlib import Path
@@ -125,7 +130,7 @@ def corruption_table(
                 row["relative_ce_baseline"] = _ratio(rel, b_rel)
             else:
                 row["ce_baseline"] = row["relative_ce_baseline"] = math.nan
-            ref = an.get(cor, math.nan)
+            ref = an.get(cor, math.nan) if n_sev == len(SEVERITIES) else math.nan  # a partial grid is refused
             row["ce_alexnet"] = _ratio(ce, ref)
             row["relative_ce_alexnet"] = _ratio(ce - clean, ref - an_clean)
             f = fail.get((clf, cor))
@@ -142,8 +147,29 @@ def corruption_table(
         row["n_images"] = int(use["n_images"].sum())
         for col in COLUMNS[5:]:
             row[col] = float(use[col].mean()) if use[col].notna().any() else math.nan
+        if alexnet is None or alexnet_mce_gaps(mine):  # the published mCE: all 15 corruptions, all severities
+            row["ce_alexnet"] = row["relative_ce_alexnet"] = math.nan
         means.append(row)
     return pd.concat([out, pd.DataFrame(means, columns=COLUMNS)], ignore_index=True)
+
+
+def alexnet_mce_gaps(rows: pd.DataFrame) -> list[str]:
+    """Why one classifier's per-corruption rows (:data:`COLUMNS`) give no AlexNet-normalised
+    mCE: benchmark corruptions missing, or lacking some of the severities 1..5 (empty: none)."""
+    from pipeline.families.corruption.params import BENCHMARK
+
+    have = {r.corruption: r for r in rows.itertuples(index=False)}
+    missing = [c for c in BENCHMARK if c not in have]
+    partial = [
+        c for c in BENCHMARK
+        if c in have and any(math.isnan(getattr(have[c], f"error_s{int(s)}")) for s in SEVERITIES)
+    ]  # fmt: skip
+    gaps = []
+    if missing:
+        gaps.append(f"{len(missing)} of the 15 benchmark corruptions missing ({', '.join(missing)})")
+    if partial:
+        gaps.append(f"severities 1..5 incomplete for {', '.join(partial)}")
+    return gaps
 
 
 def _failure(ctx: AnalysisContext, groups) -> pd.DataFrame:
@@ -218,8 +244,14 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     def num(v: Any) -> float | None:
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
+    gaps = {
+        clf: alexnet_mce_gaps(table[(table["classifier"] == clf) & (table["corruption"] != MEAN_ROW)])
+        for clf in means.index
+    }
+    refused = next((g for g in gaps.values() if g), []) if use_alexnet else []
     result.json = {
         "baseline": baseline,
+        "mce_alexnet_refused": "; ".join(refused) or None,
         "mce_corruptions": sorted(set(table.loc[table["in_mce"] & (table["corruption"] != MEAN_ROW), "corruption"])),
         "classifiers": {
             clf: {
@@ -241,6 +273,12 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         "the benchmark corruptions); normalised by "
         + (f"baseline classifier <b>{baseline}</b> and " if baseline else "")
         + "AlexNet's published errors (ImageNet classifiers only).</p>"
+        + (
+            "<p>No AlexNet-normalised mCE: it is defined over the 15 benchmark corruptions at severities 1..5 "
+            f"and this grid is partial ({html.escape('; '.join(refused))}).</p>"
+            if refused
+            else ""
+        )
         + show.to_html(float_format=lambda v: f"{v:.3f}", na_rep="–")
         + ('<p><img src="corruption_accuracy.png" alt="accuracy per corruption and severity"></p>' if "corruption_accuracy" in result.figures else "")
     )
