@@ -1,6 +1,7 @@
 """The released ImageNet-D layout as an evaluate source.
 
-``root/{background,texture,material}/<class folder>/<image>``, with an optional ``questions/``
+``root/{background,texture,material}/<class folder>/<image>`` (an older revision of the
+release: ``root/data/{background,...}``), with an optional ``questions/``
 folder of the VQA evaluation (:mod:`pipeline.sources.imagenet_d_questions`).  Class folders are named as in the release
 (``banana``, ``binder_closed``, ``t_shirt``) and map to the 113-class label space
 ``imagenet_d`` (:mod:`pipeline.imagenet_d`), whose classes each stand for a set of
@@ -22,7 +23,8 @@ from pipeline.labels import label_space
 from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
 LABELS = "imagenet_d"
-IGNORED = {"questions"}
+IGNORED = {"questions"}  # the VQA questions (pipeline.sources.imagenet_d_questions), never indexed as images
+DATA = "data"  # an older revision of the release: data/{background,texture,material}
 
 # chenshuang-zhang/imagenet_d: evaluate_imagenet_models.py feeds each torchvision model its
 # own weights.transforms() (utils/models.py); evaluate_vlm.py feeds CLIP clip.load's own
@@ -38,11 +40,28 @@ PROTOCOL = ReleaseProtocol(
 )
 
 
-def looks_like(fs: Any, root: str) -> bool:
-    """True when ``root`` holds nuisance-kind folders (and nothing else but ``questions``)."""
-    dirs = {posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False) if fs.isdir(p)}
+def _holds_kinds(fs: Any, folder: str) -> bool:
+    """True when ``folder`` holds nuisance-kind folders (and no other folder but ``questions``)."""
+    dirs = {posixpath.basename(p.rstrip("/")) for p in fs.ls(folder, detail=False) if fs.isdir(p)}
     dirs = {d for d in dirs if not d.startswith(".")}
     return bool(dirs & set(imagenet_d.NUISANCE_KINDS)) and dirs <= set(imagenet_d.NUISANCE_KINDS) | IGNORED
+
+
+def image_root(fs: Any, root: str) -> str | None:
+    """The folder holding the nuisance kinds: ``root``, or ``root/data`` (an older revision of
+    the release nests them there, beside nothing else but ``questions``); None if neither."""
+    if _holds_kinds(fs, root):
+        return root
+    nested = posixpath.join(root, DATA)
+    dirs = {posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False) if fs.isdir(p)}
+    if fs.isdir(nested) and {d for d in dirs if not d.startswith(".")} <= {DATA} | IGNORED and _holds_kinds(fs, nested):
+        return nested
+    return None
+
+
+def looks_like(fs: Any, root: str) -> bool:
+    """True when ``root`` (or its ``data/``) holds nuisance-kind folders and nothing else but ``questions``."""
+    return image_root(fs, root) is not None
 
 
 def load_imagenet_d(location: str):
@@ -58,9 +77,10 @@ def load_imagenet_d(location: str):
         _url,
     )
 
-    fs, root = _fs(location)
-    if not fs.isdir(root):
+    fs, top = _fs(location)
+    if not fs.isdir(top):
         raise SourceError(f"{location}: not a directory")
+    root = image_root(fs, top) or top
     labels = label_space(LABELS)
     folders = imagenet_d.folder_ids()
     groups: dict[tuple[str, int, int], dict[float, Any]] = {}
@@ -95,5 +115,5 @@ def load_imagenet_d(location: str):
     rows = _group_rows(groups, names)
     from pipeline.sources.imagenet_d_questions import attach_questions
 
-    note = attach_questions(fs, root, rows)
+    note = attach_questions(fs, root if fs.isdir(posixpath.join(root, "questions")) else top, rows)
     return Source("imagenet_d", location, rows, _dominant_format(formats), labels=LABELS, notes=[note] if note else [])
