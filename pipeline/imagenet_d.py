@@ -7,12 +7,12 @@ Files (``pipeline/data/imagenet_d/``, copied from the public ImageNet-D reposito
   ``preprocessing/imgnet_d_dir2imgnet_d_id.txt``) and its list of ImageNet-1k ids
   (``preprocessing/imgnet_d2imgnet_id.txt``; ``chair`` is 423, 559 and 765).  Class id =
   position in that file (the release's own ImageNet-D id).
-* ``background.csv`` (468 Places-style scenes), ``texture.csv`` (47 DTD textures),
-  ``material.csv`` (32 materials): ``code,name`` as in ``nuisances/*.csv``.
+* ``background.csv`` (468 scenes), ``texture.csv`` (47 DTD textures), ``material.csv``
+  (32 OpenSurfaces materials): Broden's concept lists, ``code,name`` as in ``nuisances/*.csv``.
 
 Names become words and shift names here, in one place: :func:`category_words` is the
 original zero-shot evaluation's class text (``binder (closed)``, ``coffee or french
-press``), :func:`nuisance_words` strips the Places ``-s`` suffix and turns ``_``/``-``
+press``), :func:`nuisance_words` strips Broden's scene suffix ``-s`` and turns ``_``/``-``
 into spaces, :func:`shift_name` makes a valid shift name (``plastic-opaque`` ->
 ``plastic_opaque``).
 """
