@@ -2,7 +2,8 @@
 
 ``missing_assets`` lists every missing file at once (model directory, class tokens,
 each (class, shift) slider, detector and classifier weights), so a user fixes them in
-one round instead of discovering them one crash at a time.
+one round instead of discovering them one crash at a time.  Weights named by hub id are
+:mod:`pipeline.hub`'s.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Iterable
 import fsspec
 
 from pipeline.config import BuildConfig
+from pipeline.hub import local_file_ref, remote_weights_not_cached  # noqa: F401 (hub weights: pipeline.hub)
 from pipeline.models.diffusion import class_token_files, is_local_path, slider_path
 from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
@@ -26,11 +28,6 @@ def _exists(path: str) -> bool:
         fs, p = fsspec.core.url_to_fs(path)
         return fs.exists(p)
     return os.path.exists(path)
-
-
-def _local_file_ref(value: str | None) -> bool:
-    """open_clip ``pretrained`` / timm checkpoints may be tags; treat path-like values as files."""
-    return bool(value) and ("/" in value or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
 
 
 def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] | None = None) -> list[str]:
@@ -61,12 +58,12 @@ def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] 
             ("filter.clip.model_config_file", flt.clip.model_config_file),
             ("filter.dino.checkpoint", flt.dino.checkpoint),
         ):
-            if value and (_local_file_ref(value) or key.endswith("model_config_file")) and not _exists(value):
+            if value and (local_file_ref(value) or key.endswith("model_config_file")) and not _exists(value):
                 missing.append(f"{key}: {value}")
     for i, clf in enumerate(cfg.classifiers):
         for key in ("checkpoint", "model_config_file"):
             value = getattr(clf, key)
-            if value and (_local_file_ref(value) or key == "model_config_file") and not _exists(value):
+            if value and (local_file_ref(value) or key == "model_config_file") and not _exists(value):
                 missing.append(f"classifiers[{i}] ({clf.name}).{key}: {value}")
         if isinstance(clf.label_map, str) and not _exists(clf.label_map):
             missing.append(f"classifiers[{i}] ({clf.name}).label_map: {clf.label_map}")
@@ -152,93 +149,3 @@ def check_build(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None
         raise AssetError(
             f"{len(problems)} problem(s) before the build could start:\n" + "\n".join(f"  - {p}" for p in problems)
         )
-
-
-# --------------------------------------------------------------------------- hub weights
-def _hf_cached(repo_id: str, filenames: Iterable[str]) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    for name in filenames:
-        try:
-            hit = try_to_load_from_cache(repo_id, name)
-        except Exception:  # a malformed id: not something this check can decide
-            return True
-        if isinstance(hit, str):
-            return True
-    return False
-
-
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
-
-
-def _timm_cached(name: str) -> bool:
-    from timm.models import get_pretrained_cfg
-
-    try:
-        pcfg = get_pretrained_cfg(name)
-    except Exception:
-        pcfg = None
-    if pcfg is None:
-        return True  # unknown tag: check_registry_keys reports it
-    if pcfg.hf_hub_id:
-        return _hf_cached(pcfg.hf_hub_id, _WEIGHT_FILES)
-    if pcfg.url:
-        import torch.hub
-
-        return os.path.isfile(os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(pcfg.url)))
-    return True
-
-
-def _open_clip_cached(model: str, tag: str) -> bool:
-    from open_clip.pretrained import get_pretrained_cfg
-
-    pcfg = get_pretrained_cfg(model, tag) or {}
-    hub = pcfg.get("hf_hub")
-    if hub:  # "org/repo/" or "org/repo/filename"
-        parts = hub.strip("/").split("/")
-        names = ["/".join(parts[2:])] if len(parts) > 2 else []
-        return _hf_cached("/".join(parts[:2]), (*names, *_WEIGHT_FILES))
-    return True
-
-
-def _torch_hub_cached(repo: str) -> bool:
-    import glob
-
-    import torch.hub
-
-    owner_name = repo.split(":", 1)[0].replace("/", "_")
-    return bool(glob.glob(os.path.join(torch.hub.get_dir(), f"{owner_name}_*")))
-
-
-def remote_weights_not_cached(cfg: BuildConfig) -> list[str]:
-    """Weights the config names by hub id (SD2, timm and open_clip tags, torch hub entry points)
-    that are not in this machine's caches, one line each.
-
-    Informational: a build downloads them on first use (on a cluster, into the image's
-    model cache); offline, such a build would fail when the model loads.
-    """
-    out: list[str] = []
-    gen = cfg.generator
-    families = [FAMILIES.get(g.kind) for g in cfg.family_groups()]
-    uses_model = any(f.generates_base for f in families) or cfg.source.kind == "seed"
-    if uses_model and not is_local_path(gen.model) and not _hf_cached(gen.model, ("model_index.json",)):
-        out.append(f"generator.model: {gen.model} (Hugging Face hub)")
-    flt = cfg.filter
-    if flt.enabled and flt.kind != "none":
-        clip_tag = flt.clip.pretrained
-        if clip_tag and not _local_file_ref(clip_tag) and not _open_clip_cached(flt.clip.model, clip_tag):
-            out.append(f"filter.clip: open_clip {flt.clip.model} pretrained={clip_tag}")
-        if not flt.dino.checkpoint and not _timm_cached(flt.dino.model):
-            out.append(f"filter.dino: timm {flt.dino.model}")
-    for i, clf in enumerate(cfg.classifiers):
-        where = f"classifiers[{i}] ({clf.name})"
-        if clf.kind == "timm" and not clf.checkpoint and not _timm_cached(clf.model):
-            out.append(f"{where}: timm {clf.model}")
-        elif clf.kind == "open_clip_zeroshot" and clf.checkpoint and not _local_file_ref(clf.checkpoint):
-            if not _open_clip_cached(clf.model, clf.checkpoint):
-                out.append(f"{where}: open_clip {clf.model} pretrained={clf.checkpoint}")
-        elif clf.kind == "torch_hub":
-            repo = clf.model.rpartition(":")[0]
-            if repo and not os.path.isdir(repo) and not _torch_hub_cached(repo):
-                out.append(f"{where}: torch hub {clf.model}")
-    return out

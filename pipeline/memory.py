@@ -95,11 +95,11 @@ def _timm_meta(name: str, model_kwargs: dict[str, Any]) -> "torch.nn.Module":
         return timm.create_model(name.split(".", 1)[0], pretrained=False, **model_kwargs).eval()
 
 
-def _input_size(spec: "ClassifierSpec", model: Any, default: int = 224) -> int:
-    """The side of the square input the classifier sees (its protocol crop, or the model's own)."""
+def _input_size(choice: Any, model: Any, cns_default: Any = None, default: int = 224) -> int:
+    """The side of the square input a model sees: its protocol crop (``preprocess`` ``choice``), or its own."""
     from pipeline.protocol import CNS_CLASSIFIER, preprocess_of
 
-    p = preprocess_of(spec.preprocess or "model", CNS_CLASSIFIER)
+    p = preprocess_of(choice or "model", cns_default or CNS_CLASSIFIER)
     if p is not None:
         return p.crop
     size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
@@ -108,34 +108,44 @@ def _input_size(spec: "ClassifierSpec", model: Any, default: int = 224) -> int:
 
 def _timm_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
     model = _timm_meta(spec.model, spec.model_kwargs)
-    side = _input_size(spec, model)
+    side = _input_size(spec.preprocess, model)
     return _params(model), meta_forward_peak(model, (1, 3, side, side)) * images
 
 
-def _open_clip_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
+def _open_clip_sizes(model_name: str, config_file: str | None, where: str) -> tuple[int, int]:
+    """(parameters, activation bytes of one image through the image tower) of an open_clip model."""
     import open_clip
     import torch
 
-    if spec.model_config_file:
+    if config_file:
         from pipeline.models.detectors import register_open_clip_config
 
-        register_open_clip_config(spec.model_config_file, spec.model, f"classifiers[{spec.name}].model_config_file")
-    with torch.device("meta"):
-        model = open_clip.create_model(spec.model, pretrained=None, device="meta").eval()
-    side = int(model.visual.image_size[0] if isinstance(model.visual.image_size, (tuple, list)) else model.visual.image_size)
-    peak = meta_forward_peak(model.visual, (1, 3, side, side))
-    return _params(model), peak * images
+        register_open_clip_config(config_file, model_name, f"{where}.model_config_file")
+    logging.disable(logging.WARNING)  # open_clip warns that no pretrained weights load: none are wanted here
+    try:
+        with torch.device("meta"):
+            model = open_clip.create_model(model_name, pretrained=None, device="meta").eval()
+    finally:
+        logging.disable(logging.NOTSET)
+    size = model.visual.image_size
+    side = int(size[0] if isinstance(size, (tuple, list)) else size)
+    return _params(model), meta_forward_peak(model.visual, (1, 3, side, side))
+
+
+def _open_clip_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
+    params, peak = _open_clip_sizes(spec.model, spec.model_config_file, f"classifiers[{spec.name}]")
+    return params, peak * images
 
 
 # DINOv2 torch-hub entry points as the timm architectures they match; the ``_lc`` linear
 # head reads the class token and the mean patch token (2 x width -> 1000 classes).
-_DINOV2_HUB = re.compile(r"^dinov2_vit([sblg])14(_reg)?(_lc)?$")
+_DINOV2_HUB = re.compile(r"dinov2_vit([sblg])14(_reg)?(_lc)?")  # matched whole (fullmatch)
 _DINOV2_TIMM = {"s": "vit_small_patch14", "b": "vit_base_patch14", "l": "vit_large_patch14", "g": "vit_giant_patch14"}
 
 
 def _torch_hub_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
     entry = spec.model.rpartition(":")[2]
-    m = _DINOV2_HUB.match(entry)
+    m = _DINOV2_HUB.fullmatch(entry)
     if not m:
         raise LookupError(f"no size known for torch hub entry {entry!r}")
     arch = f"{_DINOV2_TIMM[m.group(1)]}{'_reg4' if m.group(2) else ''}_dinov2"
@@ -168,8 +178,74 @@ def classify_images_per_forward(cfg: "BuildConfig") -> int:
     return min(PREDICT_CHUNK, cfg.resources.classify.batch_size * per_row)
 
 
+def _cache_file() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "cnsbench", "footprints.json")
+
+
+def _cache_key(spec_json: str, images: int) -> str:
+    """The spec, the batch, the model libraries' versions and the local files the spec names."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [spec_json, str(images)]
+    for lib in ("torch", "timm", "open_clip_torch"):
+        try:
+            parts.append(f"{lib}={version(lib)}")
+        except PackageNotFoundError:
+            parts.append(f"{lib}=-")
+    spec = json.loads(spec_json)
+    for key in ("checkpoint", "model_config_file"):
+        path = spec.get(key)
+        if path and os.path.isfile(path):
+            st = os.stat(path)
+            parts.append(f"{path}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _cached(key: str) -> Footprint | None:
+    try:
+        with open(_cache_file(), encoding="utf-8") as fh:
+            entry = json.load(fh).get(key)
+        return Footprint(**entry) if entry else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _remember(key: str, footprint: Footprint) -> None:
+    """Keep a measured footprint for the next run (meta builds of a large zoo take a while)."""
+    import dataclasses
+
+    path = _cache_file()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            data = {}
+        data[key] = dataclasses.asdict(footprint)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except OSError as err:  # a read-only home: measure again next time
+        log.debug("could not cache footprints in %s: %s", path, err)
+
+
 @functools.lru_cache(maxsize=512)
 def _classifier_footprint(spec_json: str, images: int) -> Footprint:
+    key = _cache_key(spec_json, images)
+    hit = _cached(key)
+    if hit is not None:
+        return hit
+    footprint = _measure(spec_json, images)
+    if not footprint.note:
+        _remember(key, footprint)
+    return footprint
+
+
+def _measure(spec_json: str, images: int) -> Footprint:
     from pipeline import registry
     from pipeline.config import ClassifierSpec
 
@@ -241,3 +317,109 @@ def classifier_groups(cfg: "BuildConfig") -> list[list[int]]:
                 "it runs alone", f.name, group_bytes([f]) / GB, budget_gb,
             )
     return pack(footprints, budget)
+
+
+# --------------------------------------------------------------------------- stages
+def _filter_bytes(cfg: "BuildConfig") -> int:
+    """The filter actor: open_clip CLIP and the timm DINOv2 backbone (float32), a batch of images each."""
+    from pipeline.models.detectors import MAX_FORWARD
+
+    flt = cfg.filter
+    if not flt.enabled or flt.kind == "none":
+        return RUNTIME_BYTES
+    images = min(MAX_FORWARD, cfg.resources.filter.batch_size * max(1, len(cfg.benchmark.scales)))
+    return _filter_models_bytes(flt.model_dump_json(), images)
+
+
+@functools.lru_cache(maxsize=32)
+def _filter_models_bytes(filter_json: str, images: int) -> int:
+    from pipeline.config import FilterSpec
+    from pipeline.protocol import CNS_DINO
+
+    flt = FilterSpec.model_validate_json(filter_json)
+    clip_params, clip_peak = _open_clip_sizes(flt.clip.model, flt.clip.model_config_file, "filter.clip")
+    dino = _timm_meta(flt.dino.model, {**flt.dino.model_kwargs, "num_classes": 0})
+    side = _input_size(flt.dino.preprocess, dino, CNS_DINO)
+    dino_peak = meta_forward_peak(dino, (1, 3, side, side), call=dino.forward_features)
+    weights = (clip_params + _params(dino)) * DTYPE_BYTES[CLASSIFIER_DTYPE]
+    return RUNTIME_BYTES + weights + int(max(clip_peak, dino_peak) * images * ACTIVATION_FACTOR)
+
+
+def _classify_bytes(cfg: "BuildConfig") -> int:
+    """The classify actor of the largest classifier group."""
+    footprints = classifier_footprints(cfg)
+    return max(group_bytes([footprints[i] for i in group]) for group in classifier_groups(cfg))
+
+
+def _diffusers_meta(model: str) -> dict[str, "torch.nn.Module"]:
+    """The UNet, VAE and text encoder of a diffusers repository (local or in the hub cache), on ``meta``."""
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    import warnings
+
+    local_only = os.path.isdir(model) or os.environ.get("HF_HUB_OFFLINE") == "1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notes of the hub client, not the user's concern
+        unet_cfg = UNet2DConditionModel.load_config(model, subfolder="unet", local_files_only=local_only)
+        vae_cfg = AutoencoderKL.load_config(model, subfolder="vae", local_files_only=local_only)
+        text_cfg = CLIPTextConfig.from_pretrained(model, subfolder="text_encoder", local_files_only=local_only)
+    with torch.device("meta"):
+        return {
+            "unet": UNet2DConditionModel.from_config(unet_cfg).eval(),
+            "vae": AutoencoderKL.from_config(vae_cfg).eval(),
+            "text_encoder": CLIPTextModel(text_cfg).eval(),
+        }
+
+
+def _generate_bytes(cfg: "BuildConfig", dtype_bytes: int) -> int:
+    """The generate actor: the text-to-image pipeline's weights at its dtype, and the larger of a
+    UNet forward (a chunk of branches, doubled for classifier-free guidance) and a VAE decode."""
+    import torch
+
+    from pipeline.registry import FAMILIES
+
+    gen = cfg.generator
+    families = [FAMILIES.get(g.kind) for g in cfg.family_groups()]
+    if not (any(f.generates_base for f in families) or cfg.source.kind == "seed"):
+        return RUNTIME_BYTES
+    parts = _diffusers_meta(gen.model)
+    unet, vae = parts["unet"], parts["vae"]
+    nonzero = sum(1 for s in cfg.benchmark.scales if s != 0)
+    shifts = max(len(g.shifts) for g in cfg.family_groups())
+    batch = min(gen.branch_batch_size, 1 + shifts * nonzero)
+    cfg_batch = batch * (2 if gen.guidance_scale > 1 else 1)
+    side = gen.resolution // 8
+    cross = unet.config.cross_attention_dim
+    context = torch.zeros(1, 77, cross, device="meta")
+
+    def unet_call(x: "torch.Tensor") -> Any:
+        return unet(x, 1, encoder_hidden_states=context.expand(x.shape[0], -1, -1))
+
+    unet_peak = meta_forward_peak(unet, (1, unet.config.in_channels, side, side), call=unet_call) * cfg_batch
+    latent = vae.config.latent_channels
+    vae_peak = meta_forward_peak(vae, (1, latent, side, side), call=lambda x: vae.decode(x)) * batch
+    weights = sum(_params(m) for m in parts.values()) * dtype_bytes
+    return RUNTIME_BYTES + weights + int(max(unet_peak, vae_peak) * ACTIVATION_FACTOR * dtype_bytes / 4)
+
+
+def project_stage_memory(cfg: "BuildConfig", device: str = "cuda") -> dict[str, int | None]:
+    """Projected peak bytes of one actor of each stage (``None``: not projectable here, e.g. a
+    hub model whose configuration is not cached), at the config's dtype on ``device``
+    (``cpu``: float32, as :func:`pipeline.stages.base.pick_dtype` runs there) and batch sizes.
+    The classify entry is its largest group's actor."""
+    dtype_bytes = 4 if device == "cpu" else DTYPE_BYTES[cfg.generator.dtype]
+    out: dict[str, int | None] = {}
+    for stage, project in (
+        ("generate", lambda: _generate_bytes(cfg, dtype_bytes)),
+        ("filter", lambda: _filter_bytes(cfg)),
+        ("classify", lambda: _classify_bytes(cfg)),
+        ("write", lambda: RUNTIME_BYTES),
+    ):
+        try:
+            out[stage] = project()
+        except Exception as err:  # noqa: BLE001 - a projection is advice; it never stops validate
+            log.debug("no memory projection for %s: %s", stage, err)
+            out[stage] = None
+    return out

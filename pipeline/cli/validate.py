@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from pipeline.cli.options import add_set_argument, load_cli_config
+from pipeline.cli.options import add_set_argument, load_cli_config, set_args
 
 VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misses thousands of sliders)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeline import plan
-    from pipeline.assets import (
-        check_registry_keys,
-        missing_assets,
-        remote_weights_not_cached,
-    )
+    from pipeline.assets import check_registry_keys, missing_assets
     from pipeline.config import config_hash
 
     cfg = load_cli_config(args)
@@ -26,11 +23,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"  classifiers: {', '.join(c.name for c in cfg.classifiers)}")
     print(f"  protocol: {cfg.protocol} (see docs/protocol.md)")
     problems = check_registry_keys(cfg) + missing_assets(cfg)
-    remote = remote_weights_not_cached(cfg)
-    if remote:
-        print(f"  weights fetched on first use, not in this machine's caches ({len(remote)}):")
-        for line in remote:
-            print(f"    {line}")
+    problems += report_hub_artefacts(cfg, command_line(args))
+    if problems:  # the projection builds every model's shapes: worth it once the config can run
+        print("  projected memory per actor: shown once the problems below are fixed")
+    else:
+        report_memory(cfg)
     if problems:
         # Bad input, as for `build`: the config names things that do not exist.
         print(f"{len(problems)} problem(s):")
@@ -41,6 +38,46 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print("  all assets present")
     return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The config and ``--set`` items as they would be typed again (for the prefetch hint)."""
+    import shlex
+
+    return " ".join(shlex.quote(a) for a in [args.config, *set_args(args)])
+
+
+def report_hub_artefacts(cfg, config_args: str) -> list[str]:
+    """Print the hub artefacts of the config, cached or not; offline, the missing ones are problems."""
+    from pipeline.hub import PREFETCH_HINT, hub_artefacts
+
+    artefacts = hub_artefacts(cfg)
+    missing = [a for a in artefacts if not a.cached]
+    if not artefacts:
+        return []
+    print(f"  hub artefacts: {len(artefacts) - len(missing)} of {len(artefacts)} cached here")
+    if not missing:
+        return []
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    state = "offline (HF_HUB_OFFLINE): a build cannot load them" if offline else "fetched on first use"
+    print(f"  not cached here, {state} ({len(missing)}):")
+    for a in missing:
+        print(f"    {a.line()}")
+    print(f"  {PREFETCH_HINT.format(config=config_args)}")
+    return [f"{a.line()}: not cached here (offline)" for a in missing] if offline else []
+
+
+def report_memory(cfg) -> None:
+    """Print each stage actor's projected peak memory (GPU at the config's dtype, and CPU)."""
+    from pipeline.memory import GB, classifier_groups, project_stage_memory
+
+    gpu, cpu = project_stage_memory(cfg, "cuda"), project_stage_memory(cfg, "cpu")
+    groups = classifier_groups(cfg)
+    print(f"  projected memory per actor (weights + peak activations; GPU at {cfg.generator.dtype} / CPU float32):")
+    for stage in gpu:
+        shown = [f"{v / GB:.2f} GB" if v is not None else "unknown (model config not cached)" for v in (gpu[stage], cpu[stage])]
+        note = f", {len(groups)} classifier groups" if stage == "classify" and len(groups) > 1 else ""
+        print(f"    {stage:<9} {shown[0]} / {shown[1]}{note}")
 
 
 def register(sub) -> None:

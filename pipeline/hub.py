@@ -1,0 +1,203 @@
+"""Hub artefacts a config names: which are in this machine's caches, and fetching the others.
+
+A config names models by hub id (the SD2 diffusers repository, timm and open_clip
+pretrained tags, torch-hub entry points); their libraries download them on first use into
+the standard caches (the Hugging Face hub cache, open_clip's and timm's files there or
+in the torch-hub checkpoint directory, torch hub's repositories).  :func:`hub_artefacts`
+lists every one with whether it is cached here; ``cnsbench validate`` reports the missing
+ones and ``cnsbench prefetch`` fetches them through the same libraries, on a node with
+internet, so a build can then run offline (``HF_HUB_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.config import BuildConfig
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+# The diffusers components a text-to-image pipeline loads weights for, and their weight files.
+_DIFFUSERS_WEIGHTS = {
+    "unet": ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin"),
+    "vae": ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin"),
+    "text_encoder": ("model.safetensors", "pytorch_model.bin"),
+}
+
+
+@dataclass(frozen=True)
+class HubArtefact:
+    """One downloadable thing a config names: where in the config, the id a user recognises,
+    whether it is cached here, and how its library fetches it."""
+
+    where: str  # config key, e.g. "classifiers[3] (resnet50)"
+    library: str  # "diffusers", "timm", "open_clip", "torch hub"
+    ref: str  # the hub id / tag / entry point
+    cached: bool
+    fetch: Callable[[], object] = field(compare=False, repr=False)
+
+    def line(self) -> str:
+        return f"{self.where}: {self.library} {self.ref}"
+
+
+# --------------------------------------------------------------------------- cache checks
+def _hf_cached(repo_id: str, filenames: Iterable[str]) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in filenames:
+        try:
+            hit = try_to_load_from_cache(repo_id, name)
+        except Exception:  # a malformed id: not something this check can decide
+            return True
+        if isinstance(hit, str):
+            return True
+    return False
+
+
+def _hf_download(repo_id: str, filenames: Iterable[str]) -> str:
+    """The first of ``filenames`` the repository has, downloaded into the hub cache."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    names = list(filenames)
+    for name in names:
+        try:
+            return hf_hub_download(repo_id, name)
+        except EntryNotFoundError:
+            continue
+    raise FileNotFoundError(f"{repo_id}: none of {', '.join(names)} on the hub")
+
+
+def _url_cached(url: str) -> bool:
+    import torch.hub
+
+    return os.path.isfile(os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url)))
+
+
+def _url_download(url: str) -> str:
+    import torch.hub
+
+    dst = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if not os.path.isfile(dst):
+        torch.hub.download_url_to_file(url, dst, progress=False)
+    return dst
+
+
+def _diffusers(where: str, repo: str) -> HubArtefact:
+    cached = _hf_cached(repo, ("model_index.json",)) and all(
+        _hf_cached(repo, [f"{folder}/{name}" for name in names]) for folder, names in _DIFFUSERS_WEIGHTS.items()
+    )
+
+    def fetch() -> object:
+        from diffusers import DiffusionPipeline
+
+        return DiffusionPipeline.download(repo)  # the files from_pretrained reads, nothing more
+
+    return HubArtefact(where, "diffusers", repo, cached, fetch)
+
+
+def _timm(where: str, name: str) -> HubArtefact | None:
+    from timm.models import get_pretrained_cfg
+
+    try:
+        pcfg = get_pretrained_cfg(name)
+    except Exception:
+        pcfg = None
+    if pcfg is None or not (pcfg.hf_hub_id or pcfg.url):
+        return None  # an unknown tag (check_registry_keys reports it) or nothing to download
+    if pcfg.hf_hub_id:
+        hub_id = pcfg.hf_hub_id
+        return HubArtefact(
+            where, "timm", hub_id, _hf_cached(hub_id, _WEIGHT_FILES), lambda: _hf_download(hub_id, _WEIGHT_FILES)
+        )
+    url = pcfg.url
+    return HubArtefact(where, "timm", f"{name} ({url})", _url_cached(url), lambda: _url_download(url))
+
+
+def _open_clip(where: str, model: str, tag: str) -> HubArtefact | None:
+    from open_clip.pretrained import download_pretrained, get_pretrained_cfg
+
+    pcfg = get_pretrained_cfg(model, tag) or {}
+    hub = pcfg.get("hf_hub")
+    if hub:  # "org/repo/" or "org/repo/filename"
+        parts = hub.strip("/").split("/")
+        repo, names = "/".join(parts[:2]), (["/".join(parts[2:])] if len(parts) > 2 else [])
+        cached = _hf_cached(repo, (*names, *_WEIGHT_FILES))
+    elif pcfg.get("url"):
+        repo, cached = pcfg["url"], _url_cached(pcfg["url"])
+    else:
+        return None
+    return HubArtefact(where, "open_clip", f"{model} pretrained={tag} ({repo})", cached, lambda: download_pretrained(pcfg))
+
+
+def _torch_hub(where: str, model: str, kwargs: dict) -> HubArtefact:
+    import glob
+
+    import torch.hub
+
+    repo, _, entry = model.rpartition(":")
+    owner_name = repo.split(":", 1)[0].replace("/", "_")
+    cached = bool(glob.glob(os.path.join(torch.hub.get_dir(), f"{owner_name}_*")))
+    return HubArtefact(
+        where, "torch hub", model, cached, lambda: torch.hub.load(repo, entry, source="github", **kwargs)
+    )
+
+
+def local_file_ref(value: str | None) -> bool:
+    """open_clip ``pretrained`` / timm checkpoints may be tags; treat path-like values as files."""
+    return bool(value) and ("/" in value or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
+
+
+# --------------------------------------------------------------------------- the config's artefacts
+def hub_artefacts(cfg: "BuildConfig") -> list[HubArtefact]:
+    """Every hub artefact the config names (cached or not), in config order."""
+    from pipeline.models.diffusion import is_local_path
+    from pipeline.registry import FAMILIES
+
+    out: list[HubArtefact | None] = []
+    gen = cfg.generator
+    families = [FAMILIES.get(g.kind) for g in cfg.family_groups()]
+    uses_model = any(f.generates_base for f in families) or cfg.source.kind == "seed"
+    if uses_model and not is_local_path(gen.model):
+        out.append(_diffusers("generator.model", gen.model))
+    flt = cfg.filter
+    if flt.enabled and flt.kind != "none":
+        if flt.clip.pretrained and not local_file_ref(flt.clip.pretrained):
+            out.append(_open_clip("filter.clip", flt.clip.model, flt.clip.pretrained))
+        if not flt.dino.checkpoint:
+            out.append(_timm("filter.dino", flt.dino.model))
+    for i, clf in enumerate(cfg.classifiers):
+        where = f"classifiers[{i}] ({clf.name})"
+        if clf.kind == "timm" and not clf.checkpoint:
+            out.append(_timm(where, clf.model))
+        elif clf.kind == "open_clip_zeroshot" and clf.checkpoint and not local_file_ref(clf.checkpoint):
+            out.append(_open_clip(where, clf.model, clf.checkpoint))
+        elif clf.kind == "torch_hub":
+            repo = clf.model.rpartition(":")[0]
+            if repo and not os.path.isdir(repo):
+                out.append(_torch_hub(where, clf.model, dict(clf.model_kwargs)))
+    return [a for a in out if a is not None]
+
+
+def remote_weights_not_cached(cfg: "BuildConfig") -> list[str]:
+    """One line per hub artefact of the config that is not in this machine's caches."""
+    return [a.line() for a in hub_artefacts(cfg) if not a.cached]
+
+
+def offline() -> bool:
+    """Whether hubs may not be asked: ``HF_HUB_OFFLINE`` set, or huggingface.co unreachable."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=5).close()
+    except OSError:
+        return True
+    return False
+
+
+PREFETCH_HINT = "on a node with internet, fetch them into the standard caches with: cnsbench prefetch {config}"
