@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -21,6 +22,9 @@ from pipeline.jobs import (
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
+    for flag, value in (("--num-gpus", args.num_gpus), ("--num-cpus", args.num_cpus)):
+        if not math.isfinite(value) or value < 0:
+            return _report(ValueError(f"{flag} must be a finite number >= 0, got {value:g}"))
     if args.sets:
         load_cli_config(args)  # a bad --set exits 2 here, not in the cluster's job
     try:
