@@ -128,7 +128,11 @@ ANALYSES.register(
 ANALYSES.register("shift_views", "pipeline.analyses.shift_views:run", "per shift: accuracy small multiples, failure-point heat map, ranking")
 ANALYSES.register("strips", "pipeline.analyses.strips:run", "per shift a contact sheet of trajectories x scales with failure marks")
 # Every report has these sections (after the configured analyses), unless configured explicitly.
-REPORT_ANALYSES = ("shift_views", "strips")
+ANALYSES.register(
+    "vlm_answers", "pipeline.analyses.vlm_answers:run",
+    "vlm classifiers: TRUE / FALSE / excluded answers per shift and scale, accuracy = TRUE / (TRUE + FALSE)",
+)
+REPORT_ANALYSES = ("shift_views", "strips", "vlm_answers")
 
 ANALYSES.register(
     "corruption_error", "pipeline.analyses.corruption:run",

@@ -142,3 +142,18 @@ def test_greedy_at_temperature_zero_and_a_released_question(tiny_llava):
     assert a.answers == b.answers  # greedy: the seed does not matter
     assert clf.chat_prompt(clf.protocol.ask(1, DIGITS, "x", released={
         "gt_category": "one", "top1_pred_cate": "one", "top2_pred_cate": "five"})).endswith("one, five. ASSISTANT:")
+
+
+def test_bench_vlm_smallest_size(capsys):
+    """bench/vlm.py at its smallest size: both paths run and give the same answers."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "vlm.py"
+    spec = importlib.util.spec_from_file_location("bench_vlm", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--images", "3", "--batch", "3", "--hidden", "32", "--layers", "1", "--image-size", "32",
+                      "--patch", "8", "--new-tokens", "2", "--json"])
+    assert out["batched_images_per_s"] > 0 and out["one_at_a_time_images_per_s"] > 0 and out["speedup"] > 0
+    assert out["answers_agree"] == 1.0

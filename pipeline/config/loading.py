@@ -51,7 +51,7 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
             fix(node, path[-1])
     for clf in raw.get("classifiers") or []:
         if isinstance(clf, dict):
-            for key in _CLASSIFIER_PATH_KEYS:
+            for key in _CLASSIFIER_PATH_KEYS | ({"model"} if clf.get("kind") == "vlm" else set()):  # a vlm's model: a directory
                 fix(clf, key)
 
 

@@ -116,6 +116,16 @@ class VLMClassifier:
     def name(self) -> str:
         return self.spec.name
 
+    @staticmethod
+    def footprint(spec: ClassifierSpec, images: int) -> tuple[int, int]:
+        """(parameters, activation bytes) for :mod:`pipeline.memory`: the model built on the meta
+        device from its config (no weights read); activations not estimated (0)."""
+        from transformers import AutoConfig, AutoModelForImageTextToText
+
+        with torch.device("meta"):
+            model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(spec.model))
+        return sum(p.numel() for p in model.parameters()), 0
+
     def chat_prompt(self, question: Question) -> str:
         """The question as the model's chat template writes one user turn (image, then text)."""
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question.prompt}]}]
@@ -181,12 +191,14 @@ def classify_all(
     sample_ids: Sequence[str],
     params: Sequence[str | None],
     earlier: dict[str, list[list[int]]] | None = None,
+    shifted: Sequence[bool] | None = None,
 ) -> list[tuple[list, list, list, list, list]]:
     """Every classifier over ``images``: per classifier (in the given order) the per-image
     top-1, top-5, p(true), answer text and exclusion (the last two None but for vlms).
 
     Ranking classifiers run first, vlms after them with their top-5 rankings (and those of
     ``earlier``: classifiers of an earlier group, already run) to draw distractors from.
+    ``shifted`` (per image: scale > 0) goes to the ranking classifiers' ``predict``.
     """
     from pipeline.models.classifiers import topk_predictions
 
@@ -198,7 +210,8 @@ def classify_all(
             out = clf.answer(images, truth, sample_ids, params, rankings)
             results[clf.name] = (out.top1, out.top5, out.p_true, out.answers, out.excluded)
         else:
-            top1, top5, p_true = topk_predictions(clf.predict(images), clf.out_to_label, truth)
+            logits = clf.predict(images) if shifted is None else clf.predict(images, shifted)
+            top1, top5, p_true = topk_predictions(logits, clf.out_to_label, truth)
             rankings[clf.name] = top5
             results[clf.name] = (top1, top5, p_true, [None] * n, [None] * n)
     return [results[c.name] for c in classifiers]

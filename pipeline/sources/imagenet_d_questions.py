@@ -26,11 +26,12 @@ def _key(path: str) -> str:
     return "/".join(path.replace("\\", "/").rstrip("/").split("/")[-3:])
 
 
-def read_questions(fs: Any, root: str) -> dict[str, dict[str, str]]:
+def read_questions(fs: Any, root: str, notes: list[str] | None = None) -> dict[str, dict[str, str]]:
     """``{kind/folder/file: question}`` from every ``questions/*.csv`` under ``root`` ({} when none).
 
-    Raises :class:`pipeline.sources.common.SourceError` naming the file and line of a
-    missing column, a short line or an image listed twice.
+    A file without the release's columns is skipped, saying so in ``notes``.  Raises
+    :class:`pipeline.sources.common.SourceError` naming the file and line of an empty value
+    or an image listed twice.
     """
     from pipeline.sources.common import SourceError
 
@@ -43,10 +44,9 @@ def read_questions(fs: Any, root: str) -> dict[str, dict[str, str]]:
         reader = csv.DictReader(io.StringIO(text), delimiter="\t")
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise SourceError(
-                f"{path}: not a questions file: lacks the tab-separated column(s) {missing} "
-                f"(has {reader.fieldnames}); expected {', '.join(COLUMNS)}"
-            )
+            if notes is not None:
+                notes.append(f"{path}: skipped, not a questions file (no tab-separated column(s) {', '.join(missing)})")
+            continue
         kind = posixpath.splitext(posixpath.basename(path))[0]
         for line, row in enumerate(reader, start=2):
             if any(not (row.get(c) or "").strip() for c in COLUMNS):
@@ -60,9 +60,10 @@ def read_questions(fs: Any, root: str) -> dict[str, dict[str, str]]:
 
 def attach_questions(fs: Any, root: str, rows: list[dict[str, Any]]) -> str | None:
     """Store each image's released question in the rows' ``params``; returns a note for the run, or None."""
-    questions = read_questions(fs, root)
+    notes: list[str] = []
+    questions = read_questions(fs, root, notes)
     if not questions:
-        return None
+        return "; ".join(notes) or None
     asked = 0
     for row in rows:
         params = []
@@ -72,7 +73,8 @@ def attach_questions(fs: Any, root: str, rows: list[dict[str, Any]]) -> str | No
             params.append(None if q is None else json.dumps({"question": q}, sort_keys=True))
         row["params"] = params
     n_images = sum(len(r["paths"]) for r in rows)
-    return (
+    notes.append(
         f"{QUESTIONS_DIR}/: {len(questions)} questions, {asked} of {n_images} images have one; "
         "vlm classifiers take the two-choice distractor from them"
     )
+    return "; ".join(notes)

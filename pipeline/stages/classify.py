@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pipeline.executors import StageSpec
 
 # Per image, one entry per classifier.
-_ADDED = ("pred_top1", "pred_top5", "pred_p_true")
+_ADDED = ("pred_top1", "pred_top5", "pred_p_true", "pred_answer", "pred_excluded")
 
 
 class ClassifyStage(Stage):
@@ -59,27 +59,30 @@ class ClassifyStage(Stage):
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """FILTERED rows -> CLASSIFIED rows, same order."""
-        from pipeline.models.classifiers import topk_predictions
+        from pipeline.models.vlm import classify_all
 
         todo = [i for i, r in enumerate(rows) if not r.get("error") and r.get("images")]
-        images, truth, owner, shifted = [], [], [], []
+        images, truth, owner, shifted, sids, params, slot = [], [], [], [], [], [], []
         for i in todo:
-            for data, scale in zip(rows[i]["images"], rows[i]["scales"], strict=True):
+            for k, (data, scale) in enumerate(zip(rows[i]["images"], rows[i]["scales"], strict=True)):
                 images.append(decode_image(data))
                 truth.append(rows[i]["class_id"])
                 owner.append(i)
                 shifted.append(scale > 0)  # ImageNet-C's protocol crops these without resizing
+                sids.append(rows[i]["sample_ids"][k])  # a vlm seeds its sampling with the sample id
+                params.append((rows[i].get("params") or [None] * len(rows[i]["scales"]))[k])
+                slot.append((i, k))
 
-        per_clf = []  # one (top1, top5, p_true) triple per classifier, each over all images
-        for clf in self.classifiers if images else []:
-            logits = clf.predict(images, shifted)
-            per_clf.append(topk_predictions(logits, clf.out_to_label, truth))
+        # One (top1, top5, p_true, answer, excluded) tuple per classifier, each over all images;
+        # vlms run after the ranking classifiers they draw distractors from.
+        earlier = {self.config.classifiers[c].name: [rows[i]["pred_top5"][k][n] for i, k in slot]
+                   for n, c in enumerate(self.done)}
+        per_clf = classify_all(self.classifiers, images, truth, sids, params, earlier, shifted) if images else []
 
         preds: dict[int, dict[str, list]] = {i: {k: [] for k in _ADDED} for i in range(len(rows))}
         for j, i in enumerate(owner):
-            preds[i]["pred_top1"].append([top1[j] for top1, _, _ in per_clf])
-            preds[i]["pred_top5"].append([top5[j] for _, top5, _ in per_clf])
-            preds[i]["pred_p_true"].append([p[j] for _, _, p in per_clf])
+            for key, values in zip(_ADDED, zip(*per_clf)) if per_clf else ():
+                preds[i][key].append([v[j] for v in values])
         if self.done:
             preds = {i: self._merged(rows[i], p) for i, p in preds.items()}
         return [{**row, **preds[i]} for i, row in enumerate(rows)]
