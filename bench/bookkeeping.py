@@ -1,9 +1,11 @@
 """Bookkeeping at scale: plan and resume-diff a 1,008,000-sample build with half of it done.
 
 1000 classes x 14 shifts x 12 seeds x 6 scales.  Half of the trajectories are committed
-as real shard manifests (64 trajectories per shard, with small stand-in shard files of the
-recorded sizes) in a temporary output; the benchmark then times what a resumed build does
-before any model loads: read and verify every manifest, and plan the remaining work units.
+as real shard manifests (64 trajectories per shard, with a small stand-in tar and stand-in
+``samples``/``predictions`` Parquet tables of null rows, as many as the manifest says) in a
+temporary output; the benchmark then times what a resumed build does before any model
+loads: read and verify every manifest (file sizes, and each table's Parquet footer:
+schema and row count), and plan the remaining work units.
 
     python bench/bookkeeping.py --json
 
@@ -33,6 +35,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     from pipeline import plan
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline import schema
     from pipeline.build import committed_trajectories
     from pipeline.config import BenchmarkSpec
     from pipeline.io.store import OutputStore, ShardManifest
@@ -47,15 +55,25 @@ def main(argv: list[str] | None = None) -> dict:
     all_traj = [plan.trajectory_id(s, c, seed) for c, seed, s in plan.iter_trajectories(spec)]
     done_ids = all_traj[::2]  # half of them, spread over every class and seed
 
+    tables: dict[tuple[str, int], bytes] = {}
+
+    def table_bytes(kind: str, sch: pa.Schema, rows: int) -> bytes:
+        if (kind, rows) not in tables:
+            buf = io.BytesIO()
+            pq.write_table(pa.table({f.name: pa.nulls(rows, f.type) for f in sch}, schema=sch), buf)
+            tables[kind, rows] = buf.getvalue()
+        return tables[kind, rows]
+
     with tempfile.TemporaryDirectory() as tmp:
         store = OutputStore(tmp)
         t0 = time.perf_counter()
         for lo in range(0, len(done_ids), args.per_shard):
             chunk = done_ids[lo : lo + args.per_shard]
             name = shard_name(chunk)
-            files = {}
-            for rel in (f"images/{name}.tar", f"samples/{name}.parquet", f"predictions/{name}.parquet"):
-                files[rel] = store.write_bytes(rel, b"x" * 16)
+            n = len(chunk) * 6
+            files = {f"images/{name}.tar": store.write_bytes(f"images/{name}.tar", b"x" * 16)}
+            for kind, sch in (("samples", schema.SAMPLES), ("predictions", schema.PREDICTIONS)):
+                files[f"{kind}/{name}.parquet"] = store.write_bytes(f"{kind}/{name}.parquet", table_bytes(kind, sch, n))
             store.commit_manifest(ShardManifest(name, chunk, files, len(chunk) * 6, {}, {}))
         setup_s = time.perf_counter() - t0
 

@@ -7,20 +7,26 @@ classes, seeds or shifts computes only the new trajectories.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline import __version__, plan, schema
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.executors import StageSpec, get_executor
+from pipeline.io.lease_file import LEASE
 from pipeline.io.manifest import quarantine
-from pipeline.io.ownership import claim_output
+from pipeline.io.ownership import ARCHIVE, claim_output
+from pipeline.io.shard_check import check_committed, quarantine_shard
 from pipeline.io.store import OutputStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.io.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +166,9 @@ def archive_previous(store: OutputStore) -> str | None:
     if marker is None:
         return None
     old_hash = marker["config_hash"][:12]
-    dest = f"previous/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
-    from pipeline.io.ownership import LEASE
-
+    dest = f"{ARCHIVE}/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
     for name in store.top_level():
-        if name not in ("previous", LEASE):  # the lease stays with its holder
+        if name not in (ARCHIVE, LEASE):  # the lease stays with its holder
             store.move(name, f"{dest}/{name}")
     return dest
 
@@ -172,32 +176,25 @@ def archive_previous(store: OutputStore) -> str | None:
 def committed_trajectories(
     store: OutputStore, repair: bool = True, deep: bool = False, echo: Callable[[str], None] | None = None
 ) -> tuple[set[str], dict[str, str]]:
-    """Trajectory ids of verified committed shards, and failures not since redone.
+    """Trajectory ids of sound committed shards, and failures not since redone.
 
-    A shard whose files are missing, have the wrong size (truncated) or, with ``deep``,
-    the wrong SHA-256 (corrupted) is un-committed when ``repair`` is set: its manifest is
-    removed first, then its files, so its trajectories are planned and written again.
-    A manifest that is malformed or overlaps an earlier one never counts; with ``repair``
-    it is moved to ``previous/quarantine/`` (:func:`pipeline.io.manifest.quarantine`).
+    A shard whose files are missing, have the wrong size (truncated), with ``deep`` the
+    wrong SHA-256 (corrupted), or whose tables are not readable as their schemas with the
+    manifest's row counts (:mod:`pipeline.io.shard_check`) does not count; with ``repair``
+    it is moved to ``previous/quarantine/`` (manifest first, then its files), so its
+    trajectories are planned and written again.  A manifest that is malformed or overlaps
+    an earlier one never counts; with ``repair`` it is quarantined too
+    (:func:`pipeline.io.manifest.quarantine`).
     """
-    done: set[str] = set()
-    failed: dict[str, str] = {}
-    scan = store.scan()
-    if repair and scan.problems:
-        quarantine(store, scan.problems, echo)
-    for manifest in scan.manifests:
-        problems = store.verify_shard(manifest, deep=deep)
-        if problems:
-            if echo:
-                echo(f"[cnsbench] shard {manifest.shard} is damaged ({'; '.join(problems)}); regenerating it")
-            if repair:
-                store.remove(f"manifest/{manifest.shard}.json")
-                for rel in manifest.files:
-                    store.remove(rel)
-            continue
-        done.update(manifest.trajectories)
-        failed.update(manifest.failed)
-    return done, {k: v for k, v in failed.items() if k not in done}
+    committed = check_committed(store, deep=deep)
+    if repair and committed.problems:
+        quarantine(store, committed.problems, echo)
+    for shard, (manifest, problems) in committed.damaged.items():
+        if echo:
+            echo(f"[cnsbench] shard {shard} is damaged ({'; '.join(problems)})")
+        if repair:
+            quarantine_shard(store, manifest, echo)
+    return committed.done, committed.failed
 
 
 def clean_uncommitted(store: OutputStore, echo: Callable[[str], None]) -> None:
@@ -211,7 +208,8 @@ def clean_uncommitted(store: OutputStore, echo: Callable[[str], None]) -> None:
 
 
 def add_classifiers(
-    store: OutputStore, cfg: BuildConfig, built_with: list[str], runner: str, address: str | None, echo
+    store: OutputStore, cfg: BuildConfig, built_with: list[str], runner: str, address: str | None, echo,
+    lease: Lease | None = None,
 ) -> None:
     """Run newly configured classifiers on the images of already committed shards."""
     from pipeline.stages.reclassify import (
@@ -227,18 +225,21 @@ def add_classifiers(
     echo(f"[cnsbench] adding predictions of {', '.join(names)} to {len(rows)} committed shard(s)")
     executor = get_executor(runner, cfg, address)
     # The reclassify stage commits each shard itself (one shard per batch): no writer after it.
-    chain = [StageSpec(ReclassifyStage, {"built_with": built_with}, batch_size=1)]
-    for _ in executor.run(rows, store.uri, chain, num_blocks=len(rows), first_schema=RECLASSIFY):
-        pass
+    chain = [StageSpec(ReclassifyStage, {"built_with": built_with, **lease_kwargs(lease)}, batch_size=1)]
+    with guarding(lease):
+        for _ in executor.run(rows, store.uri, chain, num_blocks=len(rows), first_schema=RECLASSIFY):
+            pass
 
 
 def write_config(store: OutputStore, cfg: BuildConfig) -> str:
+    """Write the marker ``config.json``, then ``config.yaml`` (never before the marker: a
+    ``config.yaml`` alone is a user's, :mod:`pipeline.io.ownership`)."""
     digest = config_hash(cfg)
-    store.write_text("config.yaml", dump_yaml(cfg))
     store.write_text(
         "config.json",
         json.dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__}, indent=1),
     )
+    store.write_text("config.yaml", dump_yaml(cfg))
     return digest
 
 
@@ -278,16 +279,20 @@ def finish_run(
     aggregate: bool,
     run_name: str = "",
     run_info: dict | None = None,
+    lease: Lease | None = None,
 ) -> BuildSummary:
-    """After a run: drop crash bookkeeping, aggregate, and record the run's summary."""
+    """After a run: drop crash bookkeeping, aggregate, and record the run's summary
+    (each write only while ``lease`` is still ours)."""
     tally.progress.close()
+    ensure_held(lease)
     store.remove_tree("attempts")  # crash bookkeeping is per run
     _, failed = committed_trajectories(store, repair=False)
     report = None
     if aggregate:
         from pipeline.aggregate.run import aggregate_output
 
-        report = aggregate_output(store, cfg, digest)
+        ensure_held(lease)
+        report = aggregate_output(store, cfg, digest, echo=tally.echo)
     summary = BuildSummary(
         output=store.uri,
         config_hash=digest,
@@ -303,6 +308,7 @@ def finish_run(
         failed=failed,
         report=report,
     )
+    ensure_held(lease)
     store.write_text(
         f"runs/{time.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}{run_name}.json",
         json.dumps({**asdict(summary), "host": platform.node(), "runner": runner, **(run_info or {})}, indent=1),
@@ -319,8 +325,8 @@ def build(cfg: BuildConfig, output: str, *, echo: Callable[[str], None] = print,
     """
     from pipeline.io.lease import hold_lease
 
-    with hold_lease(output, "build", echo):
-        return _build(cfg, output, echo=echo, **kwargs)
+    with hold_lease(output, "build", echo) as lease:
+        return _build(cfg, output, echo=echo, lease=lease, **kwargs)
 
 
 def _build(
@@ -333,6 +339,7 @@ def _build(
     new_version: bool = False,
     verify: bool = False,
     echo: Callable[[str], None] = print,
+    lease: Lease | None = None,
 ) -> BuildSummary:
     start = time.perf_counter()
     store = OutputStore(output)
@@ -342,6 +349,7 @@ def _build(
     except IncompatibleOutput:
         if not new_version:
             raise
+        ensure_held(lease)  # never archive an output another writer holds
         echo(f"[cnsbench] archived the previous build under {archive_previous(store)}")
     done, _ = committed_trajectories(store, deep=verify, echo=echo)
     built_with = [c["name"] for c in stored["classifiers"]] if stored else []
@@ -349,6 +357,7 @@ def _build(
     summary_plan = plan.summarize(cfg)
     check_build(cfg, {(u.class_id, s) for u in units for s in u.shifts})
     clean_uncommitted(store, echo)
+    ensure_held(lease)
     digest = write_config(store, cfg)
     todo = sum(len(u.shifts) for u in units)
     done_before = summary_plan.n_trajectories - todo
@@ -356,18 +365,36 @@ def _build(
 
     tally = ShardTally(summary_plan.n_trajectories, done_before, echo)
 
-    add_classifiers(store, cfg, built_with, runner, address, echo)
+    add_classifiers(store, cfg, built_with, runner, address, echo, lease)
     if units:
         executor = get_executor(runner, cfg, address)
         # One work unit per block, so generation spreads across the actors from the start.
         rows = [u.to_row() for u in units]
-        for _ in executor.run(rows, store.uri, build_chain(cfg), num_blocks=len(rows), first_schema=schema.UNIT, on_shard=tally):
-            pass
+        chain = build_chain(cfg, lease)
+        with guarding(lease):
+            for _ in executor.run(rows, store.uri, chain, num_blocks=len(rows), first_schema=schema.UNIT, on_shard=tally):
+                pass
 
-    return finish_run(store, cfg, digest, tally, start=start, runner=runner, aggregate=aggregate)
+    return finish_run(store, cfg, digest, tally, start=start, runner=runner, aggregate=aggregate, lease=lease)
 
 
-def build_chain(cfg: BuildConfig) -> list[StageSpec]:
+def ensure_held(lease: Lease | None) -> None:
+    """Stop (:class:`pipeline.io.lease.LeaseLost`) unless the run still holds its output's lease."""
+    if lease is not None:
+        lease.ensure_held()
+
+
+def guarding(lease: Lease | None):
+    """:meth:`pipeline.io.lease.Lease.guarding`, or nothing without a lease."""
+    return lease.guarding() if lease is not None else contextlib.nullcontext()
+
+
+def lease_kwargs(lease: Lease | None) -> dict[str, str]:
+    """Constructor kwargs of a committing stage: the token it checks before each commit."""
+    return {"lease_token": lease.info.token} if lease is not None else {}
+
+
+def build_chain(cfg: BuildConfig, lease: Lease | None = None) -> list[StageSpec]:
     """The stages of a build: generate -> filter -> classify (a stage per classifier group) -> write."""
     from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
@@ -378,5 +405,5 @@ def build_chain(cfg: BuildConfig) -> list[StageSpec]:
         StageSpec(GenerateStage),
         StageSpec(FilterStage),
         *classify_specs(cfg),
-        StageSpec(WriteStage, batch_size=cfg.output.trajectories_per_shard),
+        StageSpec(WriteStage, lease_kwargs(lease), batch_size=cfg.output.trajectories_per_shard),
     ]

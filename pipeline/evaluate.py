@@ -33,7 +33,10 @@ from pipeline.build import (
     check_compatible,
     clean_uncommitted,
     committed_trajectories,
+    ensure_held,
     finish_run,
+    guarding,
+    lease_kwargs,
     write_config,
 )
 from pipeline.config import (
@@ -43,6 +46,7 @@ from pipeline.config import (
     resolved_dict,
 )
 from pipeline.executors import StageSpec, get_executor
+from pipeline.io.lease import Lease
 from pipeline.io.store import OutputStore
 from pipeline.sources import Source
 from pipeline.stages.load import LoadStage
@@ -101,7 +105,7 @@ def _check_assets(cfg: BuildConfig) -> None:
         raise AssetError("missing or unknown assets:\n  " + "\n  ".join(problems))
 
 
-def _stages(cfg: BuildConfig) -> list[StageSpec]:
+def _stages(cfg: BuildConfig, lease: Lease | None = None) -> list[StageSpec]:
     """load -> [filter ->] classify (a stage per classifier group) -> write."""
     from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
@@ -114,7 +118,7 @@ def _stages(cfg: BuildConfig) -> list[StageSpec]:
     if cfg.filter.enabled:
         chain.append(StageSpec(FilterStage))
     chain += classify_specs(cfg)
-    chain.append(StageSpec(WriteStage, batch_size=cfg.output.trajectories_per_shard))
+    chain.append(StageSpec(WriteStage, lease_kwargs(lease), batch_size=cfg.output.trajectories_per_shard))
     return chain
 
 
@@ -128,8 +132,8 @@ def evaluate(
     """
     from pipeline.io.lease import hold_lease
 
-    with hold_lease(output, "evaluate", echo):
-        return _evaluate(cfg, source, output, echo=echo, **kwargs)
+    with hold_lease(output, "evaluate", echo) as lease:
+        return _evaluate(cfg, source, output, echo=echo, lease=lease, **kwargs)
 
 
 def _evaluate(
@@ -141,6 +145,7 @@ def _evaluate(
     address: str | None = None,
     aggregate: bool = True,
     echo: Callable[[str], None] = print,
+    lease: Lease | None = None,
 ) -> BuildSummary:
 
     start = time.perf_counter()
@@ -150,6 +155,7 @@ def _evaluate(
     todo = [r for r in source.rows if r["trajectory_id"] not in done]
     _check_assets(cfg)
     clean_uncommitted(store, echo)  # files of an interrupted run, stale attempt markers
+    ensure_held(lease)
     digest = write_config(store, cfg)
     store.write_text("source.json", json.dumps(source.describe(), indent=1))
     total = len(source.rows)
@@ -166,8 +172,9 @@ def _evaluate(
     if todo:
         executor = get_executor(runner, cfg, address)
         # Rows are light pointers; a few per block keeps the load pool busy from the start.
-        for _ in executor.run(todo, store.uri, _stages(cfg), num_blocks=min(len(todo), 1000), on_shard=tally):
-            pass
+        with guarding(lease):
+            for _ in executor.run(todo, store.uri, _stages(cfg, lease), num_blocks=min(len(todo), 1000), on_shard=tally):
+                pass
 
     return finish_run(
         store,
@@ -179,6 +186,7 @@ def _evaluate(
         aggregate=aggregate,
         run_name="-evaluate",
         run_info={"source": source.describe()},
+        lease=lease,
     )
 
 

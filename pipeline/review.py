@@ -36,7 +36,7 @@ from pipeline.io.store import OutputStore
 from pipeline.schema import SCORE_COLUMNS
 
 DECISIONS = ("accept", "reject", "not_class")
-SET_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,63}$")
+SET_NAME = re.compile(r"[a-z0-9][a-z0-9_]{0,63}")  # matched whole (fullmatch)
 REVIEW_DIR = "review"
 _LOCK = threading.Lock()  # one writer per process; the file itself is replaced atomically
 
@@ -67,11 +67,11 @@ class Review:
         return sorted(
             name[: -len(".parquet")]
             for name in (r.rsplit("/", 1)[-1] for r in self.store.list("report", ".parquet"))
-            if SET_NAME.match(name[: -len(".parquet")])
+            if SET_NAME.fullmatch(name[: -len(".parquet")])
         )
 
     def check_set(self, name: str) -> None:
-        if not isinstance(name, str) or not SET_NAME.match(name):
+        if not isinstance(name, str) or not SET_NAME.fullmatch(name):
             raise ReviewError(f"set name {name!r} must match {SET_NAME.pattern}")
         if not self.store.exists(f"report/{name}.parquet"):
             raise UnknownSet(f"no set {name!r} in {self.store.uri}/report (sets: {', '.join(self.sets()) or 'none'})")

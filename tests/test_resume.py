@@ -58,7 +58,7 @@ def test_damaged_shards_are_detected_and_regenerated(cfg_path, reference_local, 
     data = bytearray(tars[1].read_bytes())
     data[700] ^= 0xFF  # corrupted, same size: only a deep check sees it
     tars[1].write_bytes(bytes(data))
-    assert main(["status", str(out), "--verify"]) == 0
+    assert main(["status", str(out), "--verify"]) == 3  # damaged shards: exit 3, naming what to run
     text = capsys.readouterr().out
     assert f"{tars[0].stem} is damaged" in text and "truncated" in text
     assert f"{tars[1].stem} is damaged" in text and "sha256" in text

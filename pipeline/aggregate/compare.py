@@ -9,7 +9,10 @@ itself.  The outputs must hold the same benchmark:
 * the same images: the decoded pixels of ``--image-check`` samples (spread over the
   benchmark by a fixed seed; 0 checks every image) are equal in every output.
 
-Anything else is refused (:class:`NotComparable`, exit code 2) with what differs.
+Anything else is refused (:class:`NotComparable`, exit code 2) with what differs.  The
+report goes only into a new or empty folder or an earlier comparison (its marker
+``compare.json``); a build output or any other non-empty folder is refused (exit 2)
+before anything is read or written (:func:`pipeline.io.ownership.claim_compare_output`).
 
 The comparison is then one report, made by the same analyses as a build's report: the
 samples of the first output, an image kept only when every output's filter kept it (so
@@ -174,9 +177,13 @@ def compare_outputs(
     from pipeline.aggregate.run import analysis_plan, render_report
     from pipeline.progress import Progress
 
+    from pipeline.io.ownership import claim_compare_output, write_compare_marker
+
     if len(outputs) < 2:
         raise ValueError("compare needs at least two outputs")
     names = labels_for(outputs, labels)
+    store = OutputStore(dest)
+    claim_compare_output(store)  # a new or empty folder, or an earlier comparison: nothing else is overwritten
     progress = Progress("compare", 0, unit="steps", echo=None if echo is print else echo)
     loaded = []
     for uri, label in zip(outputs, names):
@@ -186,7 +193,7 @@ def compare_outputs(
     progress.total = len(outputs) + 1 + len(analysis_plan(cfg))
     progress.update(done=len(outputs) + 1)
     title = f"{cfg.benchmark.name}: comparison of {', '.join(names)}"
-    store = OutputStore(dest)
+    write_compare_marker(store, [o.store.uri for o in loaded], names)
     url = render_report(
         store, "", cfg, samples, predictions, title, None, ImageReader(loaded[0].store, loaded[0].samples),
         lead=[("Outputs compared", _outputs_section(loaded, checked))], progress=progress,

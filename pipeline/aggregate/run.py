@@ -8,6 +8,8 @@ temporary directory and uploaded file by file).
 from __future__ import annotations
 
 import io
+import logging
+from typing import Callable
 
 import pandas as pd
 import pyarrow as pa
@@ -16,6 +18,8 @@ import pyarrow.parquet as pq
 from pipeline import schema
 from pipeline.config import BuildConfig, parse_config
 from pipeline.io.store import OutputStore, ShardManifest
+
+log = logging.getLogger(__name__)
 
 
 def load_output_config(store: OutputStore) -> BuildConfig:
@@ -82,19 +86,69 @@ def analysis_plan(cfg: BuildConfig) -> list[tuple[str, dict]]:
     return plan
 
 
-def aggregate_output(store: OutputStore, cfg: BuildConfig, digest: str | None = None) -> str:
-    """Run the build's analyses on every committed shard and write ``report/``; returns its index path.
+def load_sound_tables(
+    store: OutputStore, classifiers: list[str] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    """(samples, predictions) of the sound committed shards, and the damaged shards left out
+    (shard -> what is wrong: :mod:`pipeline.io.shard_check`, or a table that does not read)."""
+    from pipeline.io.shard_check import check_committed
+
+    committed = check_committed(store)
+    left_out = {shard: "; ".join(found) for shard, (_, found) in committed.damaged.items()}
+    samples, preds = [], []
+    for manifest in committed.sound:
+        try:
+            s = read_shard_tables(store, manifest, "samples", schema.SAMPLES)
+            p = read_shard_tables(store, manifest, "predictions", schema.PREDICTIONS)
+        except ValueError as err:
+            left_out[manifest.shard] = str(err)
+            continue
+        samples += s
+        preds += p
+
+    def frame(tables: list[pa.Table], sch: pa.Schema) -> pd.DataFrame:
+        return pa.concat_tables(tables).to_pandas() if tables else sch.empty_table().to_pandas()
+
+    predictions = frame(preds, schema.PREDICTIONS)
+    if classifiers is not None:
+        predictions = predictions[predictions["classifier"].isin(classifiers)].reset_index(drop=True)
+    return frame(samples, schema.SAMPLES), predictions, left_out
+
+
+def _left_out_section(store: OutputStore, left_out: dict[str, str]) -> tuple[str, str]:
+    import html
+
+    items = "".join(f"<li><code>{html.escape(s)}</code>: {html.escape(r)}</li>" for s, r in sorted(left_out.items()))
+    redo = html.escape(f"cnsbench build {store.url('config.yaml')} --output {store.uri}")
+    return (
+        "Shards left out",
+        f"<p>{len(left_out)} damaged shard(s) were left out of this report, which covers the other shards. "
+        f"Run <code>{redo}</code> to redo them, then aggregate again.</p><ul>{items}</ul>",
+    )
+
+
+def aggregate_output(
+    store: OutputStore, cfg: BuildConfig, digest: str | None = None, echo: Callable[[str], None] | None = None
+) -> str:
+    """Run the build's analyses on every sound committed shard and write ``report/``; returns its index path.
 
     Each analysis returns files and an HTML section (:mod:`pipeline.analyses.base`); they
     are written atomically, ``metrics.json`` collects their JSON, and ``index.html`` is
-    written last, so its presence means the report is complete.
+    written last, so its presence means the report is complete.  Damaged shards are left
+    out, named (``echo``, else the log) and listed at the top of the page.
     """
     from pipeline.aggregate.images import ImageReader
 
-    samples = load_samples(store)
-    predictions = load_predictions(store, [c.name for c in cfg.classifiers])
+    samples, predictions, left_out = load_sound_tables(store, [c.name for c in cfg.classifiers])
+    for shard, reason in sorted(left_out.items()):
+        msg = (f"[cnsbench] warning: left damaged shard {shard} out of the report ({reason}); "
+               f"`cnsbench build {store.url('config.yaml')} --output {store.uri}` redoes it")
+        (echo or log.warning)(msg)
+    lead = [_left_out_section(store, left_out)] if left_out else None
     title = f"{cfg.benchmark.name}: accuracy drop and failure points"
-    return render_report(store, "report", cfg, samples, predictions, title, digest, ImageReader(store, samples))
+    return render_report(
+        store, "report", cfg, samples, predictions, title, digest, ImageReader(store, samples), lead=lead
+    )
 
 
 def render_report(

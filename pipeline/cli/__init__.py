@@ -2,7 +2,8 @@
 
 Every command is reachable in-process as ``main(argv) -> exit code`` (tests call it
 that way); errors in the user's input print one clear message and return 2, a stop by
-Ctrl-C or SIGTERM returns 130 after saying how to resume.  Each command module has
+Ctrl-C or SIGTERM returns 130 after saying how to resume, a writer whose output lease was
+taken over returns 1 saying so.  Each command module has
 ``register(subparsers)`` (its arguments) and ``run(args) -> int``.  The library never
 imports this package.
 """
@@ -17,6 +18,7 @@ from typing import Sequence
 
 from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (for callers and tests)
 from pipeline.config import ConfigError
+from pipeline.io.lease import LeaseLost
 from pipeline.io.retry import StorageError
 from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
@@ -48,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted(args.command, argv), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except LeaseLost as err:  # another writer took the output over: this one stopped committing
+        print(f"cnsbench {args.command}: stopped: {err}", file=sys.stderr)
+        return 1
     except StorageError as err:  # out of retries, or a full disk: committed work is kept
         print(f"cnsbench {args.command}: {err.strerror or err}", file=sys.stderr)
         return 1

@@ -12,7 +12,7 @@ def run(args: argparse.Namespace) -> int:
 
     store = OutputStore(args.output)
     cfg = load_output_config(store)
-    report = aggregate_output(store, cfg, config_hash(cfg))
+    report = aggregate_output(store, cfg, config_hash(cfg), echo=print)
     print(f"[cnsbench] report: {report}")
     return 0
 

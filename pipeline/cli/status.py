@@ -1,4 +1,5 @@
-"""``cnsbench status``: what an output holds: done/total per stage, failures, problems, the writer's lease."""
+"""``cnsbench status``: what an output holds: done/total per stage, failures, damaged shards and
+manifest problems (exit 3 when there are any, naming what to run), the writer's lease."""
 
 from __future__ import annotations
 
@@ -8,19 +9,19 @@ import argparse
 def run(args: argparse.Namespace) -> int:
     from pipeline import plan
     from pipeline.aggregate.run import load_output_config
-    from pipeline.build import committed_trajectories
+    from pipeline.io.lease import lease_status
+    from pipeline.io.shard_check import check_committed
     from pipeline.io.store import OutputStore
 
     store = OutputStore(args.output)
     cfg = load_output_config(store)
-    done, failed = committed_trajectories(store, repair=False, deep=args.verify, echo=print)
-    problems = store.scan().problems
+    committed = check_committed(store, deep=args.verify)
+    done, failed, problems = committed.done, committed.failed, committed.problems
     total = plan.summarize(cfg).n_trajectories
     n_scales = len(cfg.benchmark.scales)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
-    from pipeline.io.lease import lease_status
 
     print(f"{store.uri}")
     print(f"  lease       {lease_status(store)}")
@@ -35,6 +36,12 @@ def run(args: argparse.Namespace) -> int:
         metrics = json.loads(store.read_text("report/metrics.json"))
         aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
+    redo = f"cnsbench build {store.url('config.yaml')} --output {store.uri}"
+    if committed.damaged:
+        print(f"  damaged: {len(committed.damaged)} shard(s) not counted; run `{redo}` to move them to "
+              "previous/quarantine/ and redo their trajectories")
+        for shard, (_, found) in sorted(committed.damaged.items()):
+            print(f"    {shard} is damaged: {'; '.join(found)}")
     if problems:
         print(f"  problems: {len(problems)} manifest(s) not counted (the next build moves them to previous/quarantine/ and redoes their shards)")
         for p in problems:
@@ -43,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0 if not (failed or problems) else 3
+    return 0 if not (failed or problems or committed.damaged) else 3
 
 
 def register(sub) -> None:

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 REFERENCE_SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
 REFERENCE_NEGATIVE_PROMPT = "blurry,text,caption,lowquality,lowresolution,low res,grainy,ugly"
-SHIFT_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+SHIFT_NAME = re.compile(r"[a-z0-9][a-z0-9_]*")  # matched whole: SHIFT_NAME.fullmatch
 
 
 class ConfigError(ValueError):

@@ -72,7 +72,7 @@ class BenchmarkSpec(Strict):
     @classmethod
     def _shifts(cls, value: list[str]) -> list[str]:
         for s in value:
-            if not SHIFT_NAME.match(s):
+            if not SHIFT_NAME.fullmatch(s):
                 raise ValueError(f"shift {s!r} must match {SHIFT_NAME.pattern} (e.g. 'painting_style')")
         if len(set(value)) != len(value):
             raise ValueError("shifts must be unique")

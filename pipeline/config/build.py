@@ -116,7 +116,7 @@ def _resolve_groups(cfg: "BuildConfig") -> list[FamilyGroup]:
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
             raise ValueError(f"{where}.options: {detail}") from None
         for s in shifts:
-            if not SHIFT_NAME.match(s):
+            if not SHIFT_NAME.fullmatch(s):
                 raise ValueError(f"{where}.shifts: shift {s!r} must match {SHIFT_NAME.pattern}")
             if s in seen:
                 raise ValueError(f"{where}.shifts: shift {s!r} is already a shift of {seen[s]}")

@@ -17,7 +17,7 @@ from pipeline.config.base import ConfigError
 from pipeline.io import bounds
 
 MAX_OVERRIDE_CHARS = 64 * 1024  # one --set value; a whole config belongs in a file
-_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_\-]*)?((?:\[\d+\])*)$")
+_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_\-]*)?((?:\[\d+\])*)")
 
 
 def parse_key(path: str) -> list[str | int]:
@@ -29,7 +29,7 @@ def parse_key(path: str) -> list[str | int]:
         if piece.isdigit():
             parts.append(int(piece))
             continue
-        m = _PART.match(piece)
+        m = _PART.fullmatch(piece)
         if not piece or not m or not (m.group(1) or m.group(2)):
             raise ConfigError(f"--set {path}: malformed key path (use dotted names, list items as name[0] or name.0)")
         if m.group(1):

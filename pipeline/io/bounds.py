@@ -22,6 +22,7 @@ MAX_ABS_SCALE = 10_000.0
 SCALE_RESOLUTION = 0.001  # ids store scales in thousandths (pipeline.plan.scale_tag)
 MAX_RESOLUTION = 8192  # generated / saved image sizes in pixels
 MAX_BATCH = 65_536  # branch batches, rows per batch, trajectories per shard
+MAX_FORMAT_WIDTH = 256  # width and precision in a template's format spec ({class_id:03d})
 
 
 # --------------------------------------------------------------------------- YAML
@@ -129,8 +130,21 @@ def check_scales(scales: Iterable[float]) -> None:
 _SAMPLE = {"token": "tok", "shift_words": "words", "class_name": "name", "class_id": 1, "shift": "shift", "c": "name"}
 
 
+def _check_format_spec(template_text: str, field_name: str, spec: str) -> None:
+    """Refuse nested fields and widths/precisions over :data:`MAX_FORMAT_WIDTH` (``{x:>999999999}``
+    would allocate that many characters per prompt, or exhaust memory)."""
+    if "{" in spec or "}" in spec:
+        raise ValueError(f"{template_text}: nested field in the format spec of {{{field_name}:{spec}}}; not allowed")
+    digits = max(re.findall(r"\d+", spec), key=lambda n: (len(n.lstrip("0")), n.lstrip("0")), default="0")
+    if len(digits.lstrip("0")) > 9 or int(digits) > MAX_FORMAT_WIDTH:
+        raise ValueError(
+            f"{template_text[:200]}: the format spec of {{{field_name}:{spec[:40]}}} asks for a width or precision "
+            f"of {digits.lstrip('0')[:40]}; at most {MAX_FORMAT_WIDTH} is allowed"
+        )
+
+
 def check_template(template: str, allowed: Iterable[str], required: Iterable[str] = (), where: str = "") -> None:
-    """ValueError unless ``template`` uses only the named ``allowed`` fields with valid formats.
+    """ValueError unless ``template`` uses only the named ``allowed`` fields with valid, bounded formats.
 
     ``where`` (a config key) starts the message when given.
     """
@@ -142,9 +156,10 @@ def check_template(template: str, allowed: Iterable[str], required: Iterable[str
     except ValueError as err:
         raise ValueError(f"{template_text} is not a valid format string: {err} (write '{{{{' for a literal brace)") from None
     names = set()
-    for _, field_name, _, _ in parsed:
+    for _, field_name, spec, _ in parsed:
         if field_name is None:
             continue
+        _check_format_spec(template_text, field_name, spec or "")
         base = re.split(r"[.\[]", field_name, maxsplit=1)[0]
         if base == "" or base.isdigit():
             raise ValueError(f"{template_text}: positional field {{{field_name}}}; use named fields {fields}")

@@ -7,11 +7,20 @@ command, start time and a heartbeat refreshed every ``timeout / 4`` seconds by a
 background thread.
 
 A second writer is refused (:class:`LeaseHeld`, exit 2) with a message naming the
-holder.  A lease is *stale*, and is taken over with a warning, when its heartbeat is
-older than the timeout (``CNSBENCH_LEASE_TIMEOUT_S``, default 120 s), or at once when
-its holder ran on this host and that process no longer exists.  Two writers starting
-in the same instant are separated by writing, waiting a moment and reading back: the
-one whose token is not the one read back gives way.  ``cnsbench status`` shows the lease.
+holder.  A writer on this host holds the lease for as long as its process runs (same pid,
+same process start time), whatever the timeout; it is *stale* at once when that process
+is gone.  A writer on another host is stale when its heartbeat is older than the timeout
+(``CNSBENCH_LEASE_TIMEOUT_S``, default 120 s).  A lease file that cannot be read as a
+lease, or whose heartbeat is not a finite time or lies in the future beyond a small clock
+skew, is invalid and stale (:mod:`pipeline.io.lease_file`).  A stale lease is taken over
+with a warning naming why.  Two writers starting in the same instant are separated by
+writing, waiting a moment and reading back: the one whose token is not the one read back
+gives way.  ``cnsbench status`` shows the lease.
+
+A writer that finds its lease taken over stops: every commit (a shard's manifest, in
+whichever process writes it, the config, the report) is preceded by
+:func:`check_holder`, which raises :class:`LeaseLost`; the command then exits 1 saying
+so, and the other writer's lease is left in place.
 """
 
 from __future__ import annotations
@@ -19,16 +28,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import platform
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
-from pipeline.io.ownership import LEASE, claim_output
-from pipeline.io.safejson import loads
+from pipeline.io.lease_file import LEASE, LeaseInfo, _proc_start, parse_lease, unreadable
+from pipeline.io.ownership import claim_output
+
+__all__ = ["LEASE", "Lease", "LeaseHeld", "LeaseInfo", "LeaseLost", "acquire", "check_holder", "hold_lease",
+           "lease_status", "read_lease", "timeout_s"]
 
 log = logging.getLogger(__name__)
 
@@ -40,93 +52,30 @@ class LeaseHeld(ValueError):
     """Another live writer holds the output's lease; the message names it."""
 
 
+class LeaseLost(RuntimeError):
+    """This writer's lease was taken over: it stops without committing anything more."""
+
+
 def timeout_s() -> float:
     try:
-        return max(1.0, float(os.environ.get("CNSBENCH_LEASE_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+        value = float(os.environ.get("CNSBENCH_LEASE_TIMEOUT_S", DEFAULT_TIMEOUT_S))
     except ValueError:
         return DEFAULT_TIMEOUT_S
-
-
-@dataclass
-class LeaseInfo:
-    host: str
-    pid: int
-    command: str
-    started: float
-    heartbeat: float
-    token: str
-    proc_start: str = ""  # start time of the holder process (/proc/<pid>/stat), to tell a reused pid
-
-
-    def age(self, now: float | None = None) -> float:
-        return (now or time.time()) - self.heartbeat
-
-    def describe(self, now: float | None = None) -> str:
-        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
-        return (
-            f"cnsbench {self.command} on host {self.host}, pid {self.pid}, since {started} "
-            f"(last heartbeat {self.age(now):.0f} s ago)"
-        )
-
-    def is_stale(self, timeout: float, now: float | None = None) -> bool:
-        # On this host: a holder whose process is gone, or whose pid now names another
-        # process (started at another time: pids are reused, across PID namespaces too), is dead.
-        if self.host == platform.node() and not _same_process_alive(self.pid, self.proc_start):
-            return True
-        return self.age(now) > timeout
-
-
-def _proc_start(pid: int) -> str:
-    """The start time (clock ticks since boot) of process ``pid``, '' where /proc is not there."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            stat = fh.read()
-        return stat[stat.rindex(")") + 2 :].split()[19]
-    except (OSError, ValueError, IndexError):
-        return ""
-
-
-def _same_process_alive(pid: int, proc_start: str) -> bool:
-    """Whether the holder still runs: its pid is alive and (where known) started when it did.
-
-    The start time tells a reused pid, or the same pid number in another PID namespace
-    (containers, ``unshare``), from the holder itself.
-    """
-    if not _pid_alive(pid):
-        return False
-    return not proc_start or _proc_start(pid) == proc_start
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
+    return max(1.0, value) if math.isfinite(value) else DEFAULT_TIMEOUT_S
 
 
 def read_lease(store: Any) -> LeaseInfo | None:
-    """The current lease of ``store`` (None when absent; an unreadable one counts as absent)."""
+    """The current lease of ``store``: None when absent; one that cannot be read as a lease
+    comes back as an *unreadable* :class:`LeaseInfo` (stale, its message saying why)."""
     try:
         if not store.exists(LEASE):
             return None
-        data = loads(store.read_bytes(LEASE), store.url(LEASE))
-        return LeaseInfo(
-            host=str(data["host"]),
-            pid=int(data["pid"]),
-            command=str(data["command"]),
-            started=float(data["started"]),
-            heartbeat=float(data["heartbeat"]),
-            token=str(data["token"]),
-            proc_start=str(data.get("proc_start", "")),
-        )
+        return parse_lease(store.read_bytes(LEASE), store.url(LEASE))
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError) as err:
-        log.warning("unreadable lease %s (%s): treating it as absent", store.url(LEASE), err)
-        return None
+    except ValueError as err:
+        log.warning("unreadable lease: %s", err)
+        return unreadable(str(err))
 
 
 def lease_status(store: Any) -> str:
@@ -134,8 +83,28 @@ def lease_status(store: Any) -> str:
     info = read_lease(store)
     if info is None:
         return "none (no writer)"
-    state = "STALE, the next writer takes it over" if info.is_stale(timeout_s()) else "held"
+    reason = info.stale_reason(timeout_s())
+    state = f"STALE ({reason}), the next writer takes it over" if reason else "held"
     return f"{state}: {info.describe()}"
+
+
+def check_holder(store: Any, token: str) -> None:
+    """Raise :class:`LeaseLost` unless the lease of ``store`` still holds ``token``.
+
+    Every commit of a writer (a shard's manifest, the config, the report) is preceded by
+    this check, in whatever process the commit happens.
+    """
+    current = read_lease(store)
+    if current is None or current.token != token:
+        time.sleep(SETTLE_S)  # ride out a read racing a rewrite of the file
+        current = read_lease(store)
+    if current is not None and current.token == token:
+        return
+    who = "nobody (the lease file was removed)" if current is None else current.describe()
+    raise LeaseLost(
+        f"the lease of {store.uri} was taken over by {who}; this writer stopped without committing anything more. "
+        f"See `cnsbench status {store.uri}`; run the command again once the other writer is done."
+    )
 
 
 class Lease:
@@ -149,20 +118,38 @@ class Lease:
         self._thread.start()
 
     def _write(self) -> None:
-        self.store.write_text(LEASE, json.dumps(asdict(self.info), indent=1))
+        self.store.write_text(LEASE, json.dumps(self.info.to_json(), indent=1))
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                current = read_lease(self.store)
-                if current is not None and current.token != self.info.token:
-                    self.lost = f"the lease of {self.store.uri} was taken over by {current.describe()}"
-                    log.error(self.lost)
-                    return
+                check_holder(self.store, self.info.token)
                 self.info.heartbeat = time.time()
                 self._write()
+            except LeaseLost as err:
+                self.lost = str(err)
+                log.error(self.lost)
+                return
             except Exception as err:  # noqa: BLE001 - a missed heartbeat is retried next time
                 log.warning("lease heartbeat of %s failed: %s", self.store.uri, err)
+
+    def ensure_held(self) -> None:
+        """Raise :class:`LeaseLost` unless this writer still holds the lease (before each commit)."""
+        if self.lost:
+            raise LeaseLost(self.lost)
+        check_holder(self.store, self.info.token)
+
+    @contextlib.contextmanager
+    def guarding(self) -> Iterator[None]:
+        """Run work whose failure may come from a lost lease (a worker refusing to commit,
+        its error wrapped by the runner): such a failure is raised as :class:`LeaseLost`."""
+        try:
+            yield
+        except LeaseLost:
+            raise
+        except Exception as err:
+            self.ensure_held()
+            raise
 
     def release(self) -> None:
         self._stop.set()
@@ -180,27 +167,29 @@ def acquire(store: Any, command: str, echo: Callable[[str], None] | None = None)
     timeout = timeout_s()
     current = read_lease(store)
     if current is not None:
-        if not current.is_stale(timeout):
+        reason = current.stale_reason(timeout)
+        if reason is None:
             raise LeaseHeld(
                 f"{store.uri} is being written by {current.describe()}; one writer per output. "
-                f"Wait for it to finish, or if it died, its lease expires {timeout:.0f} s after its last heartbeat."
+                f"Wait for it to finish; a writer on this host holds it for as long as its process runs, one on "
+                f"another host until {timeout:.0f} s after its last heartbeat."
             )
-        msg = f"[cnsbench] warning: taking over the stale lease of {store.uri} from {current.describe()}"
+        msg = f"[cnsbench] warning: taking over the stale lease of {store.uri} ({reason}) from {current.describe()}"
         (echo or log.warning)(msg)
     now = time.time()
     info = LeaseInfo(platform.node(), os.getpid(), command, now, now, uuid.uuid4().hex, _proc_start(os.getpid()))
-    store.write_text(LEASE, json.dumps(asdict(info), indent=1))
+    store.write_text(LEASE, json.dumps(info.to_json(), indent=1))
     time.sleep(SETTLE_S)
     back = None
     for _ in range(3):  # an object store may answer the read-back with a stale or cut response
         if not getattr(store, "local", True):
             store.fs.invalidate_cache()
         back = read_lease(store)
-        if back is not None:
+        if back is not None and not back.unreadable:
             break
         time.sleep(SETTLE_S)
     if back is None or back.token != info.token:
-        holder = back.describe() if back else "another writer"
+        holder = back.describe() if back and not back.unreadable else "another writer"
         raise LeaseHeld(f"{store.uri} is being written by {holder}; one writer per output")
     return Lease(store, info, interval=max(0.5, timeout / 4))
 

@@ -37,16 +37,16 @@ log = logging.getLogger(__name__)
 
 MANIFEST_DIR = "manifest"
 QUARANTINE_DIR = "previous/quarantine"
-SHARD_NAME = re.compile(r"^shard-[0-9a-f]{16}$")
+SHARD_NAME = re.compile(r"shard-[0-9a-f]{16}")
 # Files a build writes for a shard (reclassify adds predictions/<shard>.<tag>.parquet).
 OWN_FILE = re.compile(
-    r"^(?:images/(?P<tar>shard-[0-9a-f]{16})\.tar"
+    r"(?:images/(?P<tar>shard-[0-9a-f]{16})\.tar"
     r"|(?:samples|failures)/(?P<pq>shard-[0-9a-f]{16})\.parquet"
-    r"|predictions/(?P<pred>shard-[0-9a-f]{16})(?:\.[0-9a-f]{8})?\.parquet)$"
+    r"|predictions/(?P<pred>shard-[0-9a-f]{16})(?:\.[0-9a-f]{8})?\.parquet)"
 )
 # An interrupted local write: .tmp-<uuid hex>-<own file name>
-OWN_TMP = re.compile(r"^\.tmp-[0-9a-f]{32}-(?P<name>.+)$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+OWN_TMP = re.compile(r"\.tmp-[0-9a-f]{32}-(?P<name>.+)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _KEYS = {"shard", "trajectories", "files", "n_samples", "failed", "stats"}
 _OPTIONAL = {"classifiers"}
 
@@ -75,7 +75,7 @@ class ShardManifest:
 
 def own_file_shard(rel: str) -> str | None:
     """The shard a relative path belongs to when it is in our naming scheme, else None."""
-    m = OWN_FILE.match(rel)
+    m = OWN_FILE.fullmatch(rel)
     return (m.group("tar") or m.group("pq") or m.group("pred")) if m else None
 
 
@@ -84,12 +84,12 @@ def is_own_file(rel: str) -> bool:
     if own_file_shard(rel):
         return True
     kind, _, name = rel.partition("/")
-    m = OWN_TMP.match(name)
+    m = OWN_TMP.fullmatch(name)
     if not m:
         return False
     inner = m.group("name")
     if kind == MANIFEST_DIR:
-        return inner.endswith(".json") and SHARD_NAME.match(inner[:-5]) is not None
+        return inner.endswith(".json") and SHARD_NAME.fullmatch(inner[:-5]) is not None
     return own_file_shard(f"{kind}/{inner}") is not None
 
 
@@ -115,7 +115,7 @@ def parse_manifest(text: str | bytes, source: str) -> ShardManifest:
     if missing or unknown:
         raise ManifestError(f"{where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
     shard = data["shard"]
-    if not isinstance(shard, str) or not SHARD_NAME.match(shard):
+    if not isinstance(shard, str) or not SHARD_NAME.fullmatch(shard):
         raise ManifestError(f"{where}: 'shard' must look like 'shard-<16 hex digits>', got {shard!r}"[:300])
     stem = posixpath.basename(source.rstrip("/"))
     if stem.endswith(".json") and stem[:-5] != shard:
@@ -137,7 +137,7 @@ def parse_manifest(text: str | bytes, source: str) -> ShardManifest:
         size = meta["size"]
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ManifestError(f"{where}: file entry {rel!r}: size must be an integer >= 0, got {size!r}")
-        if not isinstance(meta["sha256"], str) or not _SHA256.match(meta["sha256"]):
+        if not isinstance(meta["sha256"], str) or not _SHA256.fullmatch(meta["sha256"]):
             raise ManifestError(f"{where}: file entry {rel!r}: sha256 must be 64 hex digits")
     n = data["n_samples"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:

@@ -2,10 +2,16 @@
 
 An output directory (or prefix) is *ours* when it carries our marker, ``config.json``
 holding ``{"config_hash": str, "config": {...}}`` as :func:`pipeline.build.write_config`
-writes it; or when it is empty or missing (a new output); or when it holds nothing but
-what a build leaves before its marker exists (``config.yaml``, ``previous/`` of an
-interrupted ``--new-version``, the lease).  Anything else is *foreign*: ``build`` and
-``evaluate`` refuse it (exit 2, naming what was found) and delete nothing in it.
+writes it (before ``config.yaml``, so a ``config.yaml`` alone is never ours); or when it
+is empty or missing (a new output); or when it holds nothing but what a build leaves
+before its marker exists, each checked to be ours: a lease file that parses as a lease,
+and a ``previous/`` holding only archived builds (``<12 hex>-<time>/`` with their own
+marker) and ``quarantine/``.  Anything else is *foreign*: ``build`` and ``evaluate``
+refuse it (exit 2, naming what was found) and neither write nor delete anything in it.
+
+``cnsbench compare`` writes its report only into a new or empty directory or one holding
+its own marker ``compare.json`` (:func:`claim_compare_output`); a build output or any
+other non-empty directory is refused the same way.
 
 Inside our own output, cleanup removes only files in our naming scheme that no manifest
 vouches for (:func:`pipeline.io.manifest.is_own_file`); everything else is left alone.
@@ -13,15 +19,20 @@ vouches for (:func:`pipeline.io.manifest.is_own_file`); everything else is left 
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from pipeline.io.fs import PathKindError, check_writable_dir
+from pipeline.io.lease_file import LEASE, parse_lease
 from pipeline.io.safejson import loads
 
 MARKER = "config.json"
-LEASE = "lease.json"
-# What an output of ours may hold before its marker is written.
-PRE_MARKER = {"config.yaml", "previous", LEASE}
+COMPARE_MARKER = "compare.json"
+ARCHIVE = "previous"
+QUARANTINE = "quarantine"
+# previous/<first 12 hex digits of the config hash>-<UTC time> (pipeline.build.archive_previous)
+ARCHIVE_NAME = re.compile(r"[0-9a-f]{12}-\d{8}T\d{6}")
 
 
 class OwnershipError(ValueError):
@@ -37,14 +48,61 @@ def read_marker(store: Any) -> dict[str, Any] | None:
         data = loads(store.read_bytes(MARKER), where)
     except ValueError as err:
         raise OwnershipError(f"{err}; {store.uri} does not look like a cnsbench output") from None
-    if not isinstance(data, dict) or not isinstance(data.get("config_hash"), str) or not isinstance(
-        data.get("config"), dict
-    ):
+    if not _is_marker(data):
         raise OwnershipError(
             f"{where} is not a cnsbench output marker (expected an object with 'config_hash' and 'config'); "
             f"refusing to write into {store.uri}"
         )
     return data
+
+
+def _is_marker(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("config_hash"), str) and isinstance(data.get("config"), dict)
+
+
+def _ours_before_marker(store: Any, name: str) -> bool:
+    """Whether the root entry ``name`` of an output without marker is something a build left."""
+    try:
+        if name == LEASE:
+            parse_lease(store.read_bytes(LEASE), store.url(LEASE))
+            return True
+        if name != ARCHIVE:
+            return False
+        for entry in store.top_level(ARCHIVE):
+            if entry == QUARANTINE:
+                continue
+            if not ARCHIVE_NAME.fullmatch(entry):
+                return False
+            where = f"{ARCHIVE}/{entry}/{MARKER}"
+            if not _is_marker(loads(store.read_bytes(where), store.url(where))):
+                return False
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _foreign(store: Any, found: list[str], what: str) -> OwnershipError:
+    shown = ", ".join(found[:8]) + (f", ... ({len(found)} entries)" if len(found) > 8 else "")
+    return OwnershipError(
+        f"--output {store.uri} is not empty and is not {what}; found: {shown}. "
+        "Choose a new or empty directory; nothing was changed."
+    )
+
+
+def _make_local_root(store: Any) -> None:
+    if store.local:
+        try:
+            store.fs.makedirs(store.root, exist_ok=True)
+        except OSError as err:
+            raise OwnershipError(f"--output {store.uri}: cannot create the directory: {err.strerror or err}") from None
+
+
+def _check_location(store: Any) -> None:
+    if store.local:
+        try:
+            check_writable_dir(store.root, "--output")
+        except PathKindError as err:
+            raise OwnershipError(str(err)) from None
 
 
 def claim_output(store: Any) -> dict[str, Any] | None:
@@ -53,23 +111,44 @@ def claim_output(store: Any) -> dict[str, Any] | None:
     Raises :class:`OwnershipError` (exit 2) for a non-directory, an unwritable location, or a
     non-empty directory without our marker; nothing is created or deleted then.
     """
-    if store.local:
-        try:
-            check_writable_dir(store.root, "--output")
-        except PathKindError as err:
-            raise OwnershipError(str(err)) from None
+    _check_location(store)
     marker = read_marker(store)
     if marker is None:
-        found = [name for name in store.top_level() if name not in PRE_MARKER]
+        found = [name for name in store.top_level() if not _ours_before_marker(store, name)]
         if found:
-            shown = ", ".join(found[:8]) + (f", ... ({len(found)} entries)" if len(found) > 8 else "")
-            raise OwnershipError(
-                f"--output {store.uri} is not empty and is not a cnsbench output (no {MARKER}); found: {shown}. "
-                "Choose a new or empty directory; nothing was changed."
-            )
-    if store.local:
-        try:
-            store.fs.makedirs(store.root, exist_ok=True)
-        except OSError as err:
-            raise OwnershipError(f"--output {store.uri}: cannot create the directory: {err.strerror or err}") from None
+            raise _foreign(store, found, f"a cnsbench output (no {MARKER})")
+    _make_local_root(store)
     return marker
+
+
+def claim_compare_output(store: Any) -> None:
+    """Make sure ``store`` may receive a comparison report: new, empty, or an earlier one of ours.
+
+    Raises :class:`OwnershipError` (exit 2) for a build output or any other non-empty
+    directory without :data:`COMPARE_MARKER`; nothing is created or changed then.
+    """
+    _check_location(store)
+    if store.exists(MARKER):
+        raise OwnershipError(
+            f"--output {store.uri} is a cnsbench build output; a comparison goes into a directory of its own "
+            "(a new or empty one). Nothing was changed."
+        )
+    if store.exists(COMPARE_MARKER):
+        where = store.url(COMPARE_MARKER)
+        try:
+            doc = loads(store.read_bytes(COMPARE_MARKER), where)
+        except ValueError as err:
+            raise OwnershipError(f"{err}; {store.uri} does not look like a cnsbench comparison") from None
+        if not isinstance(doc, dict) or doc.get("cnsbench") != "compare":
+            raise OwnershipError(f"{where} is not a cnsbench comparison marker; refusing to write into {store.uri}")
+    else:
+        found = store.top_level()
+        if found:
+            raise _foreign(store, found, f"a cnsbench comparison (no {COMPARE_MARKER})")
+    _make_local_root(store)
+
+
+def write_compare_marker(store: Any, outputs: list[str], labels: list[str]) -> None:
+    """Mark ``store`` as a comparison of ours (written before any report file)."""
+    doc = {"cnsbench": "compare", "outputs": list(outputs), "labels": list(labels)}
+    store.write_text(COMPARE_MARKER, json.dumps(doc, indent=1))

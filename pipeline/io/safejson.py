@@ -1,6 +1,6 @@
 """JSON from files we did not write ourselves: bounded, finite, and errors that name the file.
 
-``json.loads`` accepts ``NaN``/``Infinity`` and recurses without limit (a deeply nested
+``json.loads`` accepts ``NaN``/``Infinity`` (and ``1e400``, read as infinity) and recurses without limit (a deeply nested
 document ends in ``RecursionError``); both turn into tracebacks or nonsense later
 (``round(inf)``).  :func:`loads` refuses them up front with a :class:`JSONInputError`
 (a ``ValueError``) naming where the text came from.
@@ -9,6 +9,7 @@ document ends in ``RecursionError``); both turn into tracebacks or nonsense late
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 MAX_DEPTH = 64  # nesting of objects/arrays; our own files need fewer than 10
@@ -20,6 +21,13 @@ class JSONInputError(ValueError):
 
 def _reject_constant(name: str) -> Any:
     raise JSONInputError(f"non-finite number {name} (use a finite number)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JSONInputError(f"non-finite number {text[:40]} (use a finite number)")
+    return value
 
 
 def _depth_ok(text: str | bytes, max_depth: int) -> bool:
@@ -57,7 +65,7 @@ def loads(text: str | bytes, source: str, max_depth: int = MAX_DEPTH) -> Any:
     if not _depth_ok(text, max_depth):
         raise JSONInputError(f"{source}: JSON nested deeper than {max_depth} levels")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except JSONInputError as err:
         raise JSONInputError(f"{source}: {err}") from None
     except (ValueError, RecursionError) as err:

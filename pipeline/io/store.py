@@ -162,13 +162,14 @@ class OutputStore:
         for f in files:
             self.fs.rm(f)
 
-    def top_level(self) -> list[str]:
-        """Names of the entries at the root of the output."""
+    def top_level(self, rel_dir: str = "") -> list[str]:
+        """Names of the entries at the root of the output (or directly in ``rel_dir``)."""
         if not self.local:
             self.fs.invalidate_cache()
-        if not self.fs.exists(self.root):
+        base = self.path(rel_dir) if rel_dir else self.root
+        if not self.fs.exists(base):
             return []
-        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False))
 
     # ------------------------------------------------------------------ shards
     def scan(self) -> ManifestScan:

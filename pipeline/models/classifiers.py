@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from typing import Any, Sequence
 
@@ -308,6 +309,25 @@ TORCHSCRIPT_PREPROCESS_FILE = "preprocess.json"
 _TORCHSCRIPT_KEYS = {"input_size", "mean", "std", "interpolation"}
 
 
+def _check_preprocess_types(cfg: dict[str, Any], origin: dict[str, str]) -> None:
+    """ValueError naming the key and where it came from unless each preprocessing value has its type."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    checks = {
+        "input_size": ("a list [C, H, W] of 3 positive integers", lambda v: isinstance(v, list) and len(v) == 3
+                       and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 8192 for x in v)),
+        "mean": ("a list of numbers, one per channel", lambda v: isinstance(v, list) and all(map(number, v))),
+        "std": ("a list of non-zero numbers, one per channel",
+                lambda v: isinstance(v, list) and all(number(x) and x != 0 for x in v)),
+        "interpolation": ("a string", lambda v: isinstance(v, str)),
+    }
+    for key, (what, ok) in checks.items():
+        if not ok(cfg[key]):
+            raise ValueError(f"{origin.get(key, key)}: {key} must be {what}, got {cfg[key]!r}"[:400])
+
+
 class TorchScriptClassifier(Classifier):
     """Any model saved with ``torch.jit.save``: a generic kind for models timm cannot express.
 
@@ -347,17 +367,25 @@ class TorchScriptClassifier(Classifier):
             raise RuntimeError(f"{self.where}: could not load TorchScript file {spec.checkpoint}: {err}") from err
         self.model.eval()
         cfg: dict[str, Any] = {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "interpolation": "bilinear"}
+        in_file = f"{TORCHSCRIPT_PREPROCESS_FILE} of {spec.checkpoint}"
+        origin = {}
         if extra[TORCHSCRIPT_PREPROCESS_FILE]:
             try:
-                cfg.update(json.loads(extra[TORCHSCRIPT_PREPROCESS_FILE]))
+                saved = json.loads(extra[TORCHSCRIPT_PREPROCESS_FILE])
             except json.JSONDecodeError as err:
                 raise ValueError(f"{self.where}: {TORCHSCRIPT_PREPROCESS_FILE} in {spec.checkpoint} is not JSON: {err}")
+            if not isinstance(saved, dict):
+                raise ValueError(f"{self.where}: {in_file} must be a JSON object, got {type(saved).__name__}")
+            cfg.update(saved)
+            origin.update({k: f"{self.where}: {k} in {in_file}" for k in saved})
         cfg.update(spec.model_kwargs)
+        origin.update({k: f"{self.where}.model_kwargs.{k}" for k in spec.model_kwargs})
         if "input_size" not in cfg:
             raise ValueError(
                 f"{self.where}: no input_size; set model_kwargs.input_size (e.g. [3, 224, 224]) or save the model "
                 f"with a {TORCHSCRIPT_PREPROCESS_FILE} extra file"
             )
+        _check_preprocess_types(cfg, origin)
         size = list(cfg["input_size"])
         if len(size) != 3 or len(cfg["mean"]) != size[0] or len(cfg["std"]) != size[0]:
             raise ValueError(

@@ -15,12 +15,12 @@ from pathlib import Path
 from pipeline.config import ClassTokens, GeneratorSpec
 from pipeline.labels import LabelSpace
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")  # matched whole (fullmatch)
 
 
 def is_local_path(model: str) -> bool:
     """A model reference is a local directory unless it looks like ``org/name`` and no such path exists."""
-    return os.path.exists(model) or not HUB_ID.match(model) or model.startswith((".", "/"))
+    return os.path.exists(model) or not HUB_ID.fullmatch(model) or model.startswith((".", "/"))
 
 
 def load_pipeline(model: str, dtype, device: str):

@@ -80,7 +80,7 @@ def load_cns(location: str, labels: LabelSpace, follow_symlinks: bool = False) -
             raise SourceError(f"{where}: image path {rel!r} must look like '<shift>/<NNN_class name>/<file>'")
         if parts[0] != shift:
             raise SourceError(f"{where}: image {rel!r} lies in folder {parts[0]!r} but its shift is {shift!r}")
-        m = _CLASS_FOLDER.match(parts[-2])
+        m = _CLASS_FOLDER.fullmatch(parts[-2])
         if not m:
             raise SourceError(f"{where}: class folder {parts[-2]!r} must start with the ImageNet class index")
         class_id = int(m.group(1))

@@ -188,7 +188,7 @@ def _check_class(class_id: int, labels: LabelSpace, where: str) -> None:
 
 
 def _check_shift(shift: str, where: str) -> None:
-    if not SHIFT_NAME.match(shift):
+    if not SHIFT_NAME.fullmatch(shift):
         raise SourceError(f"{where}: shift {shift!r} must match {SHIFT_NAME.pattern}")
 
 
@@ -214,4 +214,4 @@ def _tar_paths(fs: Any, root: str) -> list[str]:
 
 
 # A class folder named by its index, optionally followed by its name: ``022_bald eagle``.
-_CLASS_FOLDER = re.compile(r"^(\d+)(?:[_\- ](.*))?$")
+_CLASS_FOLDER = re.compile(r"(\d+)(?:[_\- ](.*))?")  # matched whole (fullmatch)

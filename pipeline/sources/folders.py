@@ -49,7 +49,7 @@ def _read_label_map(path: str, labels: LabelSpace) -> dict[str, int]:
 
 
 def _folder_class(folder: str, labels: LabelSpace) -> int | None:
-    m = _CLASS_FOLDER.match(folder)
+    m = _CLASS_FOLDER.fullmatch(folder)
     if m:
         return int(m.group(1))
     try:

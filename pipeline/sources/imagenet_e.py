@@ -56,15 +56,15 @@ LEVELS_FILE = "levels.json"
 ORIGINAL = ("ori", "original", "originals", "clean", "imagenet", "val")
 _NUM = r"(\d+(?:\.\d+)?)"
 _RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(rf"^(?:bg|background)(?:complexity)?(?:lambda)?{_NUM}adv$"), "bg_adv"),
-    (re.compile(rf"^(?:bg|background)(?:complexity)?(?:lambda)?{_NUM}$"), "bg"),
-    (re.compile(rf"^(?:size|rate|objectrate|pixelrate){_NUM}$"), "size"),
-    (re.compile(r"^(?:size)?full$"), "full"),
-    (re.compile(r"^(?:rp|randomposition|position|randompos)$"), "random_position"),
-    (re.compile(r"^(?:rd|ro|randomdirection|randomrotation|rotate|rotation|direction)$"), "random_direction"),
+    (re.compile(rf"(?:bg|background)(?:complexity)?(?:lambda)?{_NUM}adv"), "bg_adv"),
+    (re.compile(rf"(?:bg|background)(?:complexity)?(?:lambda)?{_NUM}"), "bg"),
+    (re.compile(rf"(?:size|rate|objectrate|pixelrate){_NUM}"), "size"),
+    (re.compile(r"(?:size)?full"), "full"),
+    (re.compile(r"(?:rp|randomposition|position|randompos)"), "random_position"),
+    (re.compile(r"(?:rd|ro|randomdirection|randomrotation|rotate|rotation|direction)"), "random_direction"),
 ]
 
-_WNID = re.compile(r"^n\d{8}$")
+_WNID = re.compile(r"n\d{8}")  # matched whole (fullmatch)
 
 
 def parse_set(name: str) -> tuple[str, float | None] | None:
@@ -84,7 +84,7 @@ def parse_set(name: str) -> tuple[str, float | None] | None:
     signed = re.search(r"[+-]?\d+(?:\.\d+)?", raw.replace("_", " "))
     opts = ObjectEditOptions()
     for pattern, kind in _RULES:
-        if not pattern.match(key):
+        if not pattern.fullmatch(key):
             continue
         value = float(signed.group(0)) if signed else 0.0
         if kind in ("bg", "bg_adv"):
@@ -136,7 +136,7 @@ def _class_of(folder: str, labels: LabelSpace) -> int | None:
     from pipeline.imagenet import wnid_index
     from pipeline.sources.folders import _folder_class
 
-    if _WNID.match(folder):
+    if _WNID.fullmatch(folder):
         return wnid_index(folder)
     return _folder_class(folder, labels)
 
@@ -180,7 +180,7 @@ def load_imagenet_e(location: str, labels: LabelSpace):
             unknown.append(name)
             continue
         attribute, level = parsed
-        if attribute != "none" and not SHIFT_NAME.match(attribute):
+        if attribute != "none" and not SHIFT_NAME.fullmatch(attribute):
             raise SourceError(f"{location}: set {name!r}: attribute {attribute!r} must match {SHIFT_NAME.pattern}")
         if level is None:  # a release-only set: scale 1 marks the set, not a level
             if not without_level(attribute):

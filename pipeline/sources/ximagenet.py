@@ -87,7 +87,7 @@ SCENARIO_ALIASES = {
 }
 # Folders of the release that hold masks, not scenarios (matched after :func:`normalise`).
 MASK_FOLDERS = ("masks", "standard_masks", "segmented_image_transparent")
-BARE_NUMBER = re.compile(r"^\d+$")
+BARE_NUMBER = re.compile(r"\d+")  # matched whole (fullmatch)
 IMAGE_ID = re.compile(r"(n\d{8}_\d+)")
 _SUFFIXES = ("_segmented", "_transparent", "_blur", "_bright")
 
@@ -116,7 +116,7 @@ def class_of_folder(folder: str, labels: LabelSpace) -> int | None:
     """ImageNet index of a class folder: one of the 12 wnids or ``NNN_name`` (a bare number is no class)."""
     if folder in XIMAGENET_CLASSES:
         return XIMAGENET_CLASSES[folder][0]
-    m = re.match(r"^(\d+)[_\- ].*$", folder)
+    m = re.fullmatch(r"(\d+)[_\- ].*", folder)
     if m and 0 <= int(m.group(1)) < len(labels):
         return int(m.group(1))
     return None
@@ -162,7 +162,7 @@ def is_ximagenet(fs: Any, root: str) -> bool:
         return False
     inner = [posixpath.basename(p.rstrip("/")) for p in fs.ls(originals[0], detail=False) if fs.isdir(p)]
     # Bare numbers count too, so that a tree renamed for train.py is refused by the loader, not read as classes.
-    return any(n in XIMAGENET_CLASSES or re.match(r"^\d+([_\- ]|$)", n) for n in inner)
+    return any(n in XIMAGENET_CLASSES or re.match(r"\d+(?:[_\- ]|\Z)", n) for n in inner)
 
 
 def load_ximagenet(location: str, labels: LabelSpace):
@@ -191,7 +191,7 @@ def load_ximagenet(location: str, labels: LabelSpace):
         out: dict[int, dict[str, str]] = defaultdict(dict)
         for cdir in class_dirs(fs, folder):
             cname = posixpath.basename(cdir.rstrip("/"))
-            if BARE_NUMBER.match(cname):
+            if BARE_NUMBER.fullmatch(cname):
                 raise SourceError(bare_number_message(location, posixpath.basename(folder.rstrip("/")), cname))
             cid = class_of_folder(cname, labels)
             if cid is None:

@@ -22,7 +22,7 @@ from pipeline.io.store import OutputStore
 from pipeline.io.webdataset import iter_tar
 from pipeline.stages.base import Stage
 from pipeline.stages.classify import ClassifyStage
-from pipeline.stages.write import _parquet_bytes, prediction_rows
+from pipeline.stages.write import _parquet_bytes, commit_manifest, prediction_rows
 
 # Input rows: one committed shard and the classifiers it lacks.
 RECLASSIFY = pa.schema([("shard", pa.string()), ("classifiers", pa.list_(pa.string()))])
@@ -54,9 +54,11 @@ class ReclassifyStage(Stage):
         device: str | None = None,
         threads: int | None = None,
         built_with: list[str] | None = None,
+        lease_token: str | None = None,
     ) -> None:
         super().__init__(config, output, device, threads)
         self.built_with = list(built_with or [])
+        self.lease_token = lease_token  # checked before each commit (pipeline.stages.write.commit_manifest)
 
     def setup(self) -> None:
         self.store = OutputStore(self.output)
@@ -130,7 +132,7 @@ class ReclassifyStage(Stage):
         manifest.files = files
         have = manifest.classifiers if manifest.classifiers is not None else list(self.built_with)
         manifest.classifiers = have + [n for n in ordered if n not in have]
-        store.commit_manifest(manifest)
+        commit_manifest(store, manifest, self.lease_token)
         return {
             "shard": shard,
             "n_trajectories": 0,

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import faults, schema
+from pipeline.io.lease import check_holder
 from pipeline.io.store import OutputStore, ShardManifest
 from pipeline.io.webdataset import build_tar, metadata_json
 from pipeline.stages.base import Stage
@@ -57,6 +58,13 @@ def prediction_rows(row: dict[str, Any], classifiers: list[str]) -> list[dict[st
     return out
 
 
+def commit_manifest(store: OutputStore, manifest: ShardManifest, lease_token: str | None) -> None:
+    """Commit a shard, only while the run still holds the output's lease (when it has one)."""
+    if lease_token:
+        check_holder(store, lease_token)
+    store.commit_manifest(manifest)
+
+
 def _stage_of(error: str) -> str:
     """Errors start with ``[stage]``; older or foreign messages count as generation errors."""
     if error.startswith("[") and "]" in error:
@@ -74,6 +82,19 @@ class WriteStage(Stage):
     # No attempt bookkeeping: a write that keeps failing fails the run, and the next run
     # redoes the uncommitted trajectories.
     keeps_attempts = False
+
+    def __init__(
+        self,
+        config,
+        output: str | None = None,
+        device: str | None = None,
+        threads: int | None = None,
+        lease_token: str | None = None,
+    ) -> None:
+        super().__init__(config, output, device, threads)
+        # The run's lease: checked before each commit, so a writer whose lease was taken
+        # over commits nothing more (pipeline.io.lease.check_holder).
+        self.lease_token = lease_token
 
     def setup(self) -> None:
         self.store = OutputStore(self.output)
@@ -159,7 +180,7 @@ class WriteStage(Stage):
             classifiers=classifiers,
         )
         faults.inject("write", "before_manifest", manifest.trajectories or list(failed))
-        self.store.commit_manifest(manifest)  # the done-marker: written last
+        commit_manifest(self.store, manifest, self.lease_token)  # the done-marker: written last
         return {
             "shard": name,
             "n_trajectories": len(ok),
