@@ -164,3 +164,16 @@ def test_evaluate_one_group_equals_one_classifier_per_group(tmp_path):
         assert (outs["one"] / "predictions" / name).read_bytes() == (outs["each"] / "predictions" / name).read_bytes()
     recorded = json.loads((outs["each"] / "config.json").read_text())["config"]
     assert recorded["resources"]["classify"]["memory_budget_gb"] == 0.1
+
+
+def test_reclassify_loads_one_group_at_a_time(whole):
+    from pipeline.stages.reclassify import ReclassifyStage
+
+    cfg = load_config(TINY_CONFIG, sets=[*FAST, "resources.classify.memory_budget_gb=0.1"])
+    stage = ReclassifyStage(cfg, device="cpu")
+    stage._classify = {}
+    rows, ordered = stage._classified(("tiny-clip-zs", "tiny-resnet"), filtered_rows().to_pylist())
+    assert ordered == ["tiny-resnet", "tiny-clip-zs"] and stage._classify == {}  # nothing stays loaded
+    for got, full in zip(rows, whole[1].to_pylist(), strict=True):
+        for key in ("pred_top1", "pred_top5", "pred_p_true"):
+            assert got[key] == [[per_image[0], per_image[2]] for per_image in full[key]]

@@ -37,8 +37,11 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
         faults = {k: v for k, v in os.environ.items() if k.startswith("CNSBENCH_FAULT_")}
         ray.init(address=address, log_to_driver=True, **({"runtime_env": {"env_vars": faults}} if faults else {}))
         return
+    from pipeline.memory import classifier_groups
+
     res = cfg.resources
-    pools = (res.generate, res.filter, res.classify, res.write)
+    # One classify pool per classifier group (resources.classify.memory_budget_gb).
+    pools = (res.generate, res.filter, *[res.classify] * len(classifier_groups(cfg)), res.write)
     # Enough logical CPUs for one actor of every pool plus the read tasks; oversubscribing
     # logical CPUs is harmless, a pool waiting forever for a CPU is not.
     cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus * p.pool_size for p in pools)) + 1)
