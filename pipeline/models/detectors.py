@@ -110,6 +110,18 @@ def resolve_open_clip_weights(model: str, pretrained: str | None, key: str) -> s
     )
 
 
+def trained_with_quick_gelu(model: str, pretrained: str | None) -> bool:
+    """Whether the tag's weights were trained with QuickGELU (OpenAI's CLIPs).
+
+    open_clip builds ``ViT-B-16`` etc. with exact GELU and, loading the ``openai`` tag from
+    the hub, only warns about the mismatch; the model must be built with QuickGELU for
+    those weights to compute what they were trained to.
+    """
+    from open_clip.pretrained import get_pretrained_cfg
+
+    return bool(pretrained and (get_pretrained_cfg(model, pretrained) or {}).get("quick_gelu", False))
+
+
 def load_open_clip(
     model: str, pretrained: str | None, model_config_file: str | None, device: str, key: str
 ) -> tuple[torch.nn.Module, Callable[[Any], torch.Tensor], Callable[[list[str]], torch.Tensor]]:
@@ -125,7 +137,9 @@ def load_open_clip(
     weights = resolve_open_clip_weights(model, pretrained, f"{key}.pretrained")
     if weights is None:
         log.warning("%s: no pretrained weights given, %s keeps its random initialisation", key, model)
-    clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=weights, device=device)
+    clip, _, preprocess = open_clip.create_model_and_transforms(
+        model, pretrained=weights, device=device, force_quick_gelu=trained_with_quick_gelu(model, weights)
+    )
     clip.eval()
     return clip, preprocess, open_clip.get_tokenizer(model)
 

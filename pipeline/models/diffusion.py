@@ -23,8 +23,13 @@ def is_local_path(model: str) -> bool:
     return os.path.exists(model) or not HUB_ID.fullmatch(model) or model.startswith((".", "/"))
 
 
-def load_pipeline(model: str, dtype, device: str):
-    """A ``StableDiffusionPipeline`` (v-prediction for SD2) from a local directory or hub id."""
+def load_pipeline(model: str, dtype, device: str, text_encoder: bool = True):
+    """A ``StableDiffusionPipeline`` (v-prediction for SD2) from a local directory or hub id.
+
+    ``text_encoder=False`` leaves the model's own tokenizer and text encoder unloaded, for
+    class tokens that bring their own (``text_encoder_dir``): on SD2 that saves loading
+    340 M parameters that would be replaced at once.
+    """
     from diffusers import StableDiffusionPipeline
 
     local = is_local_path(model)
@@ -39,6 +44,7 @@ def load_pipeline(model: str, dtype, device: str):
         safety_checker=None,
         requires_safety_checker=False,
         local_files_only=local or os.environ.get("HF_HUB_OFFLINE") == "1",
+        **({} if text_encoder else {"text_encoder": None, "tokenizer": None}),
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)

@@ -62,7 +62,8 @@ class SliderSampler:
 
     # ------------------------------------------------------------------ setup
     def setup(self, class_ids: list[int], labels: LabelSpace) -> None:
-        self.pipe = diffusion.load_pipeline(self.spec.model, self.dtype, self.device)
+        own_text_encoder = self.spec.class_tokens.kind != "text_encoder_dir"
+        self.pipe = diffusion.load_pipeline(self.spec.model, self.dtype, self.device, text_encoder=own_text_encoder)
         self._configure_runtime()
         self.labels = labels
         self.tokens = diffusion.install_class_tokens(self.pipe, self.spec.class_tokens, class_ids, labels)
