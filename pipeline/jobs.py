@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from pipeline.io.nested import iter_strings
+
 if TYPE_CHECKING:  # pragma: no cover
     from ray.job_submission import JobSubmissionClient
 
@@ -178,17 +180,6 @@ def _config_relative(config_path: str | os.PathLike[str], working_dir: Path, exc
     return rel
 
 
-def _strings(node: Any) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, dict):
-        for v in node.values():
-            yield from _strings(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _strings(v)
-
-
 def _check_config_paths(cfg: Path, working_dir: Path, excludes: Sequence[str]) -> None:
     """Relative paths in a config (``./x``, ``../x``: resolved against the config's directory)
     must point into the uploaded working_dir, or they will not exist on the cluster."""
@@ -199,7 +190,7 @@ def _check_config_paths(cfg: Path, working_dir: Path, excludes: Sequence[str]) -
     except (OSError, yaml.YAMLError):
         return  # the build itself reports unreadable configs
     bad: list[str] = []
-    for value in dict.fromkeys(_strings(raw)):
+    for value in dict.fromkeys(iter_strings(raw)):
         if not value.startswith(("./", "../")):
             continue
         target = os.path.normpath(cfg.parent / value)

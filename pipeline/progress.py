@@ -12,17 +12,24 @@ the line.  When output is not a terminal (CI logs, a file, a test's ``echo``) a 
 line is written at most every ``interval`` seconds (``CNSBENCH_PROGRESS_INTERVAL``,
 default 10) and once at the end, so logs stay short at any benchmark size.
 
-Verbosity: Ray Data's own per-operator progress bars and its execution logs, and the
-tqdm bars of model libraries, are noise next to this line; they stay quiet unless
-``cnsbench -v`` (:func:`set_verbose`).
+Verbosity: Ray Data's own per-operator progress bars and its execution logs, the tqdm
+bars of model libraries, Ray's notice that a new local cluster uses token authentication
+(:func:`quiet_local_ray`) and the error-level line Ray's core worker writes for every actor
+pool (:data:`NATIVE_NOISE`, :func:`native_stderr_filtered`) are noise next to this line;
+they stay quiet unless ``cnsbench -v`` (:func:`set_verbose`).  This is the one place that
+decides what third-party output a command shows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
 import sys
+import threading
 import time
-from typing import Callable, TextIO
+from typing import Callable, Iterator, TextIO
 
 PREFIX = "[cnsbench]"
 _VERBOSE = False
@@ -62,6 +69,91 @@ def quiet_ray_data() -> None:
             ctx.print_on_execution_start = _VERBOSE
     except ImportError:  # pragma: no cover - Ray is a dependency; tolerate its absence here
         pass
+
+
+class _DropMessages(logging.Filter):
+    """A logger filter that drops the records whose message contains one of ``fragments``."""
+
+    def __init__(self, *fragments: str) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(f in record.getMessage() for f in self.fragments)
+
+
+# Ray turns token authentication on for every new local cluster (the protection stays) and
+# says so in a warning each time; its other authentication messages still show.
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+RAY_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+def quiet_local_ray() -> None:
+    """Before a new local ``ray.init()``: without ``-v``, Ray's notice that the new cluster
+    uses token authentication (:data:`RAY_AUTH_NOTICE`) is not shown."""
+    logger = logging.getLogger(RAY_AUTH_LOGGER)
+    for f in [f for f in logger.filters if isinstance(f, _DropMessages)]:
+        logger.removeFilter(f)
+    if not _VERBOSE:
+        logger.addFilter(_DropMessages(RAY_AUTH_NOTICE))
+
+
+# Lines that native code writes straight to this process's stderr (no logger to quieten),
+# hidden unless verbose.  Ray Data hands every actor pool its constructor arguments (its map
+# transformer and data context) through the object store, and the pools restart crashed
+# actors (max_restarts > 0): Ray's core worker logs this at error level once per pool, for
+# every build.  Those objects live as long as the dataset, so the restarts it warns about work.
+NATIVE_NOISE = (re.compile(rb"has constructor arguments in the object store and max_restarts > 0"),)
+
+
+@contextlib.contextmanager
+def native_stderr_filtered() -> Iterator[None]:
+    """Within the block, lines written to file descriptor 2 that match :data:`NATIVE_NOISE`
+    are dropped (unless verbose); every other line passes through unchanged, in order."""
+    if _VERBOSE:
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable stderr: nothing to filter
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    thread = threading.Thread(target=_forward_lines, args=(read_fd, saved), name="stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # this process's write end of the pipe closes; the reader drains it
+        thread.join(timeout=2.0)
+        if not thread.is_alive():
+            os.close(saved)
+
+
+def _forward_lines(read_fd: int, out_fd: int) -> None:
+    def write(data: bytes) -> None:
+        try:
+            while data:
+                data = data[os.write(out_fd, data):]
+        except OSError:  # stderr went away: keep draining the pipe so writers never block
+            pass
+
+    pending = b""
+    try:
+        while chunk := os.read(read_fd, 65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            kept = [line + b"\n" for line in lines if not any(p.search(line) for p in NATIVE_NOISE)]
+            if kept:
+                write(b"".join(kept))
+        if pending and not any(p.search(pending) for p in NATIVE_NOISE):
+            write(pending)
+    finally:
+        os.close(read_fd)
 
 
 def _duration(seconds: float) -> str:

@@ -28,5 +28,10 @@ def set_args(args: argparse.Namespace) -> list[str]:
 
 
 def load_cli_config(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> BuildConfig:
-    """``args.config`` with ``overrides`` (a partial config) and the command's ``--set`` items."""
-    return load_config(args.config, overrides, sets=getattr(args, "sets", None))
+    """``args.config`` with ``overrides`` (a partial config) and the command's ``--set`` items;
+    generated assets it points at (``configs/tiny.yaml``'s) are made on first use."""
+    from pipeline.demo.assets import ensure_config_assets
+
+    cfg = load_config(args.config, overrides, sets=getattr(args, "sets", None))
+    ensure_config_assets(cfg)
+    return cfg

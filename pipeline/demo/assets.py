@@ -6,6 +6,10 @@ tokens in the Dataset-Interfaces ``{i}.bin`` layout, one non-zero LoRA slider pe
 (class, shift) in the published ``lora_unet_*`` layout, a tiny open_clip model and a tiny
 DINOv2-architecture ViT for the filter, and three classifiers (two timm, one open_clip
 zero-shot).  The curves of such a world are noise; they exercise the machinery.
+
+The commands that take a config (``validate``, ``build``, ``evaluate``, ``train-sliders``,
+...) call :func:`ensure_config_assets` after loading it, so a config that points into
+``assets/tiny/`` finds its files on a fresh clone; the tests call :func:`ensure_tiny_assets`.
 """
 
 from __future__ import annotations
@@ -13,14 +17,28 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from pipeline.checkout import REPO_ROOT
+from pipeline.io.nested import iter_strings
+
+if TYPE_CHECKING:
+    from pipeline.config import BuildConfig
 
 TINY_ROOT = REPO_ROOT / "assets" / "tiny"
 VERSION = "2"  # bump when the builder changes so stale assets are rebuilt
 CLASSES = (1, 22)
 SHIFTS = ("painting_style", "heavy_snow")
+
+
+def ensure_config_assets(cfg: "BuildConfig", echo: Callable[[str], None] = print) -> None:
+    """Build the tiny assets when a path of ``cfg`` lies under :data:`TINY_ROOT` (on first use)."""
+    root = os.path.normpath(TINY_ROOT)
+    paths = (os.path.normpath(s) for s in iter_strings(cfg.model_dump(mode="json")))
+    if any(p == root or p.startswith(root + os.sep) for p in paths):
+        ensure_tiny_assets(Path(root), echo)
 
 
 def ensure_tiny_assets(root: Path = TINY_ROOT, echo=print) -> Path:

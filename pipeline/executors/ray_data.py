@@ -37,6 +37,9 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
         faults = {k: v for k, v in os.environ.items() if k.startswith("CNSBENCH_FAULT_")}
         ray.init(address=address, log_to_driver=True, **({"runtime_env": {"env_vars": faults}} if faults else {}))
         return
+    from pipeline.progress import quiet_local_ray, verbose
+
+    quiet_local_ray()  # Ray's notice that the new cluster uses token authentication only with -v
     from pipeline.memory import classifier_groups
 
     res = cfg.resources
@@ -57,6 +60,7 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
         num_cpus=cpus,
         num_gpus=max(gpus, 1 if needed_gpus > 0 else 0),
         include_dashboard=False,
+        logging_level=logging.INFO if verbose() else logging.WARNING,  # "Started a local Ray instance" with -v
         log_to_driver=True,
         runtime_env={"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}},
     )
@@ -140,8 +144,11 @@ class RayDataExecutor(Executor):
                     num_cpus=r.num_cpus,
                     **_remote_args(r, bookkept=spec.stage.keeps_attempts),
                 )
-        for row in ds.iter_rows():
-            row = dict(row)
-            if on_shard:
-                on_shard(row)
-            yield row
+        from pipeline.progress import native_stderr_filtered
+
+        with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
+            for row in ds.iter_rows():
+                row = dict(row)
+                if on_shard:
+                    on_shard(row)
+                yield row

@@ -89,6 +89,11 @@ def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int], labels: 
             tokens.append(ti_token(i, labels.name(i)))
         new = [(t, e) for t, e in zip(tokens, embeddings) if t not in pipe.tokenizer.get_vocab()]
         if new:
+            # The new rows are overwritten with the tokens' embeddings: grow the table without
+            # transformers' default mean/covariance initialisation (and its notice), so
+            # load_textual_inversion finds it at the size it needs.
+            vectors = sum(e.shape[0] if e.ndim == 2 else 1 for _, e in new)
+            pipe.text_encoder.resize_token_embeddings(len(pipe.tokenizer) + vectors, mean_resizing=False)
             pipe.load_textual_inversion([e for _, e in new], token=[t for t, _ in new])
         return dict(zip(class_ids, tokens))
     if spec.kind == "text_encoder_dir":
