@@ -99,6 +99,19 @@ def _diffusers(where: str, repo: str) -> HubArtefact:
     return HubArtefact(where, "diffusers", repo, cached, fetch)
 
 
+def _hf_repo(where: str, library: str, repo: str) -> HubArtefact:
+    """A whole Hugging Face model repository (transformers layout: config.json and its weights)."""
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    cached = _hf_cached(repo, ("config.json",)) and _hf_cached(repo, weights)
+
+    def fetch() -> object:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo)
+
+    return HubArtefact(where, library, repo, cached, fetch)
+
+
 def _timm(where: str, name: str) -> HubArtefact | None:
     from timm.models import get_pretrained_cfg
 
@@ -126,8 +139,9 @@ def _open_clip(where: str, model: str, tag: str) -> HubArtefact | None:
         parts = hub.strip("/").split("/")
         repo, names = "/".join(parts[:2]), (["/".join(parts[2:])] if len(parts) > 2 else [])
         cached = _hf_cached(repo, (*names, *_WEIGHT_FILES))
-    elif pcfg.get("url"):
-        repo, cached = pcfg["url"], _url_cached(pcfg["url"])
+    elif pcfg.get("url"):  # open_clip keeps URL downloads in ~/.cache/clip
+        repo = pcfg["url"]
+        cached = os.path.isfile(os.path.join(os.path.expanduser("~/.cache/clip"), os.path.basename(repo)))
     else:
         return None
     return HubArtefact(where, "open_clip", f"{model} pretrained={tag} ({repo})", cached, lambda: download_pretrained(pcfg))
@@ -175,6 +189,8 @@ def hub_artefacts(cfg: "BuildConfig") -> list[HubArtefact]:
             out.append(_timm(where, clf.model))
         elif clf.kind == "open_clip_zeroshot" and clf.checkpoint and not local_file_ref(clf.checkpoint):
             out.append(_open_clip(where, clf.model, clf.checkpoint))
+        elif clf.kind == "vlm" and not os.path.isdir(clf.model) and "/" in clf.model:
+            out.append(_hf_repo(where, "transformers", clf.model))
         elif clf.kind == "torch_hub":
             repo = clf.model.rpartition(":")[0]
             if repo and not os.path.isdir(repo):

@@ -139,3 +139,16 @@ def test_stage_memory_of_the_tiny_config(tmp_path, monkeypatch):
     memory._classifier_footprint.cache_clear()
     monkeypatch.setattr(memory, "_measure", lambda *a: pytest.fail("measured again"))
     assert memory.classifier_footprints(cfg) == footprints
+
+
+def test_a_vlm_from_the_hub_is_an_artefact(hf_cache):
+    from pipeline.config import ClassifierSpec
+
+    cfg = parse_config(ZOO)
+    vlm = ClassifierSpec.model_construct(name="qa", kind="vlm", model="org/some-vlm")
+    cfg = cfg.model_copy(update={"classifiers": [vlm]})
+    [artefact] = [a for a in hub.hub_artefacts(cfg) if a.where.startswith("classifiers")]
+    assert artefact.line() == "classifiers[0] (qa): transformers org/some-vlm" and not artefact.cached
+    put(hf_cache, "org/some-vlm", "config.json")
+    put(hf_cache, "org/some-vlm", "model.safetensors.index.json")
+    assert [a.cached for a in hub.hub_artefacts(cfg) if a.where.startswith("classifiers")] == [True]
