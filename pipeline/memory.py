@@ -302,8 +302,21 @@ def pack(footprints: Sequence[Footprint], budget: int) -> list[list[int]]:
     return sorted(sorted(g) for g in groups)
 
 
+def _asks(kind: str) -> bool:
+    """Whether classifiers of ``kind`` answer questions drawn from the other classifiers' rankings (vlms)."""
+    from pipeline import registry
+
+    try:
+        return bool(getattr(registry.CLASSIFIERS.get(kind), "asks", False))
+    except (KeyError, ImportError):
+        return False
+
+
 def classifier_groups(cfg: "BuildConfig") -> list[list[int]]:
-    """The classifier indices of each classify actor pool: one group when no budget is set."""
+    """The classifier indices of each classify actor pool: one group when no budget is set.
+
+    Classifiers that ask (vlms) draw their distractors from every ranking classifier's top-5,
+    so they are packed apart and their groups run after all the others."""
     n = len(cfg.classifiers)
     budget_gb = cfg.resources.classify.memory_budget_gb
     if budget_gb is None or n <= 1:
@@ -316,7 +329,12 @@ def classifier_groups(cfg: "BuildConfig") -> list[list[int]]:
                 "classifier %s needs about %.1f GB, more than resources.classify.memory_budget_gb (%g): "
                 "it runs alone", f.name, group_bytes([f]) / GB, budget_gb,
             )
-    return pack(footprints, budget)
+    asks = [_asks(spec.kind) for spec in cfg.classifiers]
+    groups = []
+    for last in (False, True):
+        members = [i for i in range(n) if asks[i] == last]
+        groups += [[members[j] for j in g] for g in pack([footprints[i] for i in members], budget)]
+    return groups
 
 
 # --------------------------------------------------------------------------- stages

@@ -177,3 +177,14 @@ def test_reclassify_loads_one_group_at_a_time(whole):
     for got, full in zip(rows, whole[1].to_pylist(), strict=True):
         for key in ("pred_top1", "pred_top5", "pred_p_true"):
             assert got[key] == [[per_image[0], per_image[2]] for per_image in full[key]]
+
+
+def test_vlm_groups_run_after_the_rankings_they_draw_from(monkeypatch):
+    import pipeline.memory as memory
+
+    cfg = load_config(TINY_CONFIG, sets=["resources.classify.memory_budget_gb=4"])
+    monkeypatch.setattr(memory, "_asks", lambda kind: kind == "open_clip_zeroshot")  # stands in for a vlm
+    groups = classifier_groups(cfg)
+    assert groups == [[0, 1], [2]]  # everything would fit one group; the asking one is packed apart, last
+    specs = classify_specs(cfg)
+    assert [s.kwargs for s in specs] == [{"classifiers": [0, 1], "done": []}, {"classifiers": [2], "done": [0, 1]}]
