@@ -129,7 +129,7 @@ def clip_transform(n_px: int):
     ])
 
 
-def test_evaluate_release_as_the_original(tmp_path, monkeypatch):
+def test_evaluate_release_as_the_original(tmp_path, monkeypatch, capsys):
     """Each classifier receives the original's tensor for every release file; config.json records
     the resolved transforms and templates; the report names the protocol and the override."""
     from test_corruption_imagenet_c import assert_fed, spy_inputs
@@ -143,6 +143,10 @@ def test_evaluate_release_as_the_original(tmp_path, monkeypatch):
     config = release_config(tmp_path)
     seen = spy_inputs(monkeypatch)
     assert cli.main(["evaluate", str(root), "--config", str(config), "--output", str(out), "--runner", "local"]) == 0
+    said = capsys.readouterr().out
+    assert "evaluated with the imagenet_d protocol" in said
+    assert "classifiers[tiny-vit] overrides the imagenet_d protocol (preprocess 'cns'" in said
+    assert "not comparable with the published ones" in said and "classifiers[tv-resnet]" not in said
     files = sorted(root.rglob("*.png"))
     # utils/data_loaders_imgnet_id.py opens each file .convert("RGB") and applies the transform;
     # utils/models.py takes the model's weights.transforms() (vgg19_bn, vit_b_16: IMAGENET1K_V1).
