@@ -140,3 +140,29 @@ def test_open_answers_match_class_names_and_synonyms():
 def test_bad_protocols_name_the_key(raw, key):
     with pytest.raises(ProtocolError, match=key.replace(".", r"\.")):
         resolve_protocol(raw)
+
+
+@pytest.mark.parametrize(
+    "protocol, key",
+    [
+        ({"kind": "five_choice"}, "protocol.kind"),
+        ({"kind": "two_choice"}, "protocol.distractors"),
+        ({"kind": "two_choice", "distractors": "nope"}, "(vlm).protocol.distractors"),
+    ],
+)
+def test_validate_exits_2_naming_the_key(tmp_path, capsys, protocol, key):
+    from pathlib import Path
+
+    import yaml
+
+    from pipeline import cli
+
+    repo = Path(__file__).resolve().parents[1]
+    raw = yaml.safe_load((repo / "configs" / "world_imagenet_d.yaml").read_text().replace("../assets", str(repo / "assets")))
+    vlm = next(c for c in raw["classifiers"] if c["kind"] == "vlm")
+    vlm["protocol"] = protocol
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err
