@@ -13,7 +13,8 @@ build then completes and reports them, and the next build run retries them afres
 Actions: ``crash`` (hard exit of the worker process, as an OOM kill would), ``crash_once``
 (crash the first time only; needs ``CNSBENCH_FAULT_DIR``), ``raise`` (a Python error),
 ``pause`` (write ``$CNSBENCH_FAULT_DIR/paused-<stage>-<point>`` and block, so a test can
-kill -9 the whole build at that point).
+kill -9 the whole build at that point), ``hold`` (the same marker, then wait until the
+test creates ``$CNSBENCH_FAULT_DIR/release``, so it can act while the build is mid-run).
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def inject(stage: str, point: str, keys: list[str]) -> None:
                 fh.write(",".join(keys))
             while True:  # the test kills the whole build now
                 time.sleep(1)
+        elif action == "hold":
+            with open(os.path.join(fault_dir, f"paused-{stage}-{point}"), "w") as fh:
+                fh.write(",".join(keys))
+            deadline = time.time() + 600
+            while not os.path.exists(os.path.join(fault_dir, "release")) and time.time() < deadline:
+                time.sleep(0.2)
         else:
             raise ValueError(f"{ENV}: unknown action {action!r}")
 

@@ -138,18 +138,16 @@ def test_status_sees_shards_larger_than_config_json_allows(built, capsys):
 
 
 @pytest.mark.slow
-def test_two_cli_builds_on_one_output(built, tmp_path):
-    """The contract with two real processes: the second (lease timeout 1 s) exits 2 naming
-    the first, the first finishes, and `status` finds the output complete and consistent."""
+def test_two_cli_builds_on_one_output(tmp_path, capsys, monkeypatch):
+    """The contract with two builds in two processes: the second (lease timeout 1 s) exits 2
+    naming the first, the first finishes, and `status` finds the output complete and consistent."""
     from buildproc import env_with
 
-    cfg, out = built
-    # The first build has work to do: a third classifier on the committed images.
-    raw = yaml.safe_load(cfg.read_text())
-    two = dict(raw, classifiers=raw["classifiers"][:2])
-    (out / "config.json").write_text(
-        json.dumps({**json.loads((out / "config.json").read_text()), "config": _resolved(two, tmp_path)})
-    )
+    cfg = tiny_cfg_path(tmp_path)
+    # The first build has work to do: a third classifier on the images committed with two.
+    two = tiny_cfg_path(tmp_path, lambda r: r.update(classifiers=r["classifiers"][:2]), name="two.yaml")
+    out = tmp_path / "out"
+    synthetic_output(out, two)
     faults = tmp_path / "faults"
     faults.mkdir()
     env = env_with(CNSBENCH_FAULT_INJECT="reclassify:start:*:hold", CNSBENCH_FAULT_DIR=str(faults))
@@ -162,10 +160,11 @@ def test_two_cli_builds_on_one_output(built, tmp_path):
             assert time.time() < deadline
             time.sleep(0.2)
         time.sleep(1.2)
-        second = subprocess.run(cmd, env=env_with(CNSBENCH_LEASE_TIMEOUT_S="1"), capture_output=True, text=True,
-                                timeout=300)
-        assert second.returncode == 2, second.stdout + second.stderr
-        assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        monkeypatch.setenv("CNSBENCH_LEASE_TIMEOUT_S", "1")  # the second build, in this process
+        assert main(["build", str(cfg), "--output", str(out), "--runner", "local"]) == 2
+        err = capsys.readouterr().err
+        assert f"pid {first.pid}" in err and "Traceback" not in err
+        monkeypatch.delenv("CNSBENCH_LEASE_TIMEOUT_S")
         (faults / "release").touch()
         text, _ = first.communicate(timeout=300)
         assert first.returncode == 0, text
@@ -174,18 +173,9 @@ def test_two_cli_builds_on_one_output(built, tmp_path):
         if first.poll() is None:
             first.kill()
             first.wait()
-    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", str(out)], env=env_with(),
-                            capture_output=True, text=True, timeout=120)
-    assert status.returncode == 0, status.stdout + status.stderr
-    assert "8/8 trajectories" in status.stdout and "aggregated  yes" in status.stdout
-
-
-def _resolved(raw: dict, tmp_path) -> dict:
-    from pipeline.config import load_config, resolved_dict
-
-    path = tmp_path / "two.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return resolved_dict(load_config(path))
+    assert main(["status", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "8/8 trajectories" in text and "aggregated  yes" in text and "lease       none" in text
 
 
 # --------------------------------------------------------------------------- 2. compare --output
