@@ -166,3 +166,12 @@ def test_validate_exits_2_naming_the_key(tmp_path, capsys, protocol, key):
     assert cli.main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert key in err and "Traceback" not in err
+
+
+def test_ls_lists_the_vlm_kind_and_its_protocols(capsys):
+    from pipeline import cli
+
+    assert cli.main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  vlm " in out and "VQA protocols" in out
+    assert all(f"\n  {p} " in out for p in ("two_choice", "multiple_choice", "open"))
