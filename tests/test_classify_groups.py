@@ -139,31 +139,49 @@ def published(root: Path) -> Path:
     return root
 
 
-def test_evaluate_one_group_equals_one_classifier_per_group(tmp_path):
+def evaluate(source: Path, out: Path, *argv: str) -> Path:
+    """``cnsbench evaluate SOURCE --config tiny.yaml`` (one prompt template) into ``out``."""
     from pipeline.cli.evaluate import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    source = published(tmp_path / "src")
-    outs = {}
     fast = [f"--set={item}" for item in FAST]
-    for label, sets in (("one", []), ("each", ["--set", "resources.classify.memory_budget_gb=0.1"])):
-        out = tmp_path / label
-        args = parser.parse_args(
-            ["evaluate", str(source), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "local", *fast, *sets]
-        )
-        assert args.func(args) == 0
-        outs[label] = out
-    files = sorted(p.name for p in (outs["one"] / "predictions").glob("*.parquet"))
-    assert files and files == sorted(p.name for p in (outs["each"] / "predictions").glob("*.parquet"))
+    args = parser.parse_args(["evaluate", str(source), "--config", str(TINY_CONFIG), "--output", str(out), *fast, *argv])
+    assert args.func(args) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_group(tmp_path_factory) -> tuple[Path, Path]:
+    """The published source, and its evaluation by one classify stage holding every classifier."""
+    root = tmp_path_factory.mktemp("groups")
+    source = published(root / "src")
+    return source, evaluate(source, root / "one", "--runner", "local")
+
+
+def assert_same_predictions(one: Path, other: Path) -> None:
+    files = sorted(p.name for p in (one / "predictions").glob("*.parquet"))
+    assert files and files == sorted(p.name for p in (other / "predictions").glob("*.parquet"))
     for name in files:
-        one = pd.read_parquet(outs["one"] / "predictions" / name)
-        each = pd.read_parquet(outs["each"] / "predictions" / name)
-        pd.testing.assert_frame_equal(one, each)
-        assert list(dict.fromkeys(one["classifier"])) == ["tiny-resnet", "tiny-vit", "tiny-clip-zs"]
-        assert (outs["one"] / "predictions" / name).read_bytes() == (outs["each"] / "predictions" / name).read_bytes()
-    recorded = json.loads((outs["each"] / "config.json").read_text())["config"]
+        a, b = pd.read_parquet(one / "predictions" / name), pd.read_parquet(other / "predictions" / name)
+        pd.testing.assert_frame_equal(a, b)
+        assert list(dict.fromkeys(a["classifier"])) == ["tiny-resnet", "tiny-vit", "tiny-clip-zs"]
+        assert (one / "predictions" / name).read_bytes() == (other / "predictions" / name).read_bytes()
+    recorded = json.loads((other / "config.json").read_text())["config"]
     assert recorded["resources"]["classify"]["memory_budget_gb"] == 0.1
+
+
+def test_evaluate_one_group_equals_one_classifier_per_group(one_group, tmp_path):
+    source, one = one_group
+    each = evaluate(source, tmp_path / "each", "--runner", "local", "--set", "resources.classify.memory_budget_gb=0.1")
+    assert_same_predictions(one, each)
+
+
+@pytest.mark.slow
+def test_ray_runs_one_actor_pool_per_group(one_group, tmp_path, ray_session):
+    source, one = one_group
+    each = evaluate(source, tmp_path / "ray", "--runner", "ray", "--set", "resources.classify.memory_budget_gb=0.1")
+    assert_same_predictions(one, each)
 
 
 def test_reclassify_loads_one_group_at_a_time(whole):
