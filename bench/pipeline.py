@@ -53,21 +53,47 @@ def make_config(tmp: Path, shifts: int, seeds: int, steps: int):
     return parse_config(raw)
 
 
+def init_ray(address, cfg) -> None:
+    from pipeline.executors.ray_data import init_ray as init
+
+    init(address, cfg)
+
+
+def run_build(cfg, units, out: str):
+    """The build's chain (generate -> filter -> classify -> write) on the Ray Data executor."""
+    from pipeline import schema
+    from pipeline.build import build_chain
+    from pipeline.executors.ray_data import RayDataExecutor
+
+    rows = [u.to_row() for u in units]
+    return RayDataExecutor(cfg).run(rows, out, build_chain(cfg), num_blocks=len(rows), first_schema=schema.UNIT)
+
+
+def generation_only(cfg, rows: list[dict], out: str):
+    """The generation stage alone on the same actor pool as in the build; rows drained here."""
+    from pipeline.executors import StageSpec
+    from pipeline.executors.ray_data import RayDataExecutor
+    from pipeline.stages.generate import GenerateStage
+
+    return RayDataExecutor(cfg).run(rows, out, [StageSpec(GenerateStage)], num_blocks=len(rows))
+
+
 def driver_peak(shifts: int, seeds: int, steps: int) -> dict:
     """Run a full Ray build in this process; report wall time and this driver's peak RSS."""
     import ray
 
     from pipeline import plan
-    from pipeline.runners.ray_runner import init_ray, run_ray
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = make_config(Path(tmp), shifts, seeds, steps)
         units = plan.plan_units(cfg)
+        started = not ray.is_initialized()  # a caller's Ray (tests) stays up
         init_ray(None, cfg)
         t0 = time.perf_counter()
-        shards = sum(1 for _ in run_ray(cfg, units, str(Path(tmp) / "out")))
+        shards = sum(1 for _ in run_build(cfg, units, str(Path(tmp) / "out")))
         wall = time.perf_counter() - t0
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     return {
         "images": plan.summarize(cfg).n_images,
         "shards": shards,
@@ -83,7 +109,6 @@ def overhead(shifts: int, seeds: int, steps: int, repeats: int = 1) -> dict:
     import ray
 
     from pipeline import plan, schema
-    from pipeline.runners.ray_runner import init_ray, run_ray, stream
     from pipeline.stages.generate import GenerateStage
 
     times: dict[str, list[float]] = {"bare_generation_s": [], "ray_generation_s": [], "full_pipeline_s": []}
@@ -93,6 +118,7 @@ def overhead(shifts: int, seeds: int, steps: int, repeats: int = 1) -> dict:
         rows = [u.to_row() for u in units]
         n_images = plan.summarize(cfg).n_images
         gen = cfg.resources.generate
+        started = not ray.is_initialized()  # a caller's Ray (tests) stays up
         init_ray(None, cfg)
         for i in range(repeats):
             # Bare generation: the same stage class, in this process, with the thread count
@@ -106,15 +132,16 @@ def overhead(shifts: int, seeds: int, steps: int, repeats: int = 1) -> dict:
             # The generation stage alone on Ray: the same actor pool as in the build (a
             # fresh worker process that imports torch and loads the model), rows drained here.
             t0 = time.perf_counter()
-            for _ in stream(cfg, rows, f"{tmp}/gen{i}", [(GenerateStage, gen, gen.batch_size, {})], len(rows), None):
+            for _ in generation_only(cfg, rows, f"{tmp}/gen{i}"):
                 pass
             times["ray_generation_s"].append(time.perf_counter() - t0)
             # The full build: generate -> filter -> classify -> write.
             t0 = time.perf_counter()
-            for _ in run_ray(cfg, units, f"{tmp}/out{i}"):
+            for _ in run_build(cfg, units, f"{tmp}/out{i}"):
                 pass
             times["full_pipeline_s"].append(time.perf_counter() - t0)
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     bare, ray_gen, full = (min(v) for v in times.values())
     return {
         "images": n_images,
@@ -136,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the minimum of each timing is kept")
-    p.add_argument("--memory-seeds", type=int, nargs=2, default=[2, 8], help="two plan sizes (seeds)")
+    p.add_argument("--memory-seeds", type=int, nargs="*", default=[2, 8], help="plan sizes (seeds) whose driver memory is measured")
     p.add_argument("--driver-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
