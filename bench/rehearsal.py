@@ -140,6 +140,35 @@ def projected_memory(cfg) -> dict[str, Any]:
     return out
 
 
+def paper_unet_evals_per_image(cfg, cache: Path) -> float:
+    """UNet sample-evaluations per image of the unmodified config's grid (share_prefix): the
+    steps before the LoRA window once per (class, seed), the rest once per distinct image."""
+    from diffusers import DDIMScheduler
+
+    sched = DDIMScheduler.from_config(json.loads(snapshot_files(cache, SD2)["scheduler/scheduler_config.json"].read_text()))
+    sched.set_timesteps(cfg.generator.steps)
+    pre = sum(1 for t in sched.timesteps if int(t) > cfg.generator.lora_timestep_threshold)
+    post = cfg.generator.steps - pre
+    shifts, scales = len(cfg.benchmark.shifts), len(cfg.benchmark.scales)
+    distinct = 1 + shifts * sum(1 for s in cfg.benchmark.scales if s != 0)
+    cfg_factor = 2 if cfg.generator.guidance_scale > 1 else 1
+    return round(cfg_factor * (pre + post * distinct) / (shifts * scales), 2)
+
+
+def gpu_projection(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
+    """Projected GPU seconds per image of the paper's grid at the config's own size (FLOPs)."""
+    from pipeline.config import load_config
+    from rehearsal_flops import projection
+
+    full = load_config(args.config, sets=list(args.set or []) + release_sets(cache))
+    sd = snapshot_files(cache, SD2)
+    unet = json.loads(sd["unet/config.json"].read_text())
+    vae = json.loads(sd["vae/config.json"].read_text())
+    keep = lambda d: {k: v for k, v in d.items() if not k.startswith("_")}  # noqa: E731
+    runnable = [s for s in full.classifiers if s.kind in ("timm", "open_clip_zeroshot")]
+    return projection(full, keep(unet), keep(vae), paper_unet_evals_per_image(full, cache), runnable)
+
+
 # --------------------------------------------------------------------------- run
 def build_command(config: str, output: str, sets: list[str], runner: str = "ray") -> list[str]:
     cmd = [sys.executable, "-m", "pipeline.cli", "build", config, "--output", output, "--runner", runner]
@@ -167,6 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cache = Path(args.cache).resolve()
     base = load_config(args.config, sets=list(args.set or []))
     sets = list(args.set or []) + plan_sets(base, args.steps) + release_sets(cache)
+    if args.budget_gb and base.resources.classify.memory_budget_gb is None:
+        sets.append(f"resources.classify.memory_budget_gb={args.budget_gb}")
     if args.resolution:
         sets.append(f"generator.resolution={args.resolution}")
     cfg0 = load_config(args.config, sets=sets)
@@ -215,6 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "classifiers_ran": ran,
         "classifiers_unavailable": unavailable,
         "images": images,
+        "gpu_projection": gpu_projection(args, cache) if args.project else None,
     }
 
 
@@ -234,8 +266,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="further overrides (tests: smaller models)")
     r.add_argument("--steps", type=int, default=2)
     r.add_argument("--resolution", type=int, default=None, help="default: the config's")
+    r.add_argument("--budget-gb", type=float, default=6.0,
+                   help="resources.classify.memory_budget_gb when the config sets none (classifier groups)")
     r.add_argument("--runner", choices=("ray", "local"), default="ray", help="local: in one process (tests)")
     r.add_argument("--zero-shot", action="store_true", help="run the open_clip zero-shot classifiers (a GPU's job)")
+    r.add_argument("--no-project", dest="project", action="store_false", help="skip the FLOP-based GPU projection")
     r.add_argument("--log", help="build log (default: OUTPUT.log)")
     r.add_argument("--json", action="store_true")
     return p

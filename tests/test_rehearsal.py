@@ -82,6 +82,14 @@ def test_openai_clip_weights_load_into_quick_gelu_models():
     assert not trained_with_quick_gelu("ViT-B-16", None)
 
 
+def test_flops_are_counted_on_the_meta_device():
+    import rehearsal_flops
+
+    assert rehearsal_flops.timm_flops("resnet50.a1_in1k") == pytest.approx(8.18e9, rel=0.01)  # 4.09 GMACs
+    small = rehearsal_flops.unet_flops(rehearsal_cache._unet_config("small"), 64)
+    assert rehearsal_flops.unet_flops(rehearsal_cache._unet_config("small"), 128) > 3.5 * small
+
+
 @pytest.mark.slow
 def test_rehearsal_runs_the_paper_config_offline_from_a_written_cache(tmp_path):
     cache, out = tmp_path / "cache", tmp_path / "out"
@@ -97,7 +105,7 @@ def test_rehearsal_runs_the_paper_config_offline_from_a_written_cache(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "rehearsal.py"), "run", "--cache", str(cache), "--output", str(out),
-         "--resolution", "128", "--runner", "local", "--zero-shot", "--json", *sum((["--set", s] for s in SETS), [])],
+         "--resolution", "128", "--runner", "local", "--zero-shot", "--no-project", "--json", *sum((["--set", s] for s in SETS), [])],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]

@@ -55,10 +55,13 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
         gpus = torch.cuda.device_count()
     except Exception:
         pass
-    needed_gpus = max(p.num_gpus for p in pools)
+    # Only the GPUs there are: a logical GPU on a machine without one let the pools' GPU
+    # fractions (generate 1 + filter 0.25 + 0.5 per classifier group) exceed it, and a
+    # downstream pool holding it waited forever for an upstream one that could not start.
+    # Without a GPU every pool runs on the CPU (cpu_only_local_cluster).
     ray.init(
         num_cpus=cpus,
-        num_gpus=max(gpus, 1 if needed_gpus > 0 else 0),
+        num_gpus=gpus,
         include_dashboard=False,
         logging_level=logging.INFO if verbose() else logging.WARNING,  # "Started a local Ray instance" with -v
         log_to_driver=True,
