@@ -40,13 +40,25 @@ def set_verbose(value: bool) -> None:
     global _VERBOSE
     _VERBOSE = bool(value)
     if not _VERBOSE:
-        # Model libraries' own tqdm bars (weights loading, pipeline components) would break
-        # the one progress line; Ray workers started from here inherit the setting.
+        # Model libraries' own tqdm bars (weights loading, pipeline components, transformers'
+        # "Writing model shards") would break the one progress line; Ray workers started from
+        # here inherit the settings.
         os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def verbose() -> bool:
     return _VERBOSE
+
+
+def quiet_model_libraries() -> None:
+    """Before models load in this process: diffusers' own bars ("Loading pipeline components")
+    off unless verbose.  Its switch is a module flag, not the environment, and tqdm reads
+    ``TQDM_DISABLE`` only when first imported (in the CLI, before :func:`set_verbose`)."""
+    if not _VERBOSE:
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
 
 
 def quiet_ray_data() -> None:

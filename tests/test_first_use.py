@@ -188,3 +188,26 @@ def test_rays_token_authentication_notice_shows_only_with_verbose(monkeypatch, c
     with caplog.at_level(logging.WARNING):
         logger.warning(notice)
     assert [r.getMessage() for r in caplog.records] == [notice]
+
+
+def test_model_libraries_progress_bars_are_off_without_verbose(monkeypatch):
+    from pipeline import progress
+
+    for name in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(progress, "_VERBOSE", True)
+    progress.set_verbose(False)
+    assert os.environ["TQDM_DISABLE"] == os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    from diffusers.utils import logging as diffusers_logging
+
+    was = diffusers_logging.is_progress_bar_enabled()
+    try:
+        diffusers_logging.enable_progress_bar()
+        monkeypatch.setattr(progress, "_VERBOSE", True)
+        progress.quiet_model_libraries()
+        assert diffusers_logging.is_progress_bar_enabled()  # -v: diffusers shows its bars
+        monkeypatch.setattr(progress, "_VERBOSE", False)
+        progress.quiet_model_libraries()
+        assert not diffusers_logging.is_progress_bar_enabled()
+    finally:
+        (diffusers_logging.enable_progress_bar if was else diffusers_logging.disable_progress_bar)()

@@ -32,6 +32,9 @@ def load_pipeline(model: str, dtype, device: str, text_encoder: bool = True):
     """
     from diffusers import StableDiffusionPipeline
 
+    from pipeline.progress import quiet_model_libraries
+
+    quiet_model_libraries()
     local = is_local_path(model)
     if local and not (Path(model) / "model_index.json").is_file():
         raise FileNotFoundError(
