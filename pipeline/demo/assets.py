@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import fcntl
 import json
-import shutil
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
