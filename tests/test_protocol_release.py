@@ -84,3 +84,25 @@ def test_shifted_images_are_only_cropped():
     assert shifted[0, 0, 1] == pytest.approx((10 / 255 - IMAGENET_MEAN[0]) / IMAGENET_STD[0], abs=1e-6)
     assert clean[0, 0, 0] == pytest.approx((10 / 255 - IMAGENET_MEAN[0]) / IMAGENET_STD[0], abs=1e-6)
     assert build_transform(TORCHVISION_EVAL, shifted=True)(img).equal(clean)  # without the flag: the same for all
+
+
+def test_a_models_own_transform_as_numbers_equals_its_librarys(tmp_path):
+    """timm's data config and open_clip's preprocess, written as a Preprocess, feed the same tensor."""
+    import numpy as np
+    from PIL import Image
+
+    from pipeline.demo.tiny_eval_models import make_tiny_clip, make_tiny_timm_classifier
+    from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
+    from pipeline.models.own_preprocess import open_clip_own_preprocess, timm_own_preprocess
+
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (90, 70, 3), dtype=np.uint8))
+    timm_spec = make_tiny_timm_classifier(tmp_path / "timm")
+    p = timm_own_preprocess(timm_spec["model"], timm_spec["model_kwargs"])
+    assert (p.crop, p.interpolation) == (32, "bicubic")
+    net = load_timm(timm_spec["model"], timm_spec["checkpoint"], timm_spec["model_kwargs"], "cpu", "t")
+    assert build_transform(p)(img).equal(timm_transform(net)(img))
+    clip_spec = make_tiny_clip(tmp_path / "clip", name="tiny-clip-own", vision={"image_size": 48})
+    q = open_clip_own_preprocess(clip_spec["model"], clip_spec["pretrained"], clip_spec["model_config_file"])
+    assert (q.resize, q.crop, q.interpolation, q.mean) == (48, 48, "bicubic", (0.48145466, 0.4578275, 0.40821073))
+    _, clip_preprocess, _ = load_open_clip(clip_spec["model"], clip_spec["pretrained"], clip_spec["model_config_file"], "cpu", "c")
+    assert build_transform(q)(img).equal(clip_preprocess(img))
