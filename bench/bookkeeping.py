@@ -36,13 +36,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    from pipeline import plan
     import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline import schema
+    from pipeline import plan, schema
     from pipeline.build import committed_trajectories
     from pipeline.config import BenchmarkSpec
     from pipeline.io.store import OutputStore, ShardManifest

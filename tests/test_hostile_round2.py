@@ -17,7 +17,6 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from hostile import manifest_paths, synthetic_output, tiny_cfg_path, tree_digest
 
 from pipeline.cli import main

@@ -36,7 +36,13 @@ import time
 import uuid
 from typing import Any, Callable, Iterator
 
-from pipeline.io.lease_file import LEASE, LeaseInfo, _proc_start, parse_lease, unreadable
+from pipeline.io.lease_file import (
+    LEASE,
+    LeaseInfo,
+    _proc_start,
+    parse_lease,
+    unreadable,
+)
 from pipeline.io.ownership import claim_output
 
 __all__ = ["LEASE", "Lease", "LeaseHeld", "LeaseInfo", "LeaseLost", "acquire", "check_holder", "hold_lease",
@@ -147,7 +153,7 @@ class Lease:
             yield
         except LeaseLost:
             raise
-        except Exception as err:
+        except Exception:
             self.ensure_held()
             raise
 

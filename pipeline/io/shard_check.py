@@ -31,7 +31,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import schema
-from pipeline.io.manifest import MANIFEST_DIR, QUARANTINE_DIR, ManifestProblem, ShardManifest
+from pipeline.io.manifest import (
+    MANIFEST_DIR,
+    QUARANTINE_DIR,
+    ManifestProblem,
+    ShardManifest,
+)
 from pipeline.io.ownership import OwnershipError, read_marker
 
 CHECK_THREADS = 8  # shards checked at once
@@ -55,11 +60,11 @@ def schema_problem(found: pa.Schema, kind: str) -> str | None:
     missing = [c for c in REQUIRED[kind] if c not in found.names]
     if missing:
         return f"not a {kind} table: no column(s) {', '.join(missing)} (has {', '.join(found.names[:8])})"
-    for field in expected:
-        if field.name in found.names:
-            have = found.field(field.name).type
-            if have != field.type:
-                return f"not a {kind} table: column {field.name} is {have}, expected {field.type}"
+    for want in expected:
+        if want.name in found.names:
+            have = found.field(want.name).type
+            if have != want.type:
+                return f"not a {kind} table: column {want.name} is {have}, expected {want.type}"
     return None
 
 
