@@ -81,7 +81,8 @@ def effective_config(
         # Scale 0 is every grid's reference, also for layouts that may lack it (ImageNet-C).
         classes=source.classes, seeds=source.seeds, shifts=source.shifts, scales=sorted({0.0, *source.scales})
     )
-    if source.labels:  # a layout with its own label space (ImageNet-D's 113 classes)
+    if source.labels and not (source.labels_unless_set and "labels" in cfg.benchmark.model_fields_set):
+        # a layout with its own label space (ImageNet-D's 113 classes, XIMAGENET-12's 12-way)
         raw["benchmark"]["labels"] = source.labels
         if raw["filter"].get("class_names") == "keras":  # Keras names exist for ImageNet-1k only
             raw["filter"]["class_names"] = "labels"

@@ -9,6 +9,10 @@ of ImageNet ids (``chair``: 423, 559, 765).  Such a space carries ``imagenet_ids
 :meth:`LabelSpace.outputs_from_imagenet` is the multi-id correctness rule in one place: an
 ImageNet-1k output maps to the class that lists its id, so a top-1 prediction is correct
 when it is any of the class's ids (an id no class lists maps to -1, always wrong).
+
+``ximagenet12`` is ImageNet-1k restricted to XIMAGENET-12's 12 classes: the same ids and
+names, but a space with ``outputs`` set takes an ImageNet-1k model's top-1 over those
+outputs only (the paper's 12-way accuracy; ``pipeline.models.classifiers``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class LabelSpace:
         names: tuple[str, ...],
         imagenet_ids: tuple[tuple[int, ...], ...] | None = None,
         aliases: dict[str, int] | None = None,
+        outputs: tuple[int, ...] | None = None,
     ) -> None:
         if not names:
             raise ValueError(f"label space {key!r} is empty")
@@ -38,6 +43,8 @@ class LabelSpace:
         # Per class, the ImageNet-1k ids it stands for (None: the space is not defined over ImageNet).
         self.imagenet_ids = imagenet_ids
         self.aliases = {k.lower(): v for k, v in (aliases or {}).items()}  # e.g. release folder names
+        # The class ids an ImageNet-1k model's top-1 is taken over (None: all of them).
+        self.outputs = outputs
 
     def outputs_from_imagenet(self, n_out: int = 1000) -> list[int]:
         """Class id of each ImageNet-1k output index (-1 where no class lists the id).
@@ -100,9 +107,17 @@ def _load(key: str | tuple[str, ...]) -> LabelSpace:
             imagenet_ids=tuple(tuple(r["imagenet_ids"]) for r in rows),
             aliases={r["folder"]: r["id"] for r in rows},
         )
+    if key == "ximagenet12":
+        from pipeline.sources.ximagenet import XIMAGENET_CLASSES
+
+        ids = tuple(sorted(i for i, _ in XIMAGENET_CLASSES.values()))
+        return LabelSpace("ximagenet12", imagenet.class_names(), outputs=ids)
     path = Path(key)
     if not path.is_file():
-        raise ValueError(f"labels must be 'imagenet', 'imagenet_d', a list of names, or a JSON/text file of names; no file {key!r}")
+        raise ValueError(
+            "labels must be 'imagenet', 'imagenet_d', 'ximagenet12', a list of names, or a JSON/text file of names; "
+            f"no file {key!r}"
+        )
     text = path.read_text()
     names = json.loads(text) if path.suffix == ".json" else [line.strip() for line in text.splitlines() if line.strip()]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

@@ -48,6 +48,9 @@ class Preprocess:
     normalisation only).  ImageNet-C stores its corrupted images already resized and
     cropped to 224 px, and its ``test.py`` feeds them with ``CenterCrop(224)`` alone, while
     the clean images (scale 0) get the full transform.
+
+    ``squash``: both sides are resized to ``resize`` (the aspect ratio is not kept), as
+    Keras' ``load_img(target_size=(s, s))`` does (XIMAGENET-12's ``train.py``).
     """
 
     resize: int
@@ -56,6 +59,7 @@ class Preprocess:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     shifted_crop_only: bool = False
+    squash: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out = {
@@ -64,6 +68,8 @@ class Preprocess:
         }
         if self.shifted_crop_only:
             out["shifted_crop_only"] = True
+        if self.squash:
+            out["squash"] = True
         return out
 
 
@@ -209,6 +215,7 @@ def preprocess_of(choice: Any, cns_default: Preprocess) -> Preprocess | None:
         int(data["resize"]), int(data["crop"]), str(data["interpolation"]),
         tuple(float(v) for v in data["mean"]), tuple(float(v) for v in data["std"]),
         bool(data.get("shifted_crop_only", False)),
+        bool(data.get("squash", False)),
     )
 
 
@@ -225,7 +232,8 @@ def build_transform(p: Preprocess, shifted: bool = False) -> Callable[[Any], Any
         "bicubic": transforms.InterpolationMode.BICUBIC,
         "nearest": transforms.InterpolationMode.NEAREST,
     }
-    resize = [] if shifted and p.shifted_crop_only else [transforms.Resize(p.resize, interpolation=modes[p.interpolation])]
+    size = (p.resize, p.resize) if p.squash else p.resize
+    resize = [] if shifted and p.shifted_crop_only else [transforms.Resize(size, interpolation=modes[p.interpolation])]
     compose = transforms.Compose([
         *resize,
         transforms.CenterCrop(p.crop),

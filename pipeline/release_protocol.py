@@ -21,7 +21,10 @@ The layout's module (``pipeline/sources/<layout>.py``, listed in
 :class:`pipeline.protocol.Preprocess` (used as is; ``shifted_crop_only`` feeds images at a
 scale > 0 without the resize) or ``"model"`` (the model's own transform, written into
 the config as explicit numbers where the kind can state them,
-:meth:`pipeline.models.classifiers.Classifier.own_preprocess`).  ``templates`` apply to
+:meth:`pipeline.models.classifiers.Classifier.own_preprocess`), or a function of that own
+transform (None where the kind cannot state it) returning either, for a protocol that
+keeps part of the model's own (XIMAGENET-12: the original's geometry, the model's
+normalisation).  ``templates`` apply to
 the zero-shot kinds (:data:`ZERO_SHOT_KINDS`).  ``accuracy`` and ``metric`` are what the
 report says; the mechanics behind them stay with the layout (its ``Source.labels`` and
 ``Source.analyses``).  A layout without ``PROTOCOL`` is evaluated with the config as given.
@@ -65,13 +68,13 @@ class ReleaseProtocol:
 
     name: str
     original: str  # the original evaluation code, "repository path"
-    preprocess: Mapping[str, Preprocess | str]
+    preprocess: Mapping[str, Preprocess | str | Callable[[Preprocess | None], Preprocess | str]]
     accuracy: str
     metric: str
     templates: tuple[str, ...] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def preprocess_for(self, kind: str) -> Preprocess | str | None:
+    def preprocess_for(self, kind: str) -> Preprocess | str | Callable[[Preprocess | None], Preprocess | str] | None:
         """The protocol's transform of a classifier kind (None: the protocol leaves it to the config)."""
         return self.preprocess.get(kind, self.preprocess.get(ANY_KIND))
 
@@ -98,11 +101,15 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _resolve_model(entry: dict[str, Any], own: Callable[[dict[str, Any]], Preprocess | None]) -> dict[str, Any] | str:
+def _own_or_none(entry: dict[str, Any], own: Callable[[dict[str, Any]], Preprocess | None]) -> Preprocess | None:
     try:
-        p = own(entry)
+        return own(entry)
     except Exception:  # the classifier stage reports a model it cannot load, naming the entry
-        p = None
+        return None
+
+
+def _resolve_model(entry: dict[str, Any], own: Callable[[dict[str, Any]], Preprocess | None]) -> dict[str, Any] | str:
+    p = _own_or_none(entry, own)
     return p.as_dict() if p is not None else MODEL
 
 
@@ -132,7 +139,10 @@ def apply(
     for entry in classifiers:
         entry = dict(entry)
         name, kind, given = entry["name"], entry["kind"], explicit.get(entry["name"], set())
-        wanted = _as_dict(protocol.preprocess_for(kind))
+        choice = protocol.preprocess_for(kind)
+        if callable(choice):  # built on the model's own transform
+            choice = choice(_own_or_none(entry, own))
+        wanted = _as_dict(choice)
         if wanted == MODEL:
             wanted = _resolve_model(entry, own)
         changed = []

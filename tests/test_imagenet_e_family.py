@@ -100,8 +100,22 @@ def test_diffusion_fill_and_background_guidance_with_the_world_model():
     assert size_p["fill"] == "diffusion" and size_p["uncovered_share"] > 0
     assert abs(size_p["share"] - 0.05) <= 0.015
     bg_p = out["background_complexity"].params[1]
-    assert bg_p["lambda"] == 200.0 and bg_p["hf_after"] > bg_p["hf_before"]
+    gain = cfg.family_groups()[0].options.background.gain_complexity
+    assert bg_p["lambda"] == 20.0 and bg_p["strength"] == pytest.approx(20.0 * gain)  # the paper's lambda, mapped
+    assert bg_p["hf_after"] > bg_p["hf_before"]
     # The object's own pixels are kept exactly by the background edit.
     edited = np.asarray(out["background_complexity"].images[1])
     assert np.array_equal(edited[mask], np.asarray(img)[mask])
     assert out["size"].unet_evals > 0
+    # rerender_background: the whole background of a geometry edit passes through the loop (as the
+    # original's), not only the uncovered region.
+    overrides["benchmark"]["shifts"] = ["rotation"]
+    overrides["generator"]["options"]["fill"]["rerender_background"] = True
+    cfg = load_config(REPO / "configs" / "world_imagenet_e.yaml", overrides)
+    family = ObjectEditFamily(cfg, cfg.family_groups()[0], "cpu", torch.float32)
+    family.setup()
+    out = family.generate(ctx, ["rotation"], [0.0, 1.0])["rotation"]
+    assert out.params[1]["fill"] == "rerender"
+    far = ~G.dilate(mask | np.asarray(ink_mask(out.images[1], 0.25)), 3)  # away from the old and the turned object
+    changed = np.abs(np.asarray(out.images[1], float) - np.asarray(img, float)).max(-1)
+    assert (changed[far] > 0).mean() > 0.5  # the classical fill would leave these pixels as they were

@@ -9,12 +9,22 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.families.object_edit import GAIN_COMPLEXITY, GAIN_SIMPLICITY
 from pipeline.families.object_edit import geometry as G
+from pipeline.families.object_edit.calibration import (
+    amplitude_gradient,
+    background_amplitude,
+    fit_gain,
+    original_change,
+    original_steps,
+)
 from pipeline.families.object_edit.guidance import (
     DenoiseSettings,
     MaskedDenoiser,
+    complexity_objective,
     fourier_amplitude,
     from_tensor,
+    guidance_strength,
     high_frequency_energy,
     to_tensor,
 )
@@ -37,6 +47,39 @@ def test_fourier_amplitude_by_hand():
     i, j = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
     board = (0.5 + 0.5 * (-1.0) ** (i + j)).float()[None, None]
     assert fourier_amplitude(board).item() == pytest.approx((8.0 + 8.0) / 16.0)
+
+
+def test_objective_per_pixel_count_and_the_lambda_mapping():
+    x = torch.rand(2, 3, 8, 12, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(complexity_objective(x), fourier_amplitude(x) / 96)
+    assert guidance_strength(20.0, 3.0, 0.5) == 60.0 and guidance_strength(-20.0, 3.0, 0.5) == -10.0
+    assert guidance_strength(0.0, 3.0, 0.5) == 0.0
+
+
+def test_the_originals_guidance_by_its_formulas():
+    """Step sizes from guided diffusion's schedule; the amplitude gradient by hand; the change's sign."""
+    steps = original_steps("identity")
+    # 75 of 100 respaced steps run (25 skipped); the respaced betas telescope to abar of the first step run,
+    # timestep round(74 * 999 / 99) = 747 of the 1000-step linear schedule.
+    abar = np.cumprod(1 - np.linspace(1e-4, 0.02, 1000))
+    assert len(steps) == 75 and np.prod(1 - 4 * steps) == pytest.approx(abar[747], rel=1e-9)
+    assert len(original_steps("wiener")) == 74 and original_steps("wiener").sum() < steps.sum() < original_steps("fixed_eps").sum()
+    # d mean|F| / du: numerically against finite differences on a small image.
+    rng = np.random.default_rng(0)
+    u = rng.random((3, 6, 6))
+    g = amplitude_gradient(u)
+    e = np.zeros_like(u)
+    e[1, 2, 3] = 1e-6
+    amp = lambda v: np.abs(np.fft.fft2(v, axes=(-2, -1))).mean()
+    assert g[1, 2, 3] == pytest.approx((amp(u + e) - amp(u - e)) / 2e-6, rel=1e-4)
+    img, mask = _ring_on_texture()
+    up, down = original_change(img, mask, 20.0), original_change(img, mask, -20.0)  # at 256 px, as the original
+    assert up > 0 > down and original_change(img, mask, 0.0, size=64) == 0.0
+    ones = np.ones((4, 4))
+    assert background_amplitude(np.ones((4, 4, 3)), ones) == pytest.approx(1.0)  # the DC term / 16 coefficients
+    # The gain: log-linear between the bracketing strengths; a target beyond the plateau takes the plateau.
+    assert fit_gain([10, 100], [0.1, 0.3], 0.2, 20) == (pytest.approx(np.sqrt(10 * 100) / 20), True)
+    assert fit_gain([10, 100, 1000], [0.5, 0.78, 0.8], 0.9, 20) == (100 / 20, False)
 
 
 def test_high_frequency_energy_of_flat_and_textured_regions():
@@ -110,14 +153,14 @@ def test_guidance_raises_and_lowers_background_detail_and_keeps_the_object(world
     img, mask = _ring_on_texture()
     start = G.classical_fill(img, G.dilate(mask, 1))  # the object removed
     background = ~G.dilate(mask, 2)
-    levels = [0.0, 10.0, 20.0, 40.0, -10.0, -20.0, -40.0]
+    levels = [0.0, 5.0, 10.0, 20.0, -5.0, -10.0, -20.0]  # the paper's lambda, mapped by the calibrated gains
     n = len(levels)
     den = MaskedDenoiser(pipe, DenoiseSettings(steps=10, strength=0.6, guidance_scale=1.0))
     out = den.run(
         to_tensor([start] * n, 32),
         to_tensor([img] * n, 32),
         to_tensor([mask.astype(np.float32)] * n, 32, signed=False),
-        levels,
+        [guidance_strength(lv, GAIN_COMPLEXITY, GAIN_SIMPLICITY) for lv in levels],
         (uncond, uncond),
         seed=1,
     )
@@ -127,13 +170,20 @@ def test_guidance_raises_and_lowers_background_detail_and_keeps_the_object(world
         lv: float(fourier_amplitude(torch.from_numpy(a * background[..., None]).permute(2, 0, 1)[None]))
         for lv, a in images.items()
     }
-    up, down = [0.0, 10.0, 20.0, 40.0], [0.0, -10.0, -20.0, -40.0]
-    # Complexity: background detail and the guided objective rise with the level ...
-    assert all(hf[a] < hf[b] for a, b in itertools.pairwise(up)), hf
+    up, down = [0.0, 5.0, 10.0, 20.0], [0.0, -5.0, -10.0, -20.0]
+    # Complexity: the guided objective rises with the level, and every level adds fine detail (toward the
+    # plateau of lambda 20 the added structure coarsens, so the finest detail need not keep rising) ...
     assert all(amp[a] < amp[b] for a, b in itertools.pairwise(up)), amp
+    assert all(hf[lv] > 2 * hf[0.0] for lv in up[1:]), hf
     # ... simplicity: they fall.
     assert all(hf[a] > hf[b] for a, b in itertools.pairwise(down)), hf
     assert all(amp[a] > amp[b] for a, b in itertools.pairwise(down)), amp
+    # The calibration: lambda = +-20 changes the background's mean |FFT| about as the original's
+    # formulas do (+88 % is beyond the loop's plateau, docs/imagenet_e.md; -1.7 %).
+    bg = (~mask).astype(np.float64)
+    base = background_amplitude(images[0.0], bg)
+    assert 0.5 < (background_amplitude(images[20.0], bg) - base) / base < 1.0
+    assert -0.03 < (background_amplitude(images[-20.0], bg) - base) / base < -0.005
     # The object is kept: mean absolute change inside its mask stays tiny.
     for a in images.values():
         assert float(np.abs(a - img)[mask].mean()) < 0.01

@@ -153,3 +153,44 @@ def test_cli_names_an_unknown_set_folder_with_exit_code_2(tmp_path, capsys):
                  "--output", str(tmp_path / "out"), "--runner", "local", "--source-kind", "imagenet_e"])
     assert code == 2
     assert "'mystery'" in capsys.readouterr().err
+
+
+def test_evaluate_release_with_random_sets_as_easyrobust(tmp_path, monkeypatch):
+    """WordNet-id class folders, the random sets without a level: every 224 px classifier receives
+    easyrobust's transform of every file, config.json records it, rp / rd stay off the level curves."""
+    from test_corruption_imagenet_c import spy_inputs
+    from test_ximagenet_release import assert_fed_each, release_config
+    from torchvision import transforms
+
+    from pipeline.cli import main
+    from pipeline.demo.assets import ensure_tiny_assets
+
+    ensure_tiny_assets()
+    root = tmp_path / "ImageNet-E"
+    rng = np.random.default_rng(1)
+    for s in ("ori", "bg_20", "rp", "rd"):
+        for wnid in ("n01440764", "n01443537"):
+            (root / s / wnid).mkdir(parents=True)
+            Image.fromarray(rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)).save(root / s / wnid / "ILSVRC2012_val_00000001.png")
+    seen = spy_inputs(monkeypatch)
+    out = tmp_path / "out"
+    assert main(["evaluate", str(root), "--config", str(release_config(tmp_path)), "--output", str(out), "--runner", "local"]) == 0
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    easyrobust = {"resize": 256, "crop": 224, "interpolation": "bicubic", "mean": [0.485, 0.456, 0.406],
+                  "std": [0.229, 0.224, 0.225], "shifted_crop_only": False}
+    assert {c["name"]: c["preprocess"] for c in cfg["classifiers"]} == {"resnet224": easyrobust, "tiny-clip-zs": easyrobust}
+    assert sorted(cfg["benchmark"]["shifts"]) == ["background_complexity", "random_direction", "random_position"]
+    # benchmarks/benchmark.py: Resize(int(224 / 0.875), interpolation=3), CenterCrop(224), ToTensor, ImageNet mean/std.
+    original = transforms.Compose([transforms.Resize(int(224 / 0.875), interpolation=transforms.InterpolationMode.BICUBIC),
+                                   transforms.CenterCrop(224), transforms.ToTensor(),
+                                   transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    rows = open_source(str(root), label_space("imagenet")).rows
+    files = [Path(p) for r in rows for p in r["paths"]]
+    for name in ("resnet224", "tiny-clip-zs"):
+        assert_fed_each([x for n, x in seen if n == name], [original(Image.open(f).convert("RGB")) for f in files])
+    table = pd.read_csv(out / "report" / "attributes.csv")
+    assert set(table["attribute"]) == {"background_complexity"}
+    sets = pd.read_csv(out / "report" / "attributes_release_sets.csv")
+    assert sorted(set(sets["attribute"])) == ["random_direction", "random_position"]
+    summary = pd.read_csv(out / "report" / "attributes_summary.csv")
+    assert set(summary["n_published"]) == {1}  # bg 20 only: the random sets are not levels

@@ -103,3 +103,119 @@ def test_folder_masks_of_the_release_any_non_zero_value_is_object(tmp_path):
     std = provider("standard_masks").mask(None, image, info)
     assert raw.sum() == std.sum() == 20 * 24  # the raw mask's label 1 is object, as in the scripts
     assert np.array_equal(raw, std)
+
+
+def release_config(tmp_path: Path) -> Path:
+    """configs/tiny.yaml with an ImageNet-sized timm model (own transform: 224 px, ImageNet mean/std)
+    and CLIP zero-shot; asset paths made absolute."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    raw = yaml.safe_load((repo / "configs" / "tiny.yaml").read_text())
+    by_name = {c["name"]: c for c in raw["classifiers"]}
+    net = dict(by_name["tiny-resnet"], name="resnet224")
+    net["model_kwargs"] = {**net["model_kwargs"], "pretrained_cfg_overlay": {
+        "input_size": [3, 224, 224], "crop_pct": 0.875, "interpolation": "bicubic",
+        "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}  # fmt: skip
+    raw["classifiers"] = [net, by_name["tiny-clip-zs"]]
+
+    def absolute(value):
+        if isinstance(value, dict):
+            return {k: absolute(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [absolute(v) for v in value]
+        return str((repo / "configs" / value).resolve()) if isinstance(value, str) and value.startswith("../") else value
+
+    out = tmp_path / "x12.yaml"
+    out.write_text(yaml.safe_dump(absolute(raw)))
+    return out
+
+
+def keras_input(path: Path, size: int, mean, std):
+    """train.py's input: Keras load_img(path, target_size=(size, size)) -- PIL, RGB, resize with
+    NEAREST to (size, size) -- img_to_array / 255; then the model's normalisation."""
+    import torch
+    from PIL import Image
+
+    img = Image.open(path)
+    img = img.convert("RGB") if img.mode != "RGB" else img
+    img = img.resize((size, size), Image.NEAREST)
+    x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255).permute(2, 0, 1)
+    return (x - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+
+
+def assert_fed_each(received, expected, among=None) -> None:
+    """The received inputs are the expected tensors, as a multiset (an original opens every trajectory);
+    with ``among`` instead, each received input is one of those tensors."""
+    import torch
+
+    if not received:
+        return
+    got = torch.cat(received)
+    want = torch.stack(expected if among is None else among)
+    if among is None:
+        assert got.shape == want.shape
+    free = list(range(len(want)))
+    for x in got:
+        diff = (want[free] - x).abs().flatten(1).amax(dim=1)
+        assert float(diff.min()) < 1e-6, f"an input matches none of the original's (closest differs by {float(diff.min())})"
+        if among is None:
+            free.pop(int(diff.argmin()))
+    assert among is not None or not free
+
+
+def test_evaluate_release_as_the_original(tmp_path, monkeypatch):
+    """Each classifier receives train.py's input of every file it scores; config.json records the transform,
+    the 12-way label space and no mask sample; 1000-way when the config sets labels: imagenet."""
+    import json
+
+    import pandas as pd
+    import torch
+    from test_corruption_imagenet_c import spy_inputs
+
+    from pipeline import cli
+    from pipeline.demo.assets import ensure_tiny_assets
+    from pipeline.labels import label_space
+    from pipeline.sources import open_source
+
+    ensure_tiny_assets()
+    root = make_release(tmp_path / "x12")
+    config = release_config(tmp_path)
+    seen = spy_inputs(monkeypatch)
+    out = tmp_path / "out"
+    assert cli.main(["evaluate", str(root), "--config", str(config), "--output", str(out), "--runner", "local"]) == 0
+
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["benchmark"]["labels"] == "ximagenet12"
+    clf = {c["name"]: c for c in cfg["classifiers"]}
+    imagenet = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    assert clf["resnet224"]["preprocess"] == {"resize": 224, "crop": 224, "interpolation": "nearest", **imagenet,
+                                              "shifted_crop_only": False, "squash": True}
+    clip = clf["tiny-clip-zs"]["preprocess"]
+    assert clip["interpolation"] == "nearest" and clip["squash"] and clip["resize"] == clip["crop"] == 224
+
+    rows = open_source(str(root), label_space("imagenet")).rows
+    files = [Path(p) for r in rows for p in r["paths"]]
+    assert not any(part in {"masks", "standard_masks", "segmented_image_transparent"} for f in files for part in f.parts)
+    for name, (mean, std) in (("resnet224", (imagenet["mean"], imagenet["std"])), ("tiny-clip-zs", (clip["mean"], clip["std"]))):
+        fed = torch.cat([x for n, x in seen if n == name])
+        expected = [keras_input(f, 224, mean, std) for f in files]
+        assert_fed_each([fed[: len(files)]], expected)  # the classify stage, one input per image
+        assert_fed_each([x[None] for x in fed[len(files):]], None, among=expected)  # C'(i) probes: the same inputs
+
+    samples = pd.read_parquet(out / "samples")
+    assert set(samples["shift"]) == {"blur_background", "image_r", "image_rainbow", "random_background",
+                                     "segmented_image", "transparent_image"}
+    preds = pd.read_parquet(out / "predictions")
+    twelve = {44, 46, 124, 147, 153, 277, 393, 405, 479, 480, 486, 928}
+    assert set(preds["top1"]) <= twelve  # the 12-way accuracy: top-1 over the 12 classes' outputs
+    named = pd.read_csv(out / "report" / "release_protocol.csv").set_index("classifier")
+    assert named["comparable"].all()
+    assert "robustness_score" in {a if isinstance(a, str) else a["name"] for a in cfg["aggregate"]["analyses"]}
+
+    # 1000-way: the config sets the label space itself.
+    wide = tmp_path / "wide"
+    assert cli.main(["evaluate", str(root), "--config", str(config), "--output", str(wide), "--runner", "local",
+                     "--set", "benchmark.labels=imagenet", "--classifiers", "resnet224"]) == 0
+    assert json.loads((wide / "config.json").read_text())["config"]["benchmark"]["labels"] == "imagenet"
+    assert not set(pd.read_parquet(wide / "predictions")["top1"]) <= twelve

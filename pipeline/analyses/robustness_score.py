@@ -124,16 +124,20 @@ def fit_probe_cv(x: np.ndarray, y: np.ndarray, folds: np.ndarray, l2: float, ite
 
 
 def frozen_features(clf: Any, images: list[Any]) -> np.ndarray:
-    """Penultimate features of a classifier (timm: pre-logits; open_clip: image embedding), else its logits."""
+    """Penultimate features of a classifier (timm: pre-logits; open_clip: image embedding), else its logits.
+
+    The images go through the classifier's configured input transform (``Classifier.inputs``),
+    the one its accuracies were measured with (a released layout's protocol included).
+    """
     import torch
 
     model = getattr(clf, "model", None)
     with torch.inference_mode():
         if model is not None and hasattr(model, "forward_features") and hasattr(model, "forward_head"):
-            x = torch.stack([clf._preprocess(im) for im in images]).to(clf.device)
+            x = clf.inputs(images).to(clf.device)
             return model.forward_head(model.forward_features(x), pre_logits=True).float().cpu().numpy()
         if model is not None and hasattr(model, "encode_image"):
-            x = torch.stack([clf._preprocess(im) for im in images]).to(clf.device)
+            x = clf.inputs(images).to(clf.device)
             f = model.encode_image(x).float()
             return (f / f.norm(dim=-1, keepdim=True)).cpu().numpy()
         return clf.predict(images).numpy()

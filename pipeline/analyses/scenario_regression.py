@@ -18,7 +18,12 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult
-from pipeline.analyses.robustness_score import ORIGINAL, _originals, _parse, scenario_frames
+from pipeline.analyses.robustness_score import (
+    ORIGINAL,
+    _originals,
+    _parse,
+    scenario_frames,
+)
 
 
 def stars(p: float) -> str:
@@ -63,7 +68,8 @@ def fit(cells: pd.DataFrame, classifiers: list[str]) -> tuple[pd.DataFrame, dict
         p = float(model.pvalues[name])
         rows.append({"variable": label, "estimate": float(model.params[name]), "std_error": float(model.bse[name]),
                      "p_value": p, "significance": stars(p)})
-    info = {"r_squared": round(float(model.rsquared), 4), "n_cells": int(len(data)), "formula": model.model.formula}
+    r2 = float(model.rsquared)  # NaN when every cell has the same accuracy (no variance to explain)
+    info = {"r_squared": None if math.isnan(r2) else round(r2, 4), "n_cells": int(len(data)), "formula": model.model.formula}
     return pd.DataFrame(rows), info
 
 

@@ -27,6 +27,11 @@ class PreprocessSpec(Strict):
     shifted_crop_only: bool = Field(
         False, description="images at a scale > 0 are center-cropped without the resize (ImageNet-C's test.py)"
     )
+    squash: bool = Field(
+        False,
+        description="resize both sides to `resize`, not the shorter one (Keras load_img: XIMAGENET-12's train.py)",
+        exclude_if=lambda v: not v,  # written only when set, so other layouts' recorded transforms stay as they were
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> "PreprocessSpec":

@@ -103,6 +103,7 @@ class Classifier:
         self.where = f"classifiers[{spec.name}]"
         self._label_map = load_label_map(spec.label_map, self.where)
         self._out_to_label: list[int] = []
+        self._keep: list[int] | None = None  # outputs the top-1 ranges over (labels.outputs), None: all
         self.preprocess_choice = spec.preprocess or "model"
         self._input_transform = self._choose_transform(spec.preprocess)
         self._shifted_transform = self._choose_transform(spec.preprocess, shifted=True)
@@ -144,7 +145,11 @@ class Classifier:
     def _map_outputs(self, n_out: int) -> None:
         """Class id of each of ``n_out`` outputs: identity when they match the label space,
         else through ``label_map`` (unmapped outputs get -1)."""
-        if self._label_map is None and self.labels.imagenet_ids is not None and n_out == 1000 != len(self.labels):
+        if self._label_map is None and self.labels.outputs is not None and n_out == len(self.labels):
+            # A space restricted to some classes (XIMAGENET-12's 12-way accuracy): only their outputs compete.
+            self._keep = list(self.labels.outputs)
+            self._out_to_label = list(self.labels.outputs)
+        elif self._label_map is None and self.labels.imagenet_ids is not None and n_out == 1000 != len(self.labels):
             # An ImageNet-1k model over a space of ImageNet id sets (ImageNet-D): the multi-id rule.
             self._out_to_label = self.labels.outputs_from_imagenet(n_out)
         elif self._label_map is None:
@@ -176,7 +181,8 @@ class Classifier:
         for i in range(0, len(images), PREDICT_CHUNK):
             part = None if shifted is None else shifted[i : i + PREDICT_CHUNK]
             x = self.inputs(images[i : i + PREDICT_CHUNK], part).to(self.device)
-            outs.append(self._forward(x).float().cpu())
+            logits = self._forward(x).float().cpu()
+            outs.append(logits[:, self._keep] if self._keep is not None else logits)
         return torch.cat(outs)
 
 
@@ -269,7 +275,7 @@ class OpenClipZeroShot(Classifier):
             spec.model, spec.checkpoint, spec.model_config_file, device, self.where
         )
         if self._label_map is None:
-            ids = list(range(len(self.labels)))
+            ids = list(self.labels.outputs) if self.labels.outputs is not None else list(range(len(self.labels)))
         else:
             keys = sorted(self._label_map)
             if keys != list(range(len(keys))):

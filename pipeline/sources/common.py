@@ -6,7 +6,6 @@ import logging
 import os
 import posixpath
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -66,6 +65,9 @@ class Source:
     notes: list[str] = field(default_factory=list)
     analyses: list[str] = field(default_factory=list)  # analyses the layout calls for (added to the report)
     labels: str | None = None  # label space the class ids index (set by layouts with their own, e.g. imagenet_d)
+    # True: ``labels`` is the layout's default only; a config that sets benchmark.labels keeps its own
+    # (XIMAGENET-12: 12-way by default, 1000-way with ``labels: imagenet``).
+    labels_unless_set: bool = False
 
     @property
     def scales(self) -> list[float]:
@@ -159,8 +161,11 @@ def _group_rows(
 
 
 def _dominant_format(formats: Iterable[str]) -> str:
-    counts = Counter(f for f in formats if f in ("png", "jpg"))
-    return counts.most_common(1)[0][0] if counts else "png"
+    """The format the output stores the source's images in: ``jpg`` when every image is a JPEG
+    (passed through byte for byte), else ``png``.  Re-encoding a PNG (or WebP, BMP) to JPEG
+    would change the pixels a classifier sees; a JPEG's decoded pixels survive PNG exactly."""
+    seen = set(formats)
+    return "jpg" if seen == {"jpg"} else "png"
 
 
 def _share_scale0(groups: dict[tuple[str, int, int], dict[float, _Image]]) -> int:

@@ -24,6 +24,11 @@ set folder name                                 attribute, level (the ``object_e
 ``rd``, ``ro``, ``random_direction``, ``rotate``  ``random_direction`` (no level)
 ==============================================  ==============================================
 
+Evaluation protocol (:data:`PROTOCOL`, ``docs/protocol.md``): easyrobust evaluates every
+model with ``Resize(int(224 / 0.875))`` bicubic, ``CenterCrop(224)``, ImageNet mean/std,
+top-1 over the 1000 classes; a 224 px classifier gets that transform, a model of another
+input size (the world's 32 px digits) its own.
+
 Levels are the ``object_edit`` family's default mapping (:func:`pipeline.families.object_edit.level_of`),
 so a released set and a build with default options share their level axis.  The random
 position and random direction sets have no physical level (each image got its own random
@@ -51,6 +56,24 @@ from collections import defaultdict
 from typing import Any
 
 from pipeline.labels import LabelSpace
+from pipeline.protocol import CNS_CLASSIFIER, Preprocess
+from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
+
+
+def easyrobust_input(own: Preprocess | None) -> Preprocess | str:
+    """easyrobust's evaluation transform (``Resize(256)`` bicubic, ``CenterCrop(224)``, ImageNet mean/std)
+    for a 224 px model; a model of another input size, or one that cannot state its own, keeps its own."""
+    return CNS_CLASSIFIER if own is not None and own.crop == CNS_CLASSIFIER.crop else MODEL
+
+
+PROTOCOL = ReleaseProtocol(
+    name="imagenet_e",
+    original="alibaba/easyrobust benchmarks/benchmark.py",
+    preprocess={ANY_KIND: easyrobust_input},
+    accuracy="top-1 over the 1000 ImageNet classes",
+    metric="top-1 accuracy per attribute and level, its drop against the originals; the random position / "
+    "direction sets apart from the levels",
+)
 
 LEVELS_FILE = "levels.json"
 ORIGINAL = ("ori", "original", "originals", "clean", "imagenet", "val")
@@ -258,4 +281,4 @@ def load_imagenet_e(location: str, labels: LabelSpace):
         notes.append(f"{lonely} edited image(s) have no original in the originals set (no level 0)")
     names = {c: labels.name(c) for c in stems}
     rows = _group_rows(dict(groups), names)
-    return Source("imagenet_e", location, rows, _dominant_format(formats), notes)
+    return Source("imagenet_e", location, rows, _dominant_format(formats), notes, analyses=["attributes"])

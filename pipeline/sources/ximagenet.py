@@ -28,6 +28,16 @@ whose only sub-folder carries its own name is read one level down.
 Class folders renamed ``0`` .. ``11``, as the original training script (``train.py``)
 tells its users, say nothing about which class is which: they are refused (SourceError,
 exit 2) with the WordNet ids to rename them to.
+
+Evaluation protocol (:data:`PROTOCOL`, ``docs/protocol.md``): the paper's classifiers are
+12-way models trained on the originals, fed by Keras ``load_img(fn, target_size=(224,
+224))`` (both sides resized, nearest neighbour, no crop) and ``/ 255``.  Here the accuracy
+is 12-way by default -- the source's label space ``ximagenet12``: an ImageNet-1k model's
+top-1 over the 12 classes' outputs -- and 1000-way when the config sets
+``benchmark.labels: imagenet`` itself; every classifier that can state its own transform
+gets ``train.py``'s geometry (squashed to its input size, 224 for ImageNet models, nearest,
+no crop) with its own normalisation (the ImageNet models carry theirs outside the network,
+the paper's Keras models inside); kinds that cannot state theirs keep their own.
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ from collections import defaultdict
 from typing import Any
 
 from pipeline.labels import LabelSpace
+from pipeline.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
 # The 12 classes: WordNet id -> (ImageNet-1k index, the paper's name).  The wnids are the
 # folder names of the repository's scripts and annotation counts (n01689811, n02992211,
@@ -90,6 +102,29 @@ MASK_FOLDERS = ("masks", "standard_masks", "segmented_image_transparent")
 BARE_NUMBER = re.compile(r"\d+")  # matched whole (fullmatch)
 IMAGE_ID = re.compile(r"(n\d{8}_\d+)")
 _SUFFIXES = ("_segmented", "_transparent", "_blur", "_bright")
+
+
+KERAS_SIZE = 224  # train.py: target_size = (224, 224, 3)
+
+
+def keras_input(own: Preprocess | None) -> Preprocess | str:
+    """``train.py``'s input -- ``load_img(target_size)``: both sides resized, nearest, no crop, in [0, 1] --
+    at the model's input size with the model's normalisation; ``"model"`` where the kind cannot state its own."""
+    if own is None:
+        return MODEL
+    size = own.crop or KERAS_SIZE
+    return Preprocess(size, size, "nearest", tuple(own.mean or IMAGENET_MEAN), tuple(own.std or IMAGENET_STD), squash=True)
+
+
+PROTOCOL = ReleaseProtocol(
+    name="ximagenet",
+    original="XImageNet-12/XIMAGENET-12 explainable-ai-imagenet-12/train.py",
+    preprocess={ANY_KIND: keras_input},
+    accuracy="12-way: top-1 over the 12 classes' ImageNet outputs (the paper's 12-class models); "
+    "1000-way when the config sets benchmark.labels: imagenet",
+    metric="accuracy per scenario; the robustness score over Table 2's eight scenarios",
+    notes=("XIMAGENET-12 originals are ImageNet training images: mu of an ImageNet classifier is a training-set accuracy",),
+)
 
 
 def normalise(name: str) -> str:
@@ -233,9 +268,10 @@ def load_ximagenet(location: str, labels: LabelSpace):
     names = {cid: labels.name(cid) for (_, cid, _) in groups}
     notes = [f"{unmatched} scenario image(s) without an original of the same id were skipped"] if unmatched else []
     notes += _mask_notes(fs, root, originals)
-    src = Source("ximagenet", location, _group_rows(groups, names), _dominant_format(formats), notes,
-                 analyses=["robustness_score", "scenario_regression"])
-    return src
+    twelve = labels.key in ("imagenet", "ximagenet12")  # the 12-way accuracy needs ImageNet-1k ids
+    return Source("ximagenet", location, _group_rows(groups, names), _dominant_format(formats), notes,
+                  analyses=["robustness_score", "scenario_regression"],
+                  labels="ximagenet12" if twelve else None, labels_unless_set=twelve)
 
 
 def _mask_notes(fs: Any, root: str, originals: dict[int, dict[str, str]]) -> list[str]:
@@ -250,8 +286,9 @@ def _mask_notes(fs: Any, root: str, originals: dict[int, dict[str, str]]) -> lis
         have |= {image_key(p) for p in fs.ls(cdir, detail=False) if p.lower().endswith(".png")}
     total = sum(len(files) for files in originals.values())
     with_mask = sum(1 for files in originals.values() for key in files if key in have)
-    return [
+    note = (
         f"mask folders {', '.join(skipped)} are not scenarios; masks are read from "
         f"{posixpath.basename(folder.rstrip('/'))}/ ({with_mask} of {total} originals have one; any non-zero value "
         f"is object): source.masks {{kind: folder, path: {folder}}}"
-    ]
+    )
+    return [note]

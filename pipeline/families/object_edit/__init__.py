@@ -12,8 +12,9 @@ shift                      physical parameter at level ``s``                    
 ``position``               offset of the object's centre, ``s * max_offset``       ``position.max_offset`` 0.25
                            image sides, direction from the unit's seed
 ``rotation``               ``s * max_degrees`` counter-clockwise                   ``rotation.max_degrees`` 90
-``background_complexity``  guidance strength ``+s * max_lambda``                  ``background.max_lambda`` 20
-``background_simplicity``  guidance strength ``-s * max_lambda``                  (same)
+``background_complexity``  lambda ``+s * max_lambda`` (the original's units,       ``background.max_lambda`` 20
+                           mapped by calibrated gains, :mod:`.calibration`)
+``background_simplicity``  lambda ``-s * max_lambda``                             (same)
 =========================  =====================================================  =========================
 
 With the default grid (0, 0.25, 0.5, 0.7, 1) the published ImageNet-E levels are
@@ -41,6 +42,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pipeline.families.base import Family, ShiftImages, UnitContext
 
 GEOMETRY = ("size", "position", "rotation")
+# Guidance strength per unit of lambda, calibrated on the world model (32 px) so that lambda
+# = +20 / -20 changes the background's mean Fourier amplitude as the original's formulas do
+# (pipeline/families/object_edit/calibration.py; docs/imagenet_e.md records the numbers).
+GAIN_COMPLEXITY = 2.0e4  # the loop's plateau: the original's +88 % lies beyond its reach (+78 %)
+GAIN_SIMPLICITY = 68.8  # -1.7 %, as the original's formulas
 BACKGROUND = {"background_complexity": 1.0, "background_simplicity": -1.0}
 ATTRIBUTES = GEOMETRY + tuple(BACKGROUND)
 # Released ImageNet-E sets without a physical level: random position and random direction
@@ -79,13 +85,24 @@ class RotationOptions(_Strict):
 
 
 class BackgroundOptions(_Strict):
-    max_lambda: float = Field(20.0, gt=0, description="guidance strength at level 1 (ImageNet-E: 20)")
+    max_lambda: float = Field(20.0, gt=0, le=30, description="lambda at level 1, the original's units (ImageNet-E: 20)")
+    gain_complexity: float = Field(
+        GAIN_COMPLEXITY, gt=0, description="strength per unit of positive lambda (calibrated: docs/imagenet_e.md)"
+    )
+    gain_simplicity: float = Field(
+        GAIN_SIMPLICITY, gt=0, description="strength per unit of negative lambda (calibrated: docs/imagenet_e.md)"
+    )
     steps: int | None = Field(None, ge=1, description="schedule length; default generator.steps")
     strength: float = Field(0.5, gt=0, le=1, description="share of the schedule run from the noised background")
 
 
 class FillOptions(_Strict):
     kind: Literal["diffusion", "classical"] = Field("diffusion", description="how uncovered background is filled")
+    rerender_background: bool = Field(
+        False,
+        description="geometry edits: pass the whole background through the diffusion loop (lambda 0), as the "
+        "original does for every set; false: only the uncovered region is regenerated",
+    )
     dilation: int = Field(1, ge=0, le=64, description="pixels the old object region is grown before filling")
     steps: int | None = Field(None, ge=1, description="diffusion fill: schedule length; default generator.steps")
     strength: float = Field(0.6, gt=0, le=1, description="diffusion fill: share of the schedule run")
@@ -110,6 +127,8 @@ class ObjectEditOptions(_Strict):
     def _sizes(self) -> ObjectEditOptions:
         if self.size.tolerance >= min(self.size.share_from, self.size.share_to):
             raise ValueError("size.tolerance must be smaller than both target shares")
+        if self.fill.rerender_background and self.fill.kind != "diffusion":
+            raise ValueError("fill.rerender_background needs fill.kind: diffusion (the background passes through the model)")
         return self
 
 
@@ -239,7 +258,10 @@ class ObjectEditFamily(Family):
     # ---------------------------------------------------------------- work
     def generate(self, ctx: UnitContext, shifts: list[str], scales: list[float]) -> dict[str, ShiftImages]:
         from pipeline.families.object_edit import geometry as G
-        from pipeline.families.object_edit.guidance import high_frequency_energy
+        from pipeline.families.object_edit.guidance import (
+            guidance_strength,
+            high_frequency_energy,
+        )
 
         start_time = time.perf_counter()
         opts: ObjectEditOptions = self.options
@@ -278,7 +300,9 @@ class ObjectEditFamily(Family):
                 key = (shift, lv)
                 p: dict[str, Any] = {"attribute": shift, "level": lv, **common, **physical(shift, lv, opts)}
                 if shift in BACKGROUND:
-                    guide_rows.append((key, (background, image, mask.astype(np.float32), p["lambda"])))
+                    bg = opts.background
+                    p["strength"] = guidance_strength(p["lambda"], bg.gain_complexity, bg.gain_simplicity)
+                    guide_rows.append((key, (background, image, mask.astype(np.float32), p["strength"])))
                     params[key] = p
                     continue
                 if shift == "size":
@@ -294,12 +318,12 @@ class ObjectEditFamily(Family):
                 composed = G.composite(layer, background)
                 uncovered = hole & ~layer.mask
                 p["uncovered_share"] = round(G.area_share(uncovered), 6)
-                if opts.fill.kind == "diffusion" and uncovered.any():
-                    keep_alpha = np.maximum(layer.alpha, (~hole).astype(np.float32))
-                    fill_rows.append((key, (composed, composed, keep_alpha, 0.0)))
+                if opts.fill.kind == "diffusion" and (uncovered.any() or opts.fill.rerender_background):
+                    keep = layer.alpha if opts.fill.rerender_background else np.maximum(layer.alpha, (~hole).astype(np.float32))
+                    fill_rows.append((key, (composed, composed, keep, 0.0)))
                 else:
                     images[key] = composed
-                p["fill"] = opts.fill.kind
+                p["fill"] = "rerender" if opts.fill.rerender_background else opts.fill.kind
                 params[key] = p
 
         evals = 0

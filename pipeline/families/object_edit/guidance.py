@@ -15,8 +15,13 @@ noised part of the way (``skip_timesteps``), and at every step
   noised to the current step, and at the end the object's pixels are pasted back.
 
 Here the same loop runs on a latent diffusion model (SD2 or the miniature world's):
-``x0`` is decoded by the VAE, the objective is computed on the decoded image and its
-gradient flows back through the VAE decoder and the UNet to the latent.  The guided
+``x0`` is decoded by the VAE, the objective -- the original's divided by the pixel count
+(:func:`complexity_objective`) -- is computed on the decoded image and its gradient flows
+back through the VAE decoder and the UNet to the latent.  The level lambda is given in
+the original's units and mapped to the strength used here by :func:`guidance_strength`,
+whose two gains (positive and negative lambda) are calibrated so that lambda = +-20
+changes the background's mean Fourier amplitude by as much as the original's formulas do
+on the same reference images (:mod:`.calibration`).  The guided
 noise prediction is ``eps - sqrt(1 - abar_t) * grad`` (score-function guidance, the
 DDIM form of guided diffusion's ``cond_fn``), followed by a deterministic DDIM update
 from ``abar_t`` to ``abar_prev``.  Both v-prediction (SD2) and epsilon models are
@@ -53,6 +58,16 @@ def fourier_amplitude(images01: torch.Tensor) -> torch.Tensor:
     ``images01``: [B, C, H, W] in [0, 1].  Returns [B].
     """
     return torch.fft.fftn(images01, dim=(-2, -1)).abs().mean(dim=(1, 2, 3))
+
+
+def complexity_objective(images01: torch.Tensor) -> torch.Tensor:
+    """The guided objective: :func:`fourier_amplitude` divided by the pixel count H * W.  [B, C, H, W] -> [B]."""
+    return fourier_amplitude(images01) / (images01.shape[-2] * images01.shape[-1])
+
+
+def guidance_strength(lam: float, gain_complexity: float, gain_simplicity: float) -> float:
+    """The strength applied to :func:`complexity_objective` for the original's lambda (gain per sign)."""
+    return float(lam) * (gain_complexity if lam > 0 else gain_simplicity)
 
 
 def high_frequency_energy(image: np.ndarray, region: np.ndarray | None = None, sigma: float = 1.0) -> float:
@@ -126,9 +141,10 @@ class MaskedDenoiser:
         ``start``, ``keep``: [B, 3, H, W] in [-1, 1] at the model's resolution (``start`` is
         the image the edited region starts from, e.g. the background with the object
         removed; ``keep`` the image whose content is preserved); ``keep_alpha``:
-        [B, 1, H, W] in [0, 1].  ``levels``: the signed guidance strength (lambda) of each
-        row, 0 for plain inpainting.  The same noise (from ``seed``) is used for every row,
-        so rows that differ only in their level differ only by the guidance.  Returns
+        [B, 1, H, W] in [0, 1].  ``levels``: the signed guidance strength of each row
+        (:func:`guidance_strength` of its lambda), 0 for plain inpainting.  The same noise
+        (from ``seed``) is used for every row, so rows that differ only in their level
+        differ only by the guidance.  Returns
         [B, 3, H, W] in [-1, 1], with the kept region pasted back exactly.
         """
         pipe = self.pipe
@@ -165,7 +181,7 @@ class MaskedDenoiser:
                     z_in = z.clone().requires_grad_(True)
                     x0, eps = self._predict(z_in, t, neg, pos, abar)
                     img = (self.decode(x0.to(dtype)).float().clamp(-1, 1) + 1) / 2
-                    objective = (lam * fourier_amplitude(img)).sum()
+                    objective = (lam * complexity_objective(img)).sum()
                     grad = torch.autograd.grad(objective, z_in)[0]
                 eps = eps.detach() - (1 - abar).sqrt() * grad.to(eps.dtype)
                 x0 = (z - (1 - abar).sqrt() * eps) / abar.sqrt()
