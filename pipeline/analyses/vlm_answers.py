@@ -52,8 +52,8 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result = AnalysisResult(title="Vision-language models: answers")
     result.tables["vlm_answers"] = table
     per_clf = {}
-    lines = ["<p>Accuracy = TRUE / (TRUE + FALSE); answers naming several options or none are excluded "
-             "(counted, not scored), as ImageNet-D's VQA evaluation.</p>"]
+    lines = [("<p>Accuracy = TRUE / (TRUE + FALSE); answers naming several options or none are excluded "
+              "(counted, not scored), as ImageNet-D's VQA evaluation.</p>")]
     for spec in (c for c in ctx.config.classifiers if c.kind == "vlm"):
         t = table[table["classifier"] == spec.name]
         n_true, n_false, n_x = int(t["n_true"].sum()), int(t["n_false"].sum()), int(t["n_excluded"].sum())

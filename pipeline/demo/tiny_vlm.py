@@ -12,8 +12,9 @@ tower and learns to answer.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<image>"]
 CHAT_TEMPLATE = (
@@ -36,7 +37,14 @@ def words_of(texts: Iterable[str]) -> list[str]:
 
 def make_tokenizer(vocabulary: Iterable[str]):
     """A word-level fast tokenizer over ``vocabulary`` (lower-cased, split on words and punctuation)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     words = words_of([*vocabulary, ", . : ?"])  # option lists are comma-separated

@@ -19,14 +19,21 @@ answer is excluded), ``p_true`` 1 / 0 (NaN when excluded).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace, label_space
-from pipeline.models.vqa_protocols import Question, Scored, build_protocol, distractor_classifier, sample_seed
+from pipeline.models.vqa_protocols import (
+    Question,
+    Scored,
+    build_protocol,
+    distractor_classifier,
+    sample_seed,
+)
 
 GENERATE_CHUNK = 32  # images per generate() call
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, ClassVar
 
 from pipeline.registry import VQA_PROTOCOLS
 
@@ -178,7 +179,7 @@ class Protocol:
     """Base: parameters (``params``, resolved with defaults) plus :meth:`ask` and :meth:`score`."""
 
     kind: str = ""
-    defaults: dict[str, Any] = {}
+    defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: dict[str, Any]) -> None:
         self.params = params
@@ -213,7 +214,7 @@ class Protocol:
 
 class TwoChoice(Protocol):
     kind = "two_choice"
-    defaults = {
+    defaults: ClassVar[dict[str, Any]] = {
         "prompt": IMAGENET_D_PROMPT,
         "distractors": None,
         "order": "original",
@@ -250,7 +251,7 @@ class TwoChoice(Protocol):
 
 class MultipleChoice(Protocol):
     kind = "multiple_choice"
-    defaults = {
+    defaults: ClassVar[dict[str, Any]] = {
         "prompt": IMAGENET_D_PROMPT,
         "k": 4,
         "distractors": "labels",
@@ -277,7 +278,9 @@ class MultipleChoice(Protocol):
 
 class Open(Protocol):
     kind = "open"
-    defaults = {"prompt": OPEN_PROMPT, "temperature": 0.2, "max_new_tokens": 512, "synonyms": "imagenet_d"}
+    defaults: ClassVar[dict[str, Any]] = {
+        "prompt": OPEN_PROMPT, "temperature": 0.2, "max_new_tokens": 512, "synonyms": "imagenet_d",
+    }
 
     def ask(self, truth, names, sample_id, ranked=None, released=None) -> Question:
         return Question(self.params["prompt"], truth, names[truth], tuple(range(len(names))), tuple(names))

@@ -86,7 +86,12 @@ def _pixels(x: torch.Tensor) -> torch.Tensor:
 def train_world_vlm(world: Path, out: Path, settings: dict[str, Any] = SETTINGS, echo=print) -> dict[str, Any]:
     from transformers import LlavaForConditionalGeneration
 
-    from pipeline.demo.tiny_vlm import build_tiny_llava, make_processor, make_tokenizer, tiny_llava_config
+    from pipeline.demo.tiny_vlm import (
+        build_tiny_llava,
+        make_processor,
+        make_tokenizer,
+        tiny_llava_config,
+    )
     from pipeline.models.vqa_protocols import IMAGENET_D_PROMPT
 
     start = time.perf_counter()
@@ -164,7 +169,7 @@ def train_world_vlm(world: Path, out: Path, settings: dict[str, Any] = SETTINGS,
             order: _held_out_accuracy(model, processor, x[te], y[te], names, order) for order in ("original", "shuffled")
         },
         "train_seconds": round(time.perf_counter() - start, 1),
-        "vision_tower": "world CLIP image tower (clip/world-clip.pt), frozen; max feature difference %.2e" % gap,
+        "vision_tower": f"world CLIP image tower (clip/world-clip.pt), frozen; max feature difference {gap:.2e}",
     }
     build_tiny_llava(out, [IMAGENET_D_PROMPT, *names], model=model.half(), image_size=vcfg["image_size"],
                      patch_size=vcfg["patch_size"], mean=OPENAI_MEAN, std=OPENAI_STD)
