@@ -304,6 +304,15 @@ def pack(footprints: Sequence[Footprint], budget: int) -> list[list[int]]:
     return sorted(sorted(g) for g in groups)
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_alone(name: str, needs_gb: float, budget_gb: float) -> None:
+    """Once per process: a classifier larger than the budget."""
+    log.warning(
+        "classifier %s needs about %.1f GB, more than resources.classify.memory_budget_gb (%g): it runs alone",
+        name, needs_gb, budget_gb,
+    )
+
+
 def _asks(kind: str) -> bool:
     """Whether classifiers of ``kind`` answer questions drawn from the other classifiers' rankings (vlms)."""
     from pipeline import registry
@@ -327,10 +336,7 @@ def classifier_groups(cfg: "BuildConfig") -> list[list[int]]:
     budget = int(budget_gb * GB)
     for f in footprints:
         if group_bytes([f]) > budget:
-            log.warning(
-                "classifier %s needs about %.1f GB, more than resources.classify.memory_budget_gb (%g): "
-                "it runs alone", f.name, group_bytes([f]) / GB, budget_gb,
-            )
+            _warn_alone(f.name, round(group_bytes([f]) / GB, 1), budget_gb)
     asks = [_asks(spec.kind) for spec in cfg.classifiers]
     groups = []
     for last in (False, True):
