@@ -42,7 +42,7 @@ BASE_CONFIG = ROOT / "configs" / "cns_bench.yaml"
 EXTRA_SHIFTS = ["dust_storm", "fog", "autumn_style", "night"]
 STAGES = ("generate", "filter", "classify", "write")
 GPU_STAGES = ("generate", "filter", "classify")
-PROJECTED = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # GPU counts the efficiency is projected at
+PROJECTED = (4, 8, 16, 32, 64, 128, 256, 512)  # GPU counts the efficiency is projected at
 EFFICIENCY_FILE = ROOT / "pipeline" / "data" / "scale_efficiency.json"
 QUARTER = 0.25
 
@@ -384,11 +384,11 @@ def project(result: dict, layout: dict, cfg_counts: dict, n_target: int, gpu_uni
     aux = layout["aux_fraction"]
     filter_share = layout["filter_unit_s"] / (layout["filter_unit_s"] + layout["classify_unit_s"])
     lay = pool_layout(n_target, aux, filter_share)
-    g = lay["generate"][0]
+    g, g_share = lay["generate"]
     a = (lay["filter"][0] + lay["classify"][0]) * QUARTER
     units = cfg_counts["units"]
     waves = math.ceil(units / g) / (units / g)  # the last wave of units leaves generators idle
-    bound = 1.0 / (n_target * max((1 - aux) * waves / g, aux / a))
+    bound = 1.0 / (n_target * max((1 - aux) * waves / (g * g_share), aux / a))
     images_per_s = n_target * bound * cfg_counts["images_per_unit"] / gpu_unit_s
     cpu = result["cpu_s_per_1000_images"]
     load = max(cpu["driver"], cpu["ray_data_scheduling"], cpu["writer"] / max(1, result["writers"])) * images_per_s / 1000
@@ -604,8 +604,10 @@ def main(argv: list[str] | None = None) -> dict:
 def save_efficiency(result: dict, command: str) -> None:
     """The projected efficiencies, for ``cnsbench estimate`` (``pipeline/data/scale_efficiency.json``)."""
     data = {
-        "source": f"`{command}` (docs/scale.md): the pool layout's bound at each GPU count, capped by the "
-                  f"driver's, Ray Data's and the writers' CPU-seconds per image measured on the simulated cluster",
+        "source": "bench/scale.py's projection (docs/scale.md)",
+        "method": "the pool layout's bound at each GPU count, capped by the driver's, Ray Data's and the "
+                  "writers' CPU-seconds per image measured on the simulated cluster",
+        "command": command,
         "efficiency": result["projected_efficiency"],
         "simulated": {"gpus": result["gpus"], "images": result["images"], "efficiency": result["efficiency"],
                       "cpu_s_per_1000_images": result["cpu_s_per_1000_images"]},

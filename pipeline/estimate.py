@@ -171,7 +171,9 @@ def efficiency_at(n_gpus: int) -> tuple[float, str]:
         return 1.0, "no simulated-cluster measurement (pipeline/data/scale_efficiency.json): 1.0 assumed"
     data = _load("scale_efficiency.json")
     points = sorted((int(k), float(v)) for k, v in data["efficiency"].items())
-    if n_gpus <= points[0][0]:
+    if n_gpus < points[0][0]:
+        return points[0][1], data["source"] + f"; below {points[0][0]} GPUs its {points[0][0]}-GPU value"
+    if n_gpus == points[0][0]:
         return points[0][1], data["source"]
     for (n0, e0), (n1, e1) in zip(points, points[1:]):
         if n_gpus <= n1:
