@@ -36,6 +36,10 @@ GB = 1024**3
 # about the CUDA context and the allocator's cache (BENCHMARKS.md, classifier groups).
 RUNTIME_BYTES = 1024**3
 ACTIVATION_FACTOR = 2.0  # tensors alive around the largest module call (residual stream, allocator slack)
+# The UNet and VAE keep more alive around their largest call (norms, skip connections): 2.5x
+# matches the H100 measurements in BENCHMARKS.md (0.143 GiB per UNet sample, 1.34 GiB per
+# decoded 768 px image in bf16; projected 0.124 and 1.41 GiB).
+GENERATE_ACTIVATION_FACTOR = 2.5
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CLASSIFIER_DTYPE = "float32"  # classifiers run in float32 (pipeline.models.classifiers)
 
@@ -427,7 +431,7 @@ def _generate_bytes(cfg: "BuildConfig", dtype_bytes: int) -> int:
     latent = vae.config.latent_channels
     vae_peak = meta_forward_peak(vae, (1, latent, side, side), call=lambda x: vae.decode(x)) * batch
     weights = sum(_params(m) for m in parts.values()) * dtype_bytes
-    return RUNTIME_BYTES + weights + int(max(unet_peak, vae_peak) * ACTIVATION_FACTOR * dtype_bytes / 4)
+    return RUNTIME_BYTES + weights + int(max(unet_peak, vae_peak) * GENERATE_ACTIVATION_FACTOR * dtype_bytes / 4)
 
 
 def project_stage_memory(cfg: "BuildConfig", device: str = "cuda") -> dict[str, int | None]:
