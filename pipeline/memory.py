@@ -10,8 +10,11 @@ CUDA context.
 
 :func:`classifier_groups` packs the classifiers into groups whose projected memory fits
 ``resources.classify.memory_budget_gb`` (first fit, largest first; each group keeps the
-config's order); each group runs in its own classify actor pool
-(:func:`pipeline.stages.classify.classify_specs`).
+config's order; vlms apart, last); each group runs in its own classify actor pool
+(:func:`pipeline.stages.classify.classify_specs`).  :func:`project_stage_memory` gives each
+stage's actor (``cnsbench validate`` prints it).  A classifier's footprint is kept in
+``$XDG_CACHE_HOME/cnsbench/footprints.json`` (default ``~/.cache``), keyed by its spec, the
+batch and the model libraries' versions, so a large zoo is measured once per machine.
 """
 
 from __future__ import annotations
