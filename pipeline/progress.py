@@ -13,8 +13,8 @@ line is written at most every ``interval`` seconds (``CNSBENCH_PROGRESS_INTERVAL
 default 10) and once at the end, so logs stay short at any benchmark size.
 
 Verbosity: Ray Data's own per-operator progress bars and its execution logs, the tqdm
-bars of model libraries, Ray's notice that a new local cluster uses token authentication
-(:func:`quiet_local_ray`) and the error-level line Ray's core worker writes for every actor
+bars of model libraries, Ray's notices about a new local cluster (token authentication,
+Ray Data's reservation warning: :func:`quiet_local_ray`) and the error-level line Ray's core worker writes for every actor
 pool (:data:`NATIVE_NOISE`, :func:`native_stderr_filtered`) are noise next to this line;
 they stay quiet unless ``cnsbench -v`` (:func:`set_verbose`).  This is the one place that
 decides what third-party output a command shows.
@@ -94,20 +94,25 @@ class _DropMessages(logging.Filter):
         return not any(f in record.getMessage() for f in self.fragments)
 
 
-# Ray turns token authentication on for every new local cluster (the protection stays) and
-# says so in a warning each time; its other authentication messages still show.
-RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-RAY_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+# What Ray's Python loggers say about every new local cluster that init_ray starts, shown
+# only with -v: (logger, message start).  Token authentication is on for such a cluster (the
+# protection stays; Ray's other authentication messages still show).  The cluster is sized
+# for one actor of every pool, so Ray Data's starvation warning there comes from its
+# reservation policy (a share of the CPUs per operator), not from a pool that cannot start.
+LOCAL_RAY_NOTICES = (
+    ("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray cluster"),
+    ("ray.data._internal.execution.resource_manager", "Cluster resources are not enough to run any task from"),
+)
 
 
 def quiet_local_ray() -> None:
-    """Before a new local ``ray.init()``: without ``-v``, Ray's notice that the new cluster
-    uses token authentication (:data:`RAY_AUTH_NOTICE`) is not shown."""
-    logger = logging.getLogger(RAY_AUTH_LOGGER)
-    for f in [f for f in logger.filters if isinstance(f, _DropMessages)]:
-        logger.removeFilter(f)
-    if not _VERBOSE:
-        logger.addFilter(_DropMessages(RAY_AUTH_NOTICE))
+    """Before a new local ``ray.init()``: without ``-v``, the :data:`LOCAL_RAY_NOTICES` are not shown."""
+    for name, notice in LOCAL_RAY_NOTICES:
+        logger = logging.getLogger(name)
+        for f in [f for f in logger.filters if isinstance(f, _DropMessages)]:
+            logger.removeFilter(f)
+        if not _VERBOSE:
+            logger.addFilter(_DropMessages(notice))
 
 
 # Lines that native code writes straight to this process's stderr (no logger to quieten),

@@ -163,31 +163,33 @@ def test_native_stderr_noise_is_dropped_and_everything_else_kept(capfd, monkeypa
     assert capfd.readouterr().err == noise.decode()
 
 
-def test_rays_token_authentication_notice_shows_only_with_verbose(monkeypatch, caplog):
-    """A new local cluster keeps Ray's token authentication; its notice saying so needs -v."""
+@pytest.mark.parametrize("index", [0, 1], ids=["token_auth", "starvation"])
+def test_rays_notices_about_a_new_local_cluster_show_only_with_verbose(index, monkeypatch, caplog):
+    """Token authentication stays on, the cluster is sized for every pool: Ray's notices
+    saying so need -v; other messages of the same loggers still show."""
     import logging
 
     from pipeline import progress
 
     import ray  # noqa: F401  (Ray's own logging set-up, as in a build)
 
-    logger = logging.getLogger(progress.RAY_AUTH_LOGGER)
+    name, start = progress.LOCAL_RAY_NOTICES[index]
+    logger = logging.getLogger(name)
     monkeypatch.setattr(logger, "handlers", [caplog.handler])  # whether or not Ray's loggers propagate
-    notice = progress.RAY_AUTH_NOTICE + ". Set RAY_AUTH_MODE=disabled to opt out."
+    notice = start + " ... (the rest of Ray's message)"
     monkeypatch.setattr(progress, "_VERBOSE", False)
     progress.quiet_local_ray()
     with caplog.at_level(logging.WARNING):
         logger.warning(notice)
         logger.warning("Token authentication is disabled for this Ray cluster. Anyone with network access ...")
-    assert [r.getMessage() for r in caplog.records] == [
-        "Token authentication is disabled for this Ray cluster. Anyone with network access ..."
-    ]
+    shown = {r.getMessage() for r in caplog.records}
+    assert shown == {"Token authentication is disabled for this Ray cluster. Anyone with network access ..."}
     caplog.clear()
     monkeypatch.setattr(progress, "_VERBOSE", True)
     progress.quiet_local_ray()
     with caplog.at_level(logging.WARNING):
         logger.warning(notice)
-    assert [r.getMessage() for r in caplog.records] == [notice]
+    assert {r.getMessage() for r in caplog.records} == {notice}
 
 
 def test_model_libraries_progress_bars_are_off_without_verbose(monkeypatch):
