@@ -226,6 +226,23 @@ def test_masked_scenario_config_errors():
     assert any("source.masks.options.treshold" in p for p in missing_assets(cfg))
 
 
+def test_random_background_class_lies_outside_the_benchmark_and_the_source_prepares_it():
+    from pipeline.assets import missing_assets
+    from pipeline.config import load_config
+    from pipeline.families.base import extra_source_classes
+    from pipeline.families.masked_scenario import resolve_background_class
+    from pipeline.labels import label_space
+
+    world = Path(__file__).resolve().parents[1] / "configs" / "world_ximagenet.yaml"
+    assert extra_source_classes(load_config(world)) == [9]  # 'nine', n02123159's stand-in: its tokens are installed
+    inside = load_config(world, {"generator": {"options": {"background_class": "two"}}})
+    assert any("class 2 (two) is a class of the benchmark" in p for p in missing_assets(inside))
+    wnid = load_config(world, {"generator": {"options": {"background_class": "n02123159"}}})
+    assert any("is not ImageNet-1k" in p for p in missing_assets(wnid))
+    assert extra_source_classes(load_config(world, {"generator": {"options": {"background_class": None}}})) == []
+    assert resolve_background_class("n02123159", label_space("imagenet")) == 282  # tiger cat, outside the 12
+
+
 @pytest.mark.skipif(not (Path(__file__).resolve().parents[1] / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
 def test_evaluate_on_a_release_tree_reports_scenarios_and_score(tmp_path):
     """A small tree in the released layout, made of held-out world digits: evaluate in process."""

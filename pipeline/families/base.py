@@ -115,6 +115,12 @@ class Family:
     needs_mask: ClassVar[bool] = False
     # Analyses added to the build's report whenever this family is part of it.
     analyses: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def source_classes(cls, config: "BuildConfig", group: "FamilyGroup") -> list[int]:
+        """Classes outside the benchmark whose scale-0 images the family reads (``UnitContext.sibling``),
+        so the image source prepares them too (e.g. XIMAGENET-12's random backgrounds)."""
+        return []
     # False: the OOC filter keeps every image of this family unscored (see ``uses_ooc_filter``).
     ooc_filter: ClassVar[bool] = True
 
@@ -156,3 +162,11 @@ class Family:
     def generate(self, ctx: UnitContext, shifts: list[str], scales: list[float]) -> dict[str, ShiftImages]:
         """One :class:`ShiftImages` per shift of ``shifts``, images aligned with ``scales``."""
         raise NotImplementedError
+
+
+def extra_source_classes(config: "BuildConfig") -> list[int]:
+    """The classes outside ``benchmark.classes`` that the build's families read images of."""
+    from pipeline.registry import FAMILIES
+
+    wanted = {c for g in config.family_groups() for c in FAMILIES.get(g.kind).source_classes(config, g)}
+    return sorted(wanted - set(config.benchmark.classes))

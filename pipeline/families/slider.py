@@ -19,16 +19,19 @@ def shared_sampler(config: Any, kind: str, device: str, dtype: Any):
     from pipeline.models import cache
     from pipeline.models.sampler import PromptSampler, SliderSampler
 
+    from pipeline.families.base import extra_source_classes
+
     gen = config.generator
     bench = config.benchmark
+    classes = [*bench.classes, *extra_source_classes(config)]  # and classes a family reads images of
     key = (
         "sampler", kind, json.dumps(gen.model_dump(mode="json"), sort_keys=True),
-        tuple(bench.classes), json.dumps(bench.labels), device, str(dtype),
+        tuple(classes), json.dumps(bench.labels), device, str(dtype),
     )
 
     def make():
         sampler = (PromptSampler if kind == "prompt" else SliderSampler)(gen, device, dtype)
-        sampler.setup(list(config.benchmark.classes), config.benchmark.label_space)
+        sampler.setup(classes, config.benchmark.label_space)
         return sampler
 
     return cache.shared(key, make)

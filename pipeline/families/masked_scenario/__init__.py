@@ -124,6 +124,16 @@ class MaskedScenarioFamily(Family):
                 problems.append(f"generator.model: generated_background needs the text-to-image model, not found: {model}")
         return problems
 
+    @classmethod
+    def source_classes(cls, config, group) -> list[int]:
+        """The random backgrounds' class, when it lies outside the benchmark."""
+        if "random_background" not in group.shifts or group.options.background_class is None:
+            return []
+        try:
+            return [resolve_background_class(group.options.background_class, config.benchmark.label_space)]
+        except ValueError:
+            return []  # validate names the problem (missing_files)
+
     def setup(self) -> None:
         self._backgrounds: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._painter = None
