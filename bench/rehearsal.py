@@ -125,18 +125,14 @@ def stage_models(cfg, cache: Path) -> dict[str, dict[str, float]]:
 
 
 def projected_memory(cfg) -> dict[str, Any]:
-    """Projected actor memory (MB) per stage from :mod:`pipeline.memory`, where it projects one."""
+    """Projected actor memory (MB) per stage on the CPU (:func:`pipeline.memory.project_stage_memory`);
+    classify: one entry per classifier group."""
     from pipeline import memory
 
-    out: dict[str, Any] = {}
-    stage_bytes = getattr(memory, "stage_memory", None)
-    if stage_bytes is not None:
-        for stage, nbytes in stage_bytes(cfg).items():
-            out[stage] = nbytes if isinstance(nbytes, list) else round(nbytes / MB)
-    else:
-        groups = memory.classifier_groups(cfg)
-        feet = memory.classifier_footprints(cfg)
-        out["classify"] = [round(memory.group_bytes([feet[i] for i in g]) / MB) for g in groups]
+    out: dict[str, Any] = {k: (round(v / MB) if v else None)
+                           for k, v in memory.project_stage_memory(cfg, device="cpu").items()}
+    feet = memory.classifier_footprints(cfg)
+    out["classify"] = [round(memory.group_bytes([feet[i] for i in g]) / MB) for g in memory.classifier_groups(cfg)]
     return out
 
 
@@ -230,11 +226,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for cls, actors in sorted(watch.by_stage().items()):  # Ray actors (none with --runner local)
         busy = [a for a in actors if a.first_busy is not None]
         seconds = (max(a.last_busy for a in busy) - min(a.first_busy for a in busy)) if busy else 0.0
-        stages.setdefault(STAGE_NAMES.get(cls, cls), {}).update({
-            "seconds": round(seconds, 1),
-            "cpu_seconds": round(sum(a.cpu_seconds for a in actors), 1),
-            "actors_peak_rss_mb": [round(a.peak_rss / MB) for a in sorted(actors, key=lambda a: a.pid)],
-        })
+        entry = stages.setdefault(STAGE_NAMES.get(cls, cls), {})
+        peaks = [round(a.peak_rss / MB) for a in sorted(actors, key=lambda a: a.pid)]
+        entry.update({"seconds": round(seconds, 1), "cpu_seconds": round(sum(a.cpu_seconds for a in actors), 1),
+                      "actors_peak_rss_mb": peaks})
+        projected_mb = entry.get("projected_mb")
+        if projected_mb:  # measured / projected, actor by actor (classify: sorted, group sizes sorted)
+            proj = sorted(projected_mb) if isinstance(projected_mb, list) else [projected_mb] * len(peaks)
+            if len(proj) == len(peaks):
+                entry["measured_over_projected"] = [round(m / p, 2) for m, p in zip(sorted(peaks), sorted(proj))]
     images, ran = read_predictions(args.output)
     return {
         "config": str(args.config),
@@ -248,6 +248,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "images": images,
         "gpu_projection": gpu_projection(args, cache) if args.project else None,
     }
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    """The measured table of docs/rehearsal.md from a ``run --json`` result."""
+    proj = result.get("gpu_projection") or {}
+    lines = ["| stage | models (M parameters) | actors' peak RSS (MB) | projected (MB) | seconds | CPU seconds "
+             "| projected GPU s/image |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for stage in ("generate", "filter", "classify", "write"):
+        st = result["stages"].get(stage, {})
+        models = st.get("models_params_m") or {}
+        total = sum(models.values())
+        named = ", ".join(f"{k} {v:g}" for k, v in models.items()) if len(models) <= 4 else f"{len(models)} models"
+        gpu = proj.get(stage, {}).get("gpu_seconds_per_image", "")
+        lines.append(f"| {stage} | {named}{f' (total {total:.0f})' if models else ''} | "
+                     f"{', '.join(map(str, st.get('actors_peak_rss_mb', [])))} | {st.get('projected_mb')} | "
+                     f"{st.get('seconds', '')} | {st.get('cpu_seconds', '')} | {gpu} |")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -273,6 +290,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-project", dest="project", action="store_false", help="skip the FLOP-based GPU projection")
     r.add_argument("--log", help="build log (default: OUTPUT.log)")
     r.add_argument("--json", action="store_true")
+    t = sub.add_parser("table", help="the markdown table of a run's JSON result")
+    t.add_argument("result")
     return p
 
 
@@ -281,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-cache":
         result = make_cache(args.config, args.dir, sets=args.set, width=args.width, log=lambda m: print(m, file=sys.stderr))
         print(json.dumps(result, indent=2))
+        return 0
+    if args.command == "table":
+        print(markdown_table(json.loads(Path(args.result).read_text())))
         return 0
     if args.steps < 2:
         raise SystemExit("--steps must be at least 2")

@@ -341,7 +341,8 @@ def torch_hub_reason(spec) -> tuple[str, str]:
         f"torch.hub.load('{repo}', '{entry}') runs the repository's hubconf.py, whose code is fetched from "
         f"GitHub (github.com/{repo.split(':')[0]}) and which downloads its weights from the publisher's server; "
         "neither can be written offline",
-        f"TORCH_HOME=<cache>/torch python -c \"import torch; torch.hub.load('{repo}', '{entry}')\"",
+        "HF_HOME=<cache> TORCH_HOME=<cache>/torch cnsbench prefetch configs/cns_bench.yaml  "
+        f"(for this entry alone: python -c \"import torch; torch.hub.load('{repo}', '{entry}')\")",
     )
 
 

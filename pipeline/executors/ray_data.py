@@ -123,6 +123,10 @@ class RayDataExecutor(Executor):
         from pipeline.progress import quiet_ray_data
 
         quiet_ray_data()
+        # Ray Data ends a dataset that moves no block for 30 min; one batch of a stage can take
+        # longer than that (a generation unit of SD2 at 768 px on a CPU did), and a worker that
+        # dies is retried by the actor restarts and attempt markers, so there is no such limit.
+        ray.data.DataContext.get_current().execution_no_progress_timeout_s = -1
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(num_blocks or len(rows), len(rows))))
         for spec in chain:
             r, batch_size = spec.resolved(self.cfg)
