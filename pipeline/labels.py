@@ -25,6 +25,27 @@ from pathlib import Path
 from pipeline import imagenet
 
 
+# XIMAGENET-12's 12 classes (the label space ``ximagenet12``, and the class folders its release
+# is read by, :mod:`pipeline.sources.ximagenet`): WordNet id -> (ImageNet-1k index, the paper's
+# name).  The wnids are the folder names of the repository's scripts and annotation counts
+# (n01689811, n02992211, n07614500, ...); the indices are their positions in the ImageNet-1k
+# class list.
+XIMAGENET_CLASSES: dict[str, tuple[int, str]] = {
+    "n01689811": (44, "lizard"),  # alligator lizard
+    "n01693334": (46, "green lizard"),
+    "n01985128": (124, "crayfish"),
+    "n02066245": (147, "whale"),  # grey whale
+    "n02085936": (153, "dog"),  # Maltese dog
+    "n02119022": (277, "fox"),  # red fox
+    "n02607072": (393, "anemone fish"),
+    "n02692877": (405, "airship"),
+    "n02974003": (479, "car wheel"),
+    "n02977058": (480, "cash machine"),
+    "n02992211": (486, "cello"),
+    "n07614500": (928, "ice cream"),
+}
+
+
 class LabelSpace:
     def __init__(
         self,
@@ -108,8 +129,6 @@ def _load(key: str | tuple[str, ...]) -> LabelSpace:
             aliases={r["folder"]: r["id"] for r in rows},
         )
     if key == "ximagenet12":
-        from pipeline.sources.ximagenet import XIMAGENET_CLASSES
-
         ids = tuple(sorted(i for i, _ in XIMAGENET_CLASSES.values()))
         return LabelSpace("ximagenet12", imagenet.class_names(), outputs=ids)
     path = Path(key)

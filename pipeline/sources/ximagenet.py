@@ -48,27 +48,10 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from pipeline.labels import LabelSpace
+from pipeline.labels import XIMAGENET_CLASSES, LabelSpace
 from pipeline.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
-# The 12 classes: WordNet id -> (ImageNet-1k index, the paper's name).  The wnids are the
-# folder names of the repository's scripts and annotation counts (n01689811, n02992211,
-# n07614500, ...); the indices are their positions in the ImageNet-1k class list.
-XIMAGENET_CLASSES: dict[str, tuple[int, str]] = {
-    "n01689811": (44, "lizard"),  # alligator lizard
-    "n01693334": (46, "green lizard"),
-    "n01985128": (124, "crayfish"),
-    "n02066245": (147, "whale"),  # grey whale
-    "n02085936": (153, "dog"),  # Maltese dog
-    "n02119022": (277, "fox"),  # red fox
-    "n02607072": (393, "anemone fish"),
-    "n02692877": (405, "airship"),
-    "n02974003": (479, "car wheel"),
-    "n02977058": (480, "cash machine"),
-    "n02992211": (486, "cello"),
-    "n07614500": (928, "ice cream"),
-}
 ORIGINAL_FOLDERS = ("image", "images", "original", "original_image", "original_images")
 SCENARIO_ALIASES = {
     "blur_bg": "blur_background",
