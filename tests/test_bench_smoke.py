@@ -71,11 +71,11 @@ def test_generation(capsys):
 
 
 def test_pipeline(capsys, ray_session):
-    bench = _load("pipeline")
-    out = bench.main(["--shifts", "1", "--seeds", "1", "--steps", "2", "--memory-seeds", "--json"])
-    assert out["images"] == 6 and out["full_pipeline_s"] > 0 and "overhead_vs_ray_generation" in out and "overhead" in out
-    bench.main(["--driver-only", "--shifts", "1", "--seeds", "1", "--steps", "2"])
-    assert _printed(capsys)["images"] == 6
+    # The overhead part (three ways of running the same work); the driver-memory part runs
+    # the same build in a subprocess (`--memory-seeds` given no sizes skips it here).
+    out = _load("pipeline").main(["--shifts", "1", "--seeds", "1", "--steps", "1", "--memory-seeds", "--json"])
+    assert out["images"] == 12 and out["full_pipeline_s"] > 0  # tiny.yaml's 2 classes x 1 seed x 1 shift x 6 scales
+    assert {"overhead_vs_ray_generation", "overhead"} <= set(out)
 
 
 def test_scale(capsys, ray_session):
