@@ -32,6 +32,7 @@ LONGEST_FIRST = (
     "test_ximagenet_world",
     "test_build_e2e",
     "test_stopping",
+    "test_hostile_round2",
     "test_imagenet_d_world",
     "test_imagenet_e_world",
     "test_serve",

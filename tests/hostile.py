@@ -12,12 +12,33 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from buildproc import tiny_config
 
 VICTIM_TEXT = b"precious data that is not ours\n"
+
+
+HOLD = """
+import sys, time
+from pipeline.io.lease import hold_lease
+with hold_lease(sys.argv[1], "build"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def start_holder(out: Path) -> subprocess.Popen:
+    """Another process on this host holding the lease of ``out`` (with the default timeout,
+    so its heartbeat is slow) until it is killed."""
+    env = {k: v for k, v in os.environ.items() if k != "CNSBENCH_LEASE_TIMEOUT_S"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
 
 
 def tree_digest(root: Path, skip: Path | None = None) -> dict[str, str]:

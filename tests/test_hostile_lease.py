@@ -10,26 +10,11 @@ import sys
 import time
 
 import pytest
-from hostile import synthetic_output, tiny_cfg_path
+from hostile import start_holder, synthetic_output, tiny_cfg_path
 
 from pipeline.cli import main
 from pipeline.io.lease import LeaseHeld, acquire, hold_lease, read_lease
 from pipeline.io.store import OutputStore
-
-HOLD = """
-import sys, time
-from pipeline.io.lease import hold_lease
-with hold_lease(sys.argv[1], "build"):
-    print("held", flush=True)
-    time.sleep(600)
-"""
-
-
-def start_holder(out) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
 
 
 def test_second_writer_is_refused_then_takes_over_a_dead_holder(tmp_path, capsys):
