@@ -45,7 +45,7 @@ def test_contract_files(built):
 def test_hard_set_transfers_to_the_held_out_classifier(built):
     t = pd.read_csv(built / "report" / "transfer.csv")
     held = t[t["role"] == "held_out"].set_index("classifier")
-    assert list(held.index) == ["vit"]
+    assert list(held.index) == ["vit", "vlm"]  # the ViT and the vision-language model are held out
     vit = held.loc["vit"]
     # The real effect: at least 15 points below same-size random subsets.
     assert vit["acc_hard"] <= vit["acc_random_mean"] - 0.15, vit.to_dict()
@@ -74,3 +74,20 @@ def test_export_is_evaluated_again(built, tmp_path):
     assert len(preds) == len(hard)
     t = pd.read_csv(built / "report" / "transfer.csv").set_index("classifier")
     assert preds["correct"].mean() == pytest.approx(t.loc["vit", "acc_hard"])
+
+
+def test_the_vlm_is_a_classifier_of_the_report(built):
+    """The world's VLM (its CLIP tower + a small trained Llama) asked ImageNet-D's two-choice question."""
+    report = built / "report"
+    acc = pd.read_csv(report / "accuracy.csv")
+    assert "vlm" in set(pd.read_csv(report / "failure_points.csv")["classifier"])
+    clean = acc[(acc["classifier"] == "vlm") & (acc["scale"] == 0) & acc["shift"].isin(["thick_strokes", "rotation", "blur"])]
+    assert len(clean) == 3 and clean["accuracy"].mean() > 0.5  # above chance (0.5): its answers mean something
+    answers = pd.read_csv(report / "vlm_answers.csv")
+    assert set(answers["shift"]) == {"thick_strokes", "rotation", "blur"} and set(answers["scale"]) == {0.0, 1.0}
+    assert (answers["n_true"] + answers["n_false"] + answers["n_excluded"] == answers["n"]).all()
+    assert (answers["n"] == 60).all()
+    preds = pd.read_parquet(built / "predictions")
+    vlm = preds[preds["classifier"] == "vlm"]
+    assert vlm["answer"].notna().all() and vlm["excluded"].notna().all()
+    assert (vlm["correct"].isna() == vlm["excluded"]).all()
