@@ -107,8 +107,9 @@ def stage_models(cfg, cache: Path) -> dict[str, dict[str, float]]:
         return round(sum(safetensors_params(p) for f, p in files.items() if f.endswith(names)) / 1e6, 1)
 
     sd = snapshot_files(cache, SD2)
+    own_text = cfg.generator.class_tokens.kind != "text_encoder_dir"  # else SD2's is not loaded
     generate = {f"{part}": round(safetensors_params(sd[f]) / 1e6, 1) for f in sd
-                for part in [f.split("/")[0]] if f.endswith(".safetensors")}
+                for part in [f.split("/")[0]] if f.endswith(".safetensors") and (own_text or part != "text_encoder")}
     star = Path(cfg.generator.class_tokens.path or "") / "text_encoder" / "model.safetensors"
     if star.is_file():
         generate["imagenet_star_text_encoder"] = round(safetensors_params(star) / 1e6, 1)
@@ -254,7 +255,7 @@ def markdown_table(result: dict[str, Any]) -> str:
     """The measured table of docs/rehearsal.md from a ``run --json`` result."""
     proj = result.get("gpu_projection") or {}
     lines = ["| stage | models (M parameters) | actors' peak RSS (MB) | projected (MB) | seconds | CPU seconds "
-             "| projected GPU s/image |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| projected H100 s/image (paper grid) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for stage in ("generate", "filter", "classify", "write"):
         st = result["stages"].get(stage, {})
         models = st.get("models_params_m") or {}
@@ -297,6 +298,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "run":  # before anything reads the hub cache location
+        env = cache_env(args.cache)
+        os.environ.update({k: env[k] for k in ("HF_HOME", "HF_HUB_CACHE", "TORCH_HOME", "HF_HUB_OFFLINE")})
     if args.command == "make-cache":
         result = make_cache(args.config, args.dir, sets=args.set, width=args.width, log=lambda m: print(m, file=sys.stderr))
         print(json.dumps(result, indent=2))
