@@ -105,7 +105,7 @@ def test_folder_masks_of_the_release_any_non_zero_value_is_object(tmp_path):
     assert np.array_equal(raw, std)
 
 
-def release_config(tmp_path: Path) -> Path:
+def release_config(tmp_path: Path, analyses: tuple = ()) -> Path:
     """configs/tiny.yaml with an ImageNet-sized timm model (own transform: 224 px, ImageNet mean/std)
     and CLIP zero-shot; asset paths made absolute."""
     import yaml
@@ -118,6 +118,7 @@ def release_config(tmp_path: Path) -> Path:
         "input_size": [3, 224, 224], "crop_pct": 0.875, "interpolation": "bicubic",
         "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}  # fmt: skip
     raw["classifiers"] = [net, by_name["tiny-clip-zs"]]
+    raw["aggregate"] = {"plots": False, "analyses": ["cns", *analyses]}
 
     def absolute(value):
         if isinstance(value, dict):
@@ -180,7 +181,8 @@ def test_evaluate_release_as_the_original(tmp_path, monkeypatch):
 
     ensure_tiny_assets()
     root = make_release(tmp_path / "x12")
-    config = release_config(tmp_path)
+    # Short probes for C'(i): the test is about their inputs, not their convergence.
+    config = release_config(tmp_path, ({"name": "robustness_score", "probe_iterations": 5, "probe_folds": 2},))
     seen = spy_inputs(monkeypatch)
     out = tmp_path / "out"
     assert cli.main(["evaluate", str(root), "--config", str(config), "--output", str(out), "--runner", "local"]) == 0
