@@ -73,6 +73,8 @@ class Node:
         self.temp_dir = base / name
         self.log = base / f"{name}.log"
         cmd = ["unshare", "-p", "-f", "--mount-proc", RAY, "start", *args, f"--temp-dir={self.temp_dir}", "--block"]
+        # A busy 2-core machine registers a node slower than Ray's default wait allows.
+        env = {"RAY_raylet_start_wait_time_s": "120", **env}
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -183,12 +183,13 @@ def compare_outputs(
         raise ValueError("compare needs at least two outputs")
     names = labels_for(outputs, labels)
     store = OutputStore(dest)
-    claim_compare_output(store)  # a new or empty folder, or an earlier comparison: nothing else is overwritten
     progress = Progress("compare", 0, unit="steps", echo=None if echo is print else echo)
     loaded = []
     for uri, label in zip(outputs, names):
         loaded.append(load(uri, label))
     checked = check_comparable(loaded, image_check=image_check)
+    # Only outputs that compare get a folder: a new or empty one, or an earlier comparison.
+    claim_compare_output(store)
     cfg, samples, predictions = merged_tables(loaded)
     progress.total = len(outputs) + 1 + len(analysis_plan(cfg))
     progress.update(done=len(outputs) + 1)

@@ -99,8 +99,12 @@ class PreviewClassifier:
         self._calls = 0
         self._images = 0
 
-    def classify(self, class_id: int, images: list[bytes]) -> dict[str, list]:
-        row = {"class_id": int(class_id), "images": list(images), "error": None}
+    def classify(self, class_id: int, images: list[bytes], scales: list[float] | None = None) -> dict[str, list]:
+        # The stage reads each image's scale (a release protocol may crop shifted images differently).
+        scales = [float(s) for s in scales] if scales is not None else [0.0] * len(images)
+        # Sample ids seed a vlm's sampling; a preview's images are named by class and position.
+        sample_ids = [f"preview/{int(class_id):03d}/{k:04d}" for k in range(len(images))]
+        row = {"class_id": int(class_id), "images": list(images), "scales": scales, "sample_ids": sample_ids, "error": None}
         with self._lock:
             self._calls += 1
             self._images += len(row["images"])

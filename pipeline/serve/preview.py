@@ -221,7 +221,7 @@ class PreviewService:
         start = time.perf_counter()
         generated = await self.generator.generate.remote(class_id, req.seed, shift, scales)
         gen_s = time.perf_counter() - start
-        preds = await self.classifier.classify.remote(class_id, generated["images"])
+        preds = await self.classifier.classify.remote(class_id, generated["images"], generated["scales"])
         result = self._assemble(class_id, generated, preds, gen_s, time.perf_counter() - start - gen_s)
         if self._cache_size:
             self._cache[key] = result
