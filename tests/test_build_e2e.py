@@ -128,3 +128,39 @@ def test_status_command(built, capsys):
     assert main(["status", str(out)]) == 0
     text = capsys.readouterr().out
     assert "48/48 images" in text and "aggregated  yes" in text
+
+
+
+def test_ray_writer_batches_are_whole_shards(built, ray_session):
+    # Ray Data cuts a bundle of >= batch_size rows into batch_size + a remainder: 3-row blocks
+    # made batches of 4 and 2 (two shards per planned one) until the writer's input was
+    # repartitioned into blocks of exactly batch_size rows.
+    import pyarrow as pa
+
+    from pipeline.config import StageResources
+    from pipeline.executors import StageSpec
+    from pipeline.executors.ray_data import RayDataExecutor
+
+    class Emit3:  # every input row becomes a block of 3 rows (a unit's trajectories)
+        name, exact_batches, keeps_attempts = "emit", False, False
+
+        def __init__(self, **_):
+            pass
+
+        def __call__(self, batch):
+            return pa.table({"i": [i for i in batch.column("i").to_pylist() for _ in range(3)]})
+
+    class Shards:  # a writer stand-in: one row per batch, holding the batch's size
+        name, exact_batches, keeps_attempts = "write", True, False
+
+        def __init__(self, **_):
+            pass
+
+        def __call__(self, batch):
+            return pa.table({"n": [batch.num_rows]})
+
+    cfg, out = built
+    res = StageResources(num_cpus=0.5)
+    chain = [StageSpec(Emit3, resources=res, batch_size=1), StageSpec(Shards, resources=res, batch_size=4)]
+    rows = RayDataExecutor(cfg).run([{"i": i} for i in range(8)], str(out / "unused"), chain, num_blocks=8)
+    assert sorted(r["n"] for r in rows) == [4] * 6  # 24 rows in shards of exactly 4

@@ -130,6 +130,12 @@ class RayDataExecutor(Executor):
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(num_blocks or len(rows), len(rows))))
         for spec in chain:
             r, batch_size = spec.resolved(self.cfg)
+            if spec.stage.exact_batches:
+                # Ray Data hands an actor a bundle of blocks of at least batch_size rows and
+                # cuts it into batch_size + a remainder: the stages' 8- and 6-row blocks made
+                # about two shards per planned one (64 + 6).  Blocks of exactly batch_size
+                # rows make one batch each.
+                ds = ds.repartition(target_num_rows_per_block=batch_size, strict=True)
             if cpu_only and r.num_gpus > 0:
                 message = (f"no GPU in the local Ray cluster: the {spec.stage.name} actors run on the CPU "
                            f"(resources num_gpus {r.num_gpus} -> 0)")

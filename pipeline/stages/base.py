@@ -43,6 +43,9 @@ class Stage:
     # Whether the stage records attempt markers and gives up on batches that keep killing
     # their worker (pipeline.faults); the Ray runner retries such stages without limit.
     keeps_attempts: bool = True
+    # Whether every batch must hold exactly ``batch_size`` rows (the last one may hold fewer):
+    # the writer's batch is one shard.
+    exact_batches: bool = False
 
     def __init__(
         self,

@@ -82,6 +82,7 @@ class WriteStage(Stage):
     # No attempt bookkeeping: a write that keeps failing fails the run, and the next run
     # redoes the uncommitted trajectories.
     keeps_attempts = False
+    exact_batches = True
 
     def __init__(
         self,
