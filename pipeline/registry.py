@@ -76,7 +76,7 @@ SOURCES.register("webdataset", "pipeline.sources.collection:WebDatasetSource", "
 # Object masks of base images (``source.masks.kind``).
 MASKS = Registry("mask provider")
 MASKS.register("none", "pipeline.sources.masks:NoMasks", "no masks (families that need one refuse the config)")
-MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png")
+MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png, or an XIMAGENET-12 release's own")
 MASKS.register("ink_threshold", "pipeline.sources.ink_masks:InkThresholdMasks", "light ink on a dark background: grey >= threshold")
 MASKS.register("ink", "pipeline.sources.world_ink:InkMasks", "miniature world: the true digit mask, pixels with grey >= ink_threshold")
 MASKS.register(

@@ -66,7 +66,7 @@ def test_release_tree_mask_folders_are_not_scenarios_and_the_nested_segmented_im
     assert seg["paths"][1].endswith("segmented_image/segmented_image/n01689811/n01689811_17.JPEG")
     note = next(n for n in src.notes if "mask folders" in n)
     assert "masks, segmented_image_transparent, standard_masks are not scenarios" in note
-    assert "standard_masks/ (4 of 4 originals have one" in note
+    assert "masks are read from standard_masks/, then masks/ (4 of 4 originals have one" in note
 
 
 def test_numeric_class_folders_are_refused_with_the_wnids(tmp_path, capsys):
@@ -103,6 +103,56 @@ def test_folder_masks_of_the_release_any_non_zero_value_is_object(tmp_path):
     std = provider("standard_masks").mask(None, image, info)
     assert raw.sum() == std.sum() == 20 * 24  # the raw mask's label 1 is object, as in the scripts
     assert np.array_equal(raw, std)
+
+
+@pytest.mark.parametrize("masks_path", ["release root", "not set"])
+def test_a_build_from_the_release_reads_its_own_masks(tmp_path, masks_path):
+    """source.path ROOT/image with source.masks {kind: folder} and path ROOT (or none): each image's mask is the
+    release's mask file of the same stem, any non-zero value object; standard_masks/ first, else masks/."""
+    import json
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from pipeline.families.base import UnitContext
+    from pipeline.labels import XIMAGENET_CLASSES, label_space
+    from pipeline.sources.collection import FoldersSource
+    from pipeline.sources.masks import FolderMasks
+
+    root = make_release(tmp_path / "x12")
+    rng = np.random.default_rng(1)
+    for wnid in WNIDS:  # a different mask per image, with the raw annotation's several labels
+        for i in IDS:
+            raw = rng.integers(0, 3, (40, 48), dtype=np.uint8)
+            Image.fromarray(raw).save(root / "masks" / wnid / f"{wnid}_{i}.png")
+            Image.fromarray((raw > 0).astype(np.uint8) * 255).save(root / "standard_masks" / wnid / f"{wnid}_{i}.png")
+    (root / "standard_masks" / WNIDS[1] / f"{WNIDS[1]}_3.png").unlink()  # read from masks/ instead
+
+    label_map = tmp_path / "wnids.json"  # plain class folders need a map from the wnids
+    label_map.write_text(json.dumps({wnid: XIMAGENET_CLASSES[wnid][0] for wnid in WNIDS}))
+    masks = SimpleNamespace(kind="folder", path=str(root) if masks_path == "release root" else None)
+    config = SimpleNamespace(
+        benchmark=SimpleNamespace(label_space=label_space("imagenet"), classes=[44, 486], seeds=[0, 1]),
+        generator=SimpleNamespace(image_size=64),
+        source=SimpleNamespace(kind="folders", path=str(root / "image"), label_map=str(label_map), follow_symlinks=False,
+                               masks=masks),
+    )
+    assert FolderMasks.missing_files(config) == []
+    source, provider = FoldersSource(config), FolderMasks(config)
+    source.setup()
+    provider.setup()
+    for class_id, wnid in zip((44, 486), WNIDS):
+        for seed, name in enumerate(sorted(p.name for p in (root / "image" / wnid).iterdir())):
+            base = source.load(UnitContext(class_id, wnid, seed))
+            assert base.info["relpath"] == f"{wnid}/{name}"
+            got = provider.mask(None, base.image, base.info)
+            with Image.open(root / "masks" / wnid / name.replace(".JPEG", ".png")) as m:
+                want = np.asarray(m.resize(base.image.size, Image.NEAREST)) > 0
+            assert got.shape == (64, 64) and 0 < got.sum() < got.size
+            assert np.array_equal(got, want)
+
+    elsewhere = SimpleNamespace(source=SimpleNamespace(path=str(tmp_path), masks=SimpleNamespace(path=None)))
+    assert "not set" in FolderMasks.missing_files(elsewhere)[0]  # not a release's originals folder: name a folder
 
 
 def release_config(tmp_path: Path, analyses: tuple = ()) -> Path:

@@ -23,7 +23,7 @@ class MaskSpec(Strict):
     """Where object masks come from (families with ``needs_mask``)."""
 
     kind: str = Field("none", description="registry key of a mask provider, see `cnsbench ls`")
-    path: str | None = Field(None, description="mask folder (kind 'folder')")
+    path: str | None = Field(None, description="mask folder, or an XIMAGENET-12 release root (kind 'folder')")
     options: dict[str, Any] = Field(default_factory=dict)
 
 

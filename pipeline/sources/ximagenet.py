@@ -19,9 +19,10 @@ unchanged.  Scenario images without an original are skipped (counted in the note
 The release also holds folders that are not scenarios (:data:`MASK_FOLDERS`): the object
 masks ``masks/`` and their 0/255 version ``standard_masks/`` (``MaskStandardization.py``),
 and ``segmented_image_transparent/`` (``Segmentbackground.py``: the RGB image with the mask
-as alpha).  They are never indexed as scenarios; :func:`mask_folder` names the one to read
-masks from (``source.masks: {kind: folder, path: ...}``), and the notes count the originals
-that have a mask.  The segmented scenario is stored nested,
+as alpha).  They are never indexed as scenarios; the mask provider ``folder`` reads a build's masks
+from them (:func:`mask_folders`: ``standard_masks``, then ``masks``) when
+``source.masks.path`` is the release root, or is left out while ``source.path`` is the
+release's originals folder; the notes count the originals that have a mask.  The segmented scenario is stored nested,
 ``segmented_image/segmented_image/<wnid>`` (``segementwithRGB.py``); a scenario folder
 whose only sub-folder carries its own name is read one level down.
 
@@ -153,10 +154,11 @@ def is_mask_folder(name: str) -> bool:
     return normalise(name) in MASK_FOLDERS
 
 
-def mask_folder(fs: Any, root: str) -> str | None:
-    """The release's mask folder to read masks from: ``standard_masks`` (0/255), else ``masks``; None without one."""
+def mask_folders(fs: Any, root: str) -> list[str]:
+    """The release's mask folders, in the order masks are looked up: ``standard_masks`` (0/255), then ``masks``."""
     by_name = {normalise(posixpath.basename(p.rstrip("/"))): p for p in fs.ls(root, detail=False) if fs.isdir(p)}
-    return by_name.get("standard_masks") or by_name.get("masks")
+    return [by_name[n] for n in ("standard_masks", "masks") if n in by_name]
+
 
 
 def class_dirs(fs: Any, folder: str) -> list[str]:
@@ -261,17 +263,19 @@ def _mask_notes(fs: Any, root: str, originals: dict[int, dict[str, str]]) -> lis
     """What the release's mask folders hold (never scenarios): how many originals have a mask."""
     skipped = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)
                      if fs.isdir(p) and is_mask_folder(posixpath.basename(p.rstrip("/"))))
-    folder = mask_folder(fs, root)
-    if folder is None:
+    folders = mask_folders(fs, root)
+    if not folders:
         return []
     have = set()
-    for cdir in class_dirs(fs, folder):
-        have |= {image_key(p) for p in fs.ls(cdir, detail=False) if p.lower().endswith(".png")}
+    for folder in folders:
+        for cdir in class_dirs(fs, folder):
+            have |= {image_key(p) for p in fs.ls(cdir, detail=False) if p.lower().endswith(".png")}
     total = sum(len(files) for files in originals.values())
     with_mask = sum(1 for files in originals.values() for key in files if key in have)
+    read = ", then ".join(f"{posixpath.basename(f.rstrip('/'))}/" for f in folders)
     note = (
-        f"mask folders {', '.join(skipped)} are not scenarios; masks are read from "
-        f"{posixpath.basename(folder.rstrip('/'))}/ ({with_mask} of {total} originals have one; any non-zero value "
-        f"is object): source.masks {{kind: folder, path: {folder}}}"
+        f"mask folders {', '.join(skipped)} are not scenarios; masks are read from {read} ({with_mask} of {total} "
+        f"originals have one; any non-zero value is object): a build reads them with source.masks {{kind: folder, "
+        f"path: {root}}}, or with no path when source.path is the originals folder"
     )
     return [note]
