@@ -107,14 +107,7 @@ def tiny_world(tiny_sd, tmp_path_factory):
     return {"model": tiny_sd, "tokens": str(tokens), "sliders": str(store), "classes": [1, 22], "shifts": ["shift_a", "shift_b"]}
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray for every test that needs Ray (started on first use, stopped at the end).
-
-    Four logical CPUs and one logical GPU, so the GPU scheduling path runs here; models
-    fall back to the CPU.  Tests must not shut it down: Serve tests call
-    ``serve.shutdown()`` only.
-    """
+def _start_ray():
     import ray
 
     if not ray.is_initialized():
@@ -126,12 +119,39 @@ def ray_session():
             log_to_driver=False,
             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}},
         )
-    yield ray
-    ray.shutdown()
+    return ray
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """The test worker's local Ray, for every test that needs Ray (started on first use).
+
+    Four logical CPUs and one logical GPU, so the GPU scheduling path runs here; models
+    fall back to the CPU.  Tests must not shut it down (Serve tests call
+    ``serve.shutdown()`` only); it is stopped between modules when the next module does
+    not use it (``pytest_runtest_teardown``): an idle Ray costs a few percent of a core.
+    """
+    yield _start_ray()
+
+
+RAY_FIXTURES = {"ray_session", "demo_world"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stop this worker's Ray (started by ``ray_session`` or by a build on the default runner)
+    at a module's end unless the next module uses it."""
+    import sys
+
+    if nextitem is not None and (nextitem.module is item.module or RAY_FIXTURES & set(nextitem.fixturenames)):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
-def demo_world(tmp_path_factory, ray_session):
+def demo_world(tmp_path_factory):
     """One ``cnsbench demo`` build (configs/demo.yaml on the session's Ray), shared read-only
     by the world, report and digest tests; a test that changes an output copies it first."""
     from pipeline.checkout import REPO_ROOT
@@ -139,6 +159,7 @@ def demo_world(tmp_path_factory, ray_session):
 
     if not (REPO_ROOT / "assets" / "world" / "world.json").is_file():
         pytest.skip("the shipped world (assets/world) is missing")
+    _start_ray()
     out = tmp_path_factory.mktemp("demo-world") / "out"
     assert main(["demo", "--output", str(out)]) == 0
     return out

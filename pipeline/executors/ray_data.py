@@ -11,6 +11,7 @@ iterates the small per-shard rows, so its memory does not grow with the plan.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -47,7 +48,7 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
     pools = (res.generate, res.filter, *[res.classify] * len(classifier_groups(cfg)), res.write)
     # Enough logical CPUs for one actor of every pool plus the read tasks; oversubscribing
     # logical CPUs is harmless, a pool waiting forever for a CPU is not.
-    cpus = max(os.cpu_count() or 1, int(sum(p.num_cpus * p.pool_size for p in pools)) + 1)
+    cpus = max(os.cpu_count() or 1, math.ceil(sum(p.num_cpus * p.pool_size for p in pools)) + 1)
     gpus = 0
     try:
         import torch
@@ -136,6 +137,10 @@ class RayDataExecutor(Executor):
                 # about two shards per planned one (64 + 6).  Blocks of exactly batch_size
                 # rows make one batch each.
                 ds = ds.repartition(target_num_rows_per_block=batch_size, strict=True)
+                # Its tasks ask for no CPU: at Ray Data's default of one CPU they waited until
+                # the actor pools released theirs, i.e. until the end, and nothing was committed
+                # before it (Ray 2.60 takes no resource arguments for this operator).
+                getattr(ds._logical_plan.dag, "ray_remote_args", {}).update(num_cpus=0)
             if cpu_only and r.num_gpus > 0:
                 message = (f"no GPU in the local Ray cluster: the {spec.stage.name} actors run on the CPU "
                            f"(resources num_gpus {r.num_gpus} -> 0)")
