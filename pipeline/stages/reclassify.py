@@ -6,6 +6,12 @@ only (the same ``ClassifyStage`` a build uses), written as an extra predictions 
 the shard's manifest is rewritten to list that file and the classifiers it now covers.
 The manifest rewrite is the commit: a crash before it leaves an unreferenced file that
 the next run removes and redoes.
+
+A new vlm classifier draws its distractors from another classifier's ranking
+(:mod:`pipeline.models.vqa_protocols`).  When that classifier is one the shard already
+has, its predictions are read back from the shard's ``predictions/*.parquet`` and handed
+to the classify stage as those of an earlier group, so the vlm is asked what a build with
+it from the start asks; the images' ``params`` (a release's question) go along too.
 """
 
 from __future__ import annotations
@@ -42,6 +48,40 @@ def missing_classifiers(store: OutputStore, names: list[str], built_with: list[s
     return rows
 
 
+def stored_predictions(store: OutputStore, files: dict[str, Any], names: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Per classifier of ``names`` (in that order), its committed prediction rows from the
+    shard's ``predictions/*.parquet`` files (``files``: the manifest's)."""
+    out: dict[str, list[dict]] = {n: [] for n in names}
+    if not names:
+        return out
+    for rel in sorted(f for f in files if f.startswith("predictions/")):
+        table = pq.read_table(io.BytesIO(store.read_bytes(rel)))
+        for p in table.to_pylist():
+            if p["classifier"] in out:
+                out[p["classifier"]].append(p)
+    return out
+
+
+def stored_columns(stored: dict[str, list[dict]], sample_ids: list[str]) -> dict[str, list]:
+    """The classify stage's per-image prediction columns (:data:`pipeline.schema.CLASSIFIED`)
+    of a trajectory's images, one entry per stored classifier, as the stage fills them."""
+    if not stored:
+        return {}
+    by_sample = {n: {p["sample_id"]: p for p in rows} for n, rows in stored.items()}
+    cols: dict[str, list] = {k: [] for k in ("pred_top1", "pred_top5", "pred_p_true", "pred_answer", "pred_excluded")}
+    for sid in sample_ids:
+        try:
+            per = [by_sample[n][sid] for n in stored]
+        except KeyError as err:
+            raise RuntimeError(f"reclassify: no stored prediction of {err} for {sid}") from err
+        cols["pred_top1"].append([p["top1"] for p in per])
+        cols["pred_top5"].append([list(p["top5"]) for p in per])
+        cols["pred_p_true"].append([float("nan") if p["p_true"] is None else p["p_true"] for p in per])
+        cols["pred_answer"].append([p.get("answer") for p in per])
+        cols["pred_excluded"].append([p.get("excluded") for p in per])
+    return cols
+
+
 class ReclassifyStage(Stage):
     name = "reclassify"
     output_schema = schema.WRITTEN
@@ -64,32 +104,52 @@ class ReclassifyStage(Stage):
         self.store = OutputStore(self.output)
         self._classify: dict[tuple[str, ...], ClassifyStage] = {}
 
-    def _classified(self, names: tuple[str, ...], rows: list[dict[str, Any]]) -> tuple[list[dict], list[str]]:
-        """``rows`` classified by the classifiers ``names`` (in config order) and those names.
+    def _classified(
+        self, names: tuple[str, ...], rows: list[dict[str, Any]], stored: tuple[str, ...] = ()
+    ) -> tuple[list[dict], list[str]]:
+        """``rows`` classified by the classifiers ``names`` and the names of all the
+        classifiers the rows then carry predictions of (in config order).
 
+        ``stored``: classifiers whose predictions the rows carry already (in config order),
+        those the new vlms draw distractors from; they run as an earlier group would.
         One group (``resources.classify.memory_budget_gb`` unset, or everything fits) stays
         loaded for the next shard; several groups load one after the other, so only one
         group's models are in memory at a time."""
         from pipeline.memory import classifier_groups
 
-        specs = [c for c in self.config.classifiers if c.name in names]
+        specs = [c for c in self.config.classifiers if c.name in names or c.name in stored]
         sub = self.config.model_copy(update={"classifiers": specs})
         ordered = [c.name for c in specs]
-        groups = classifier_groups(sub)
+        new = [i for i, c in enumerate(specs) if c.name in names]
+        done = [i for i, c in enumerate(specs) if c.name in stored]
+        only_new = self.config.model_copy(update={"classifiers": [specs[i] for i in new]})
+        groups = [[new[j] for j in g] for g in classifier_groups(only_new)]
         if len(groups) == 1:
-            if names not in self._classify:
-                stage = ClassifyStage(sub, device=self.device_override)
+            key = (names, stored)
+            if key not in self._classify:
+                stage = ClassifyStage(sub, device=self.device_override, classifiers=groups[0], done=done)
                 stage.ensure_setup()
-                self._classify[names] = stage
-            return self._classify[names].process(rows), ordered
-        done: list[int] = []
+                self._classify[key] = stage
+            return self._classify[key].process(rows), ordered
         for group in groups:
             stage = ClassifyStage(sub, device=self.device_override, classifiers=group, done=done)
             stage.ensure_setup()
             rows = stage.process(rows)
-            done += group
+            done = sorted(done + group)
             del stage
         return rows, ordered
+
+    def _sources(self, names: tuple[str, ...], have: list[str]) -> tuple[str, ...]:
+        """The classifiers of ``have`` (not re-run) that new vlms of ``names`` draw distractors
+        from, in config order."""
+        from pipeline.models.vqa_protocols import distractor_classifier
+
+        wanted = {
+            distractor_classifier(c.protocol or {})
+            for c in self.config.classifiers
+            if c.name in names and c.kind == "vlm"
+        }
+        return tuple(c.name for c in self.config.classifiers if c.name in wanted and c.name in have and c.name not in names)
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [self.add_predictions(r["shard"], tuple(r["classifiers"])) for r in rows]
@@ -103,6 +163,10 @@ class ReclassifyStage(Stage):
         for rel in (r for r in manifest.files if r.startswith("images/")):
             for key, members in iter_tar(store.read_bytes(rel), store.url(rel)):
                 images[key] = next(v for k, v in members.items() if k != "json")
+
+        have = manifest.classifiers if manifest.classifiers is not None else list(self.built_with)
+        sources = self._sources(names, have)
+        stored = stored_predictions(store, manifest.files, sources)
 
         by_traj: dict[str, list[dict]] = {}
         for s in samples:
@@ -119,18 +183,20 @@ class ReclassifyStage(Stage):
                     "sample_ids": [s["sample_id"] for s in group],
                     "scales": [s["scale"] for s in group],
                     "images": [images[s["key"]] for s in group],
+                    "params": [s.get("params") for s in group],
                     "error": None,
+                    **stored_columns(stored, [s["sample_id"] for s in group]),
                 }
             )
-        classified, ordered = self._classified(names, rows)
-        preds = [p for r in classified for p in prediction_rows(r, ordered)]
+        classified, ordered = self._classified(names, rows, sources)
+        preds = [p for r in classified for p in prediction_rows(r, ordered) if p["classifier"] in names]
+        ordered = [n for n in ordered if n in names]
 
         tag = hashlib.sha256(",".join(sorted(names)).encode()).hexdigest()[:8]
         rel = f"predictions/{shard}.{tag}.parquet"
         files = dict(manifest.files)
         files[rel] = store.write_bytes(rel, _parquet_bytes(preds, schema.PREDICTIONS))
         manifest.files = files
-        have = manifest.classifiers if manifest.classifiers is not None else list(self.built_with)
         manifest.classifiers = have + [n for n in ordered if n not in have]
         commit_manifest(store, manifest, self.lease_token)
         return {
