@@ -182,6 +182,23 @@ def test_open_clip_zero_shot_head(tiny, tmp_path):
     assert torch.allclose(logits, 100 * img @ clf.head, atol=1e-3)
 
 
+def test_open_clip_zero_shot_head_is_built_once_per_weights(tiny, tmp_path, monkeypatch):
+    # Same weights, names and templates: the head is reused (a build's stages and the
+    # builds of one process encode the prompts once); rewritten weights make a new one.
+    spec = ClassifierSpec(**make_tiny_clip_zeroshot(tmp_path, templates=["a {c}."]), label_map={0: 7, 1: 8})
+    calls = []
+    build = OpenClipZeroShot._build_head
+    monkeypatch.setattr(OpenClipZeroShot, "_build_head", lambda self, *a: calls.append(1) or build(self, *a))
+    first, again = OpenClipZeroShot(spec, "cpu"), OpenClipZeroShot(spec, "cpu")
+    assert len(calls) == 1 and again.head is first.head
+    other = ClassifierSpec(**{**spec.model_dump(), "label_map": {0: 7, 1: 9}})
+    assert not torch.equal(OpenClipZeroShot(other, "cpu").head, first.head) and len(calls) == 2
+    state = torch.load(spec.checkpoint)
+    torch.save({k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}, spec.checkpoint)
+    changed = OpenClipZeroShot(spec, "cpu")
+    assert len(calls) == 3 and not torch.allclose(changed.head, first.head)
+
+
 def test_open_clip_zero_shot_templates_and_errors(tiny, tmp_path):
     base = {
         "name": "zs", "kind": "open_clip_zeroshot", "model": tiny["clip"]["model"],

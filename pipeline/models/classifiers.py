@@ -29,6 +29,7 @@ import torch
 
 from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace, label_space
+from pipeline.models.cache import shared
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
 
 # Images per forward inside predict(); bounds activation memory of big models.
@@ -266,6 +267,14 @@ def zero_shot_templates(templates: str | list[str], where: str) -> list:
     return [lambda c, t=t: t.format(c=c) for t in templates]
 
 
+def _file_identity(path: str | None) -> Any:
+    """A local file as (path, mtime, size), so rewritten weights are told apart; else as given."""
+    if path and os.path.isfile(path):
+        st = os.stat(path)
+        return (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    return path
+
+
 class OpenClipZeroShot(Classifier):
     """open_clip zero-shot classifier over ImageNet class names (all 1000, or the label_map's ids)."""
 
@@ -282,7 +291,14 @@ class OpenClipZeroShot(Classifier):
                 raise ValueError(f"{self.where}.label_map: zero-shot output indices must be 0..{len(keys) - 1}")
             ids = [self._label_map[k] for k in keys]
         self._out_to_label = ids
-        self.head = self._build_head([self.labels.name(i) for i in ids], zero_shot_templates(spec.templates, self.where))
+        names = [self.labels.name(i) for i in ids]
+        templates = zero_shot_templates(spec.templates, self.where)
+        # The head is a function of the weights, the class names and the templates: built once
+        # per process (80,000 prompts for ImageNet with the OpenAI templates), whichever
+        # stage or build asks for it again.
+        key = ("zero-shot head", spec.model, _file_identity(spec.checkpoint), _file_identity(spec.model_config_file),
+               str(self.device), tuple(names), spec.templates if isinstance(spec.templates, str) else tuple(spec.templates))
+        self.head = shared(key, lambda: self._build_head(names, templates))
 
     @torch.inference_mode()
     def _build_head(self, names: list[str], templates: list) -> torch.Tensor:
