@@ -402,7 +402,8 @@ def one_run(args, cluster, n_gpus: int, workdir: Path, kill_at: float | None = N
     shares = {s: layout["pools"][s]["gpu_share"] for s in GPU_STAGES}
     tag = f"g{n_gpus}" + ("-kill" if kill_at else "")
     out, stats = workdir / f"out-{tag}", workdir / f"stats-{tag}"
-    sim = {"gpu": args.gpu, "compression": compression, "stats_dir": str(stats), "shares": shares}
+    sim = {"gpu": args.gpu, "compression": compression, "stats_dir": str(stats), "shares": shares,
+           "ray_batches": args.ray_batches}
     job = workdir / f"job-{tag}.json"
     job.write_text(json.dumps({"raw": raw, "output": str(out), "sim": sim, "address": cluster.address if cluster else None}))
     run = {"gpus": n_gpus, "compression": compression, "layout": layout}
@@ -523,6 +524,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--writers", type=int, default=2, help="writer actors (resources.write.pool_size)")
     p.add_argument("--sweep", type=int, nargs="*", default=None, help="also run these GPU counts on the same cluster")
     p.add_argument("--no-resume", dest="resume", action="store_false")
+    p.add_argument("--ray-batches", action="store_true",
+                   help="baseline: the writer takes Ray Data's bundles as they come (no shard repartition)")
     p.add_argument("--resume-to-end", action="store_true", help="let the resumed build finish (else: plan only)")
     p.add_argument("--cluster", choices=("ray", "none"), default="ray", help="none: this process's Ray (tests)")
     p.add_argument("--json", action="store_true")
@@ -571,7 +574,9 @@ def main(argv: list[str] | None = None) -> dict:
         "driver_peak_rss_mb": round(main_run["driver"]["driver_peak_rss_mb"], 1),
         "object_store_peak": round(main_run["driver"]["object_store_peak_mb"], 1),
         "object_store_peak_unit": "MiB",
+        "shards": main_run["driver"]["shards"],
         "shards_per_s": round(main_run["shards_per_s"], 3),
+        "writer_batches": "ray" if args.ray_batches else "exact",
         "cpu_utilisation": round(main_run["cpu"]["cpu_utilisation_simulation"], 3),
         "cpu_utilisation_machine": round(main_run["cpu"]["cpu_utilisation"], 3),
         "overrun_fraction": main_run["overrun_fraction"],
@@ -591,7 +596,7 @@ def main(argv: list[str] | None = None) -> dict:
             str(n): {"efficiency": round(r["efficiency"], 4), "pools": r["pools"], "compression": r["compression"],
                      "cpu_utilisation": round(r["cpu"]["cpu_utilisation_simulation"], 3),
                      "cpu_utilisation_machine": round(r["cpu"]["cpu_utilisation"], 3), "wall_s": round(r["wall_s"], 1),
-                     "overrun_fraction": r["overrun_fraction"],
+                     "overrun_fraction": r["overrun_fraction"], "shards": r["driver"]["shards"],
                      "pool_layout": r["layout"]["pools"]}
             for n, r in runs.items()
         }

@@ -202,6 +202,13 @@ class TimedWriteStage(_Timed, WriteStage):
         return out
 
 
+class RayBatchedWriteStage(TimedWriteStage):
+    """The writer fed as before the shard repartition (``bench/scale.py --ray-batches``, the
+    baseline): Ray Data's bundles cut into a full shard and a remainder."""
+
+    exact_batches = False
+
+
 def standin_chain(cfg, sim: dict, lease=None) -> list:
     """The build's chain (``pipeline.build.build_chain``) with the model stages stood in for."""
     from pipeline import build
@@ -212,5 +219,6 @@ def standin_chain(cfg, sim: dict, lease=None) -> list:
         StageSpec(StandInGenerate, {"sim": sim}),
         StageSpec(StandInFilter, {"sim": sim}),
         StageSpec(StandInClassify, {"sim": sim}),
-        StageSpec(TimedWriteStage, writer, batch_size=cfg.output.trajectories_per_shard),
+        StageSpec(RayBatchedWriteStage if sim.get("ray_batches") else TimedWriteStage, writer,
+                  batch_size=cfg.output.trajectories_per_shard),
     ]

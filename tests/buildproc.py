@@ -26,8 +26,12 @@ HAS_UNSHARE = shutil.which("unshare") is not None and subprocess.run(
 ).returncode == 0
 
 
-def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml") -> Path:
-    """configs/tiny.yaml with absolute asset paths (so it can live anywhere), optionally changed."""
+def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bool = False) -> Path:
+    """configs/tiny.yaml with absolute asset paths (so it can live anywhere), optionally changed.
+
+    The report's figures are off (``aggregate.plots``) unless ``plots``: drawing them costs a
+    build about 4 CPU-seconds, and the suite builds this config dozens of times for tests
+    that read the tables; the report tests ask for them."""
     import yaml
 
     from pipeline.cli import TINY_CONFIG
@@ -36,6 +40,7 @@ def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml") -> Path:
     ensure_tiny_assets()
     text = TINY_CONFIG.read_text().replace("../assets/", str(TINY_CONFIG.parent.parent / "assets") + "/")
     raw = yaml.safe_load(text)
+    raw.setdefault("aggregate", {})["plots"] = plots
     if mutate:
         mutate(raw)
     path = Path(directory) / name

@@ -85,3 +85,4 @@ def test_scale(capsys, ray_session):
     assert out["images"] == 12 and out["failed"] == 0
     assert set(out["pools"]) == {"generate", "filter", "classify", "write"} and 0 < out["efficiency"] <= 1.05
     assert out["driver_peak_rss_mb"] > 0 and "cpu_utilisation" in out
+    assert out["writer_batches"] == "exact" and out["shards"] == 1  # 2 trajectories, 64 per shard

@@ -31,7 +31,7 @@ def gpu_config(tmp_path: Path) -> Path:
     def on_gpu(raw):
         raw["resources"]["generate"]["num_gpus"] = 1
 
-    return tiny_config(tmp_path, on_gpu, name="demo-gpu.yaml")
+    return tiny_config(tmp_path, on_gpu, name="demo-gpu.yaml", plots=True)
 
 
 @pytest.fixture(scope="module")

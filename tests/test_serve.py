@@ -62,7 +62,7 @@ def serve_config(directory: Path) -> Path:
         two_way.update(name="tiny-clip-2way", label_map={0: 1, 1: 22})
         raw["classifiers"].append(two_way)
 
-    return tiny_config(directory, mutate, name="serve-demo.yaml")
+    return tiny_config(directory, mutate, name="serve-demo.yaml", plots=True)
 
 
 def build_benchmark(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
