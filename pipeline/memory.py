@@ -38,6 +38,9 @@ GB = 1024**3
 # Python, torch and the model libraries of an actor (0.93 GB RSS measured on CPU); on a GPU,
 # about the CUDA context and the allocator's cache (BENCHMARKS.md, classifier groups).
 RUNTIME_BYTES = 1024**3
+# The writer imports no model library and holds no GPU context: Python, Ray, pyarrow and PIL
+# (677-680 MB peak RSS measured in both rehearsal runs, docs/rehearsal.md).
+WRITER_RUNTIME_BYTES = 700 * 1024**2
 ACTIVATION_FACTOR = 2.0  # tensors alive around the largest module call (residual stream, allocator slack)
 # The UNet and VAE keep more alive around their largest call (norms, skip connections): 2.5x
 # matches the H100 measurements in BENCHMARKS.md (0.143 GiB per UNet sample, 1.34 GiB per
@@ -448,7 +451,7 @@ def project_stage_memory(cfg: "BuildConfig", device: str = "cuda") -> dict[str, 
         ("generate", lambda: _generate_bytes(cfg, dtype_bytes)),
         ("filter", lambda: _filter_bytes(cfg)),
         ("classify", lambda: _classify_bytes(cfg)),
-        ("write", lambda: RUNTIME_BYTES),
+        ("write", lambda: WRITER_RUNTIME_BYTES),
     ):
         try:
             out[stage] = project()

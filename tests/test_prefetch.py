@@ -131,6 +131,7 @@ def test_stage_memory_of_the_tiny_config(tmp_path, monkeypatch):
     projected = memory.project_stage_memory(cfg, "cpu")
     assert set(projected) == {"generate", "filter", "classify", "write"}
     assert all(isinstance(v, int) and v > memory.RUNTIME_BYTES for k, v in projected.items() if k != "write")
+    assert projected["write"] == memory.WRITER_RUNTIME_BYTES < memory.RUNTIME_BYTES  # no model library
     footprints = memory.classifier_footprints(cfg)
     assert projected["classify"] == memory.group_bytes(footprints)
     split = load_config(TINY_CONFIG, sets=["resources.classify.memory_budget_gb=0.1"])
