@@ -164,3 +164,23 @@ def test_ray_writer_batches_are_whole_shards(built, ray_session):
     chain = [StageSpec(Emit3, resources=res, batch_size=1), StageSpec(Shards, resources=res, batch_size=4)]
     rows = RayDataExecutor(cfg).run([{"i": i} for i in range(8)], str(out / "unused"), chain, num_blocks=8)
     assert sorted(r["n"] for r in rows) == [4] * 6  # 24 rows in shards of exactly 4
+
+
+def test_local_gpu_requests_are_scaled_to_fit_the_cluster(ray_session):
+    # One logical GPU (the session's Ray): generate 1 + filter 0.25 + two classify groups of
+    # 0.5 ask for 2.25; scaled by 1/2.25 every pool can hold its actor at once.
+    from pipeline.config import StageResources
+    from pipeline.executors import StageSpec
+    from pipeline.executors.ray_data import RayDataExecutor
+
+    from pipeline.cli import TINY_CONFIG
+
+    cfg = load_config(TINY_CONFIG)
+    notices = []
+    ex = RayDataExecutor(cfg, notice=notices.append)
+    res = [StageResources(num_gpus=g) for g in (1.0, 0.25, 0.5, 0.5)] + [StageResources(num_cpus=1)]
+    chain = [StageSpec(object, resources=r) for r in res]
+    assert ex._local_gpu_scale(chain) == pytest.approx(1 / 2.25)
+    assert "ask for 2.25 GPUs" in notices[0] and "has 1" in notices[0]
+    assert ex._local_gpu_scale(chain[1:3]) == 1.0  # 0.75 fits
+    assert RayDataExecutor(cfg, address="ray://elsewhere:10001")._local_gpu_scale(chain) == 1.0

@@ -103,6 +103,31 @@ def _remote_args(stage: StageResources, bookkept: bool) -> dict:
 class RayDataExecutor(Executor):
     name = "ray_data"
 
+    def _local_gpu_scale(self, chain: Sequence[StageSpec]) -> float:
+        """The factor that fits every pool's GPU request into a local cluster's GPUs at once.
+
+        Every pool of the chain must be able to hold its actors together: on a one-GPU node
+        generate (1) + filter (0.25) + 0.5 per classifier group asked for more than the GPU,
+        and pools that got it first waited forever for one upstream that could not start.
+        On a local cluster the requests are scaled down to fit (the actors then share the
+        GPUs; each pool's memory is :mod:`pipeline.memory`'s projection).  A cluster given
+        by address keeps them: GPU nodes may still join it.
+        """
+        import ray
+
+        if self.address or os.environ.get("RAY_ADDRESS"):
+            return 1.0
+        gpus = float(ray.cluster_resources().get("GPU", 0))
+        wanted = sum(r.num_gpus * r.pool_size for r in (spec.resolved(self.cfg)[0] for spec in chain))
+        if gpus <= 0 or wanted <= gpus:
+            return 1.0
+        scale = gpus / wanted
+        message = (f"the actor pools ask for {wanted:g} GPUs and this local Ray cluster has {gpus:g}: every "
+                   f"pool's num_gpus is scaled by {scale:.3f} so that all of them can start (they share the GPUs)")
+        log.info(message)
+        self.notice(message)
+        return scale
+
     def run(
         self,
         rows: Iterable[dict],
@@ -129,8 +154,12 @@ class RayDataExecutor(Executor):
         # dies is retried by the actor restarts and attempt markers, so there is no such limit.
         ray.data.DataContext.get_current().execution_no_progress_timeout_s = -1
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(num_blocks or len(rows), len(rows))))
+        gpu_scale = 1.0 if cpu_only else self._local_gpu_scale(chain)
         for spec in chain:
             r, batch_size = spec.resolved(self.cfg)
+            if gpu_scale < 1.0 and r.num_gpus > 0:
+                # Ray counts GPU fractions in 1e-4 steps: rounded down, the scaled sum still fits.
+                r = r.model_copy(update={"num_gpus": max(1e-4, math.floor(r.num_gpus * gpu_scale * 1e4) / 1e4)})
             if spec.stage.exact_batches:
                 # Ray Data hands an actor a bundle of blocks of at least batch_size rows and
                 # cuts it into batch_size + a remainder: the stages' 8- and 6-row blocks made
