@@ -29,9 +29,10 @@ UNIT = pa.schema(
     ]
 )
 
-# After generation: one row per trajectory.  `images[i]` is the encoded image at
-# `scales[i]`; a failed trajectory has `error` set and empty lists.
-GENERATED = pa.schema(
+# The ids and coordinates of one trajectory, with its scales and their sample ids: the
+# leading columns of every trajectory row, the stages' below and a source's pointer rows
+# (pipeline.sources.common.SOURCE_ROW).
+TRAJECTORY = pa.schema(
     [
         ("trajectory_id", pa.string()),
         ("unit_id", pa.string()),
@@ -41,6 +42,14 @@ GENERATED = pa.schema(
         ("shift", pa.string()),
         ("scales", pa.list_(pa.float64())),
         ("sample_ids", pa.list_(pa.string())),
+    ]
+)
+
+# After generation: one row per trajectory.  `images[i]` is the encoded image at
+# `scales[i]`; a failed trajectory has `error` set and empty lists.
+GENERATED = pa.schema(
+    list(TRAJECTORY)
+    + [
         ("images", pa.list_(pa.binary())),
         ("unet_evals", pa.float64()),  # UNet sample-evaluations attributed to this trajectory
         ("gen_seconds", pa.float64()),  # generation wall time attributed to this trajectory

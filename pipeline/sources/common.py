@@ -6,8 +6,9 @@ import logging
 import os
 import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -16,6 +17,7 @@ from pipeline import plan
 from pipeline.config import SHIFT_NAME
 from pipeline.io.fs import PathEscape, confined_local
 from pipeline.labels import LabelSpace
+from pipeline.schema import TRAJECTORY
 
 log = logging.getLogger(__name__)
 
@@ -23,18 +25,12 @@ ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
 
-# One row per trajectory; ``paths[i]`` holds the image at ``scales[i]``, read whole when
-# ``offsets[i] < 0``, else ``sizes[i]`` bytes from ``offsets[i]`` (a member of a tar).
+# One row per trajectory: the trajectory's columns (:data:`pipeline.schema.TRAJECTORY`), then
+# ``paths[i]`` holds the image at ``scales[i]``, read whole when ``offsets[i] < 0``, else
+# ``sizes[i]`` bytes from ``offsets[i]`` (a member of a tar).
 SOURCE_ROW = pa.schema(
-    [
-        ("trajectory_id", pa.string()),
-        ("unit_id", pa.string()),
-        ("class_id", pa.int64()),
-        ("class_name", pa.string()),
-        ("seed", pa.int64()),
-        ("shift", pa.string()),
-        ("scales", pa.list_(pa.float64())),
-        ("sample_ids", pa.list_(pa.string())),
+    list(TRAJECTORY)
+    + [
         ("paths", pa.list_(pa.string())),
         ("offsets", pa.list_(pa.int64())),
         ("sizes", pa.list_(pa.int64())),
