@@ -131,7 +131,7 @@ def test_status_command(built, capsys):
 
 
 
-def test_ray_writer_batches_are_whole_shards(built, ray_session):
+def test_ray_writer_batches_are_whole_shards(ray_session, tmp_path):
     # Ray Data cuts a bundle of >= batch_size rows into batch_size + a remainder: 3-row blocks
     # made batches of 4 and 2 (two shards per planned one) until the writer's input was
     # repartitioned into blocks of exactly batch_size rows.
@@ -159,7 +159,9 @@ def test_ray_writer_batches_are_whole_shards(built, ray_session):
         def __call__(self, batch):
             return pa.table({"n": [batch.num_rows]})
 
-    cfg, out = built
+    from pipeline.cli import TINY_CONFIG
+
+    cfg, out = load_config(TINY_CONFIG), tmp_path
     res = StageResources(num_cpus=0.5)
     chain = [StageSpec(Emit3, resources=res, batch_size=1), StageSpec(Shards, resources=res, batch_size=4)]
     rows = RayDataExecutor(cfg).run([{"i": i} for i in range(8)], str(out / "unused"), chain, num_blocks=8)

@@ -84,6 +84,25 @@ def cpu_only_local_cluster(address: str | None) -> bool:
     return float(ray.cluster_resources().get("GPU", 0)) == 0
 
 
+def _exact_blocks(ds, rows: int, tasks: int):
+    """``ds`` cut into blocks of exactly ``rows`` rows (the last may hold fewer), streaming.
+
+    The repartition's tasks ask for no CPU, and at most ``tasks`` run at once.  At Ray Data's
+    default of one CPU each they waited until the actor pools released theirs, i.e. until
+    the end of the build, and nothing was committed before it; with no CPU and no cap Ray
+    started a worker process for each of dozens of concurrent tasks.  Ray 2.60 takes neither
+    setting for this operator, so they are set on its logical operator.
+    """
+    import ray
+
+    ds = ds.repartition(target_num_rows_per_block=rows, strict=True)
+    op = ds._logical_plan.dag
+    if isinstance(getattr(op, "ray_remote_args", None), dict):
+        op.ray_remote_args.update(num_cpus=0)
+        object.__setattr__(op, "compute", ray.data.TaskPoolStrategy(size=max(1, tasks)))
+    return ds
+
+
 def _pool(stage: StageResources):
     import ray
 
@@ -165,11 +184,7 @@ class RayDataExecutor(Executor):
                 # cuts it into batch_size + a remainder: the stages' 8- and 6-row blocks made
                 # about two shards per planned one (64 + 6).  Blocks of exactly batch_size
                 # rows make one batch each.
-                ds = ds.repartition(target_num_rows_per_block=batch_size, strict=True)
-                # Its tasks ask for no CPU: at Ray Data's default of one CPU they waited until
-                # the actor pools released theirs, i.e. until the end, and nothing was committed
-                # before it (Ray 2.60 takes no resource arguments for this operator).
-                getattr(ds._logical_plan.dag, "ray_remote_args", {}).update(num_cpus=0)
+                ds = _exact_blocks(ds, batch_size, tasks=r.pool_size)
             if cpu_only and r.num_gpus > 0:
                 message = (f"no GPU in the local Ray cluster: the {spec.stage.name} actors run on the CPU "
                            f"(resources num_gpus {r.num_gpus} -> 0)")
