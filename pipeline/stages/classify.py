@@ -13,11 +13,14 @@ default all).  When ``resources.classify.memory_budget_gb`` splits the pool into
 (:func:`pipeline.memory.classifier_groups`), each group is its own stage in the chain
 (:func:`classify_specs`), and each stage merges its predictions into those of the groups
 before it (``done``), so the columns stay in the config's order whatever the grouping.
+:func:`group_stages` gives each group's stage arguments, for a build's chain and for the
+reclassify stage (:mod:`pipeline.stages.reclassify`) alike.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pipeline import registry, schema
 from pipeline.stages.base import Stage, decode_image, pick_device
@@ -102,17 +105,36 @@ class ClassifyStage(Stage):
         return out
 
 
-def classify_specs(cfg: "BuildConfig") -> list["StageSpec"]:
-    """The classify stages of a chain: one per classifier group that fits the memory budget."""
-    from pipeline.executors import StageSpec
+def group_stages(
+    cfg: BuildConfig, owned: Sequence[int] | None = None, done: Sequence[int] = ()
+) -> list[dict[str, list[int]]]:
+    """The :class:`ClassifyStage` arguments (``classifiers``, ``done``) of the stages that run
+    the classifiers ``owned`` (indices into ``cfg.classifiers``, default all): one stage per
+    group that fits the memory budget (:func:`pipeline.memory.classifier_groups`), in the
+    order they run, each after ``done`` (classifiers whose predictions the rows carry
+    already) and the groups before it."""
     from pipeline.memory import classifier_groups
 
-    groups = classifier_groups(cfg)
-    if len(groups) == 1:
-        return [StageSpec(ClassifyStage)]
-    done: list[int] = []
-    specs = []
+    if owned is None:
+        owned, groups = list(range(len(cfg.classifiers))), classifier_groups(cfg)
+    else:
+        owned = sorted(owned)
+        only = cfg.model_copy(update={"classifiers": [cfg.classifiers[i] for i in owned]})
+        groups = classifier_groups(only)
+    earlier = sorted(done)
+    stages = []
     for group in groups:
-        specs.append(StageSpec(ClassifyStage, {"classifiers": list(group), "done": list(done)}))
-        done += group
-    return specs
+        members = [owned[j] for j in group]
+        stages.append({"classifiers": members, "done": list(earlier)})
+        earlier = sorted(earlier + members)
+    return stages
+
+
+def classify_specs(cfg: BuildConfig) -> list[StageSpec]:
+    """The classify stages of a chain: one per classifier group that fits the memory budget."""
+    from pipeline.executors import StageSpec
+
+    stages = group_stages(cfg)
+    if len(stages) == 1:
+        return [StageSpec(ClassifyStage)]
+    return [StageSpec(ClassifyStage, kwargs) for kwargs in stages]

@@ -27,7 +27,7 @@ from pipeline import schema
 from pipeline.io.store import OutputStore
 from pipeline.io.webdataset import iter_tar
 from pipeline.stages.base import Stage
-from pipeline.stages.classify import ClassifyStage
+from pipeline.stages.classify import ClassifyStage, group_stages
 from pipeline.stages.write import _parquet_bytes, commit_manifest, prediction_rows
 
 # Input rows: one committed shard and the classifiers it lacks.
@@ -115,29 +115,28 @@ class ReclassifyStage(Stage):
         One group (``resources.classify.memory_budget_gb`` unset, or everything fits) stays
         loaded for the next shard; several groups load one after the other, so only one
         group's models are in memory at a time."""
-        from pipeline.memory import classifier_groups
-
         specs = [c for c in self.config.classifiers if c.name in names or c.name in stored]
         sub = self.config.model_copy(update={"classifiers": specs})
         ordered = [c.name for c in specs]
         new = [i for i, c in enumerate(specs) if c.name in names]
         done = [i for i, c in enumerate(specs) if c.name in stored]
-        only_new = self.config.model_copy(update={"classifiers": [specs[i] for i in new]})
-        groups = [[new[j] for j in g] for g in classifier_groups(only_new)]
-        if len(groups) == 1:
+        stages = group_stages(sub, new, done)
+        if len(stages) == 1:
             key = (names, stored)
             if key not in self._classify:
-                stage = ClassifyStage(sub, device=self.device_override, classifiers=groups[0], done=done)
-                stage.ensure_setup()
-                self._classify[key] = stage
+                self._classify[key] = self._loaded(sub, stages[0])
             return self._classify[key].process(rows), ordered
-        for group in groups:
-            stage = ClassifyStage(sub, device=self.device_override, classifiers=group, done=done)
-            stage.ensure_setup()
+        for kwargs in stages:
+            stage = self._loaded(sub, kwargs)
             rows = stage.process(rows)
-            done = sorted(done + group)
             del stage
         return rows, ordered
+
+    def _loaded(self, sub, kwargs: dict[str, list[int]]) -> ClassifyStage:
+        """A classify stage of ``sub`` (``kwargs``: :func:`pipeline.stages.classify.group_stages`'), set up."""
+        stage = ClassifyStage(sub, device=self.device_override, **kwargs)
+        stage.ensure_setup()
+        return stage
 
     def _sources(self, names: tuple[str, ...], have: list[str]) -> tuple[str, ...]:
         """The classifiers of ``have`` (not re-run) that new vlms of ``names`` draw distractors
