@@ -49,7 +49,8 @@ def test_corruptions(capsys):
 def test_classify_memory(capsys):
     # `plan` runs here (meta-device projections); `measure` needs a GPU.
     _load("classify_memory").plan([str(BENCH.parent / "configs" / "tiny.yaml")])
-    out = json.loads(capsys.readouterr().out)
+    text = capsys.readouterr().out  # on a fresh checkout the tiny assets are made first, and say so
+    out = json.loads(text[text.index("\n{") + 1 :] if not text.startswith("{") else text)
     assert out["models"] and all(m["weights"] > 0 for m in out["models"])
     assert sorted(i for g in out["groups"] for i in g["members"]) == list(range(len(out["models"])))
 
