@@ -257,7 +257,8 @@ def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | 
         f"utilisation of that peak measured on an H100 ({util['source']}) and assumed on this GPU: "
         f"UNet {unet_utilisation(1):.3f} (1 image per forward) to {unet_utilisation(gen.branch_batch_size):.3f} "
         f"({gen.branch_batch_size} per forward), VAE decode {util['vae_decode']:.3f}, "
-        f"classifiers {util['classifier']:.2f}, filter {util['filter']:.2f}",
+        f"classifiers {util['classifier']:.3f}, filter {util['filter']:.3f} (float32, as those stages run; "
+        f"measured on an H200 by bench/rehearsal_gpu.py)",
         "model FLOPs per image from pipeline/data/model_flops.json (torch.utils.flop_counter on each model's timm twin); "
         "UNet and VAE FLOPs scale with the latent pixels",
     ]

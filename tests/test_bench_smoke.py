@@ -87,3 +87,15 @@ def test_scale(capsys, ray_session):
     assert set(out["pools"]) == {"generate", "filter", "classify", "write"} and 0 < out["efficiency"] <= 1.05
     assert out["driver_peak_rss_mb"] > 0 and "cpu_utilisation" in out
     assert out["writer_batches"] == "exact" and out["shards"] == 1  # 2 trajectories, 64 per shard
+
+
+def test_rehearsal_gpu(capsys):
+    # `--smoke`: the SD2 blocks at small widths and 64 px, one timm and one CLIP classifier,
+    # on the CPU; the JSON has every stage BENCHMARKS.md quotes and the paper grid's 65 evals.
+    assert _load("rehearsal_gpu").main(["--smoke", "--json"]) == 0
+    out = _printed(capsys)
+    assert out["unet_evals_per_image"] == {"prefix_batch_2": 0.4, "window_batch_4": 64.6}
+    assert set(out["generate"]["unet_eval_by_batch"]) == {"2", "4"} and out["generate"]["seconds_per_image"] > 0
+    assert [r["model"] for r in out["classify"]["models"]] == ["resnet18", "clip_rn50"]
+    assert all(r["seconds_per_image"] > 0 for r in out["filter"]["models"] + out["classify"]["models"])
+    assert out["classify"]["batch"] == 1 and out["zero_shot_head"]["prompts"] == 80
