@@ -530,11 +530,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cluster", choices=("ray", "none"), default="ray", help="none: this process's Ray (tests)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--save-efficiency", action="store_true", help=f"write the projection to {EFFICIENCY_FILE.name}")
+    p.add_argument("--reproject", action="store_true",
+                   help=f"no simulation: project again from the CPU costs recorded in {EFFICIENCY_FILE.name} and "
+                        "today's latency model (with --classes/--seeds/--shifts of the recorded run)")
     p.add_argument("--driver", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.driver:
         run_driver_job(args.driver)
         return {}
+    if args.reproject:
+        return reproject(args)
     if args.classes > 1000 or args.shifts > 14:
         raise SystemExit("--classes <= 1000 (ImageNet) and --shifts <= 14")
 
@@ -602,6 +607,26 @@ def main(argv: list[str] | None = None) -> dict:
         }
     if args.save_efficiency:
         save_efficiency(result, " ".join(["python bench/scale.py", *(argv if argv is not None else sys.argv[1:])]))
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+    return result
+
+
+def reproject(args) -> dict:
+    """The projection of a recorded simulation redone with the current latency model: the
+    pool layout follows the stages' GPU shares, the CPU caps are the recorded run's."""
+    recorded = json.loads(EFFICIENCY_FILE.read_text())
+    _, layout = sim_raw(args, recorded["simulated"]["gpus"])
+    run = {"cpu_s_per_1000_images": recorded["simulated"]["cpu_s_per_1000_images"], "writers": args.writers}
+    counts = {"units": args.classes * args.seeds, "images_per_unit": args.shifts * 6}
+    unit_s = layout["generate_unit_s"] + layout["filter_unit_s"] + layout["classify_unit_s"]
+    result = {"aux_fraction": round(layout["aux_fraction"], 4), "recorded": recorded["efficiency"],
+              "projected_efficiency": {str(n): project(run, layout, counts, n, unit_s) for n in PROJECTED}}
+    if args.save_efficiency:
+        recorded["efficiency"] = result["projected_efficiency"]
+        recorded["reprojected"] = (f"python bench/scale.py --reproject --classes {args.classes} --seeds {args.seeds} "
+                                   f"--writers {args.writers} --save-efficiency (aux fraction "
+                                   f"{result['aux_fraction']}: filter + classify share of the GPU time)")
+        EFFICIENCY_FILE.write_text(json.dumps(recorded, indent=1) + "\n")
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return result
 

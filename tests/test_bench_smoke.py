@@ -99,3 +99,10 @@ def test_rehearsal_gpu(capsys):
     assert [r["model"] for r in out["classify"]["models"]] == ["resnet18", "clip_rn50"]
     assert all(r["seconds_per_image"] > 0 for r in out["filter"]["models"] + out["classify"]["models"])
     assert out["classify"]["batch"] == 1 and out["zero_shot_head"]["prompts"] == 80
+
+
+def test_scale_reproject_gives_the_recorded_projection(capsys):
+    # No simulation: the recorded run's CPU costs with today's latency model give back the
+    # efficiencies recorded in pipeline/data/scale_efficiency.json (which estimate reads).
+    out = _load("scale").main(["--reproject", "--classes", "100", "--seeds", "50", "--writers", "1", "--json"])
+    assert out["projected_efficiency"] == out["recorded"] and 0.2 < out["aux_fraction"] < 0.25
