@@ -78,7 +78,7 @@ def kill_at(cfg: Path, out: Path, runner: str, rule: str, fault_dir: Path) -> No
     fault_dir.mkdir(parents=True, exist_ok=True)
     env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir))
     proc = subprocess.Popen(build_cmd(cfg, out, runner), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 300
+    deadline = time.time() + 600  # a loaded 2-core machine takes minutes to reach the last unit
     try:
         while not list(fault_dir.glob("paused-*")):
             if proc.poll() is not None:

@@ -134,7 +134,7 @@ def ray_session():
     yield _start_ray()
 
 
-RAY_FIXTURES = {"ray_session", "demo_world"}
+RAY_FIXTURES = {"ray_session"}
 
 
 @pytest.hookimpl(trylast=True)
@@ -152,14 +152,18 @@ def pytest_runtest_teardown(item, nextitem):
 
 @pytest.fixture(scope="session")
 def demo_world(tmp_path_factory):
-    """One ``cnsbench demo`` build (configs/demo.yaml on the session's Ray), shared read-only
-    by the world, report and digest tests; a test that changes an output copies it first."""
+    """One ``cnsbench demo`` build (configs/demo.yaml), shared read-only by the world, report
+    and digest tests; a test that changes an output copies it first.
+
+    It runs in this process (``--runner local``): a Ray build of the world costs about 1.6x
+    the CPU, and a build's output does not depend on the runner (ids and seeds come from
+    coordinates); Ray's shards equal in-process ones in tests/test_resume_ray.py, and the
+    default runner, Ray, builds the tiny config in tests/test_build_e2e.py."""
     from pipeline.checkout import REPO_ROOT
     from pipeline.cli import main
 
     if not (REPO_ROOT / "assets" / "world" / "world.json").is_file():
         pytest.skip("the shipped world (assets/world) is missing")
-    _start_ray()
     out = tmp_path_factory.mktemp("demo-world") / "out"
-    assert main(["demo", "--output", str(out)]) == 0
+    assert main(["demo", "--runner", "local", "--output", str(out)]) == 0
     return out

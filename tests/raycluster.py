@@ -23,7 +23,7 @@ from pipeline import jobs
 
 RAY = str(Path(sys.executable).with_name("ray"))
 HEAD_RESOURCE = "cnsbench_test_head"  # a custom resource only the head has (for a holder job)
-START_TIMEOUT = 240
+START_TIMEOUT = 420  # a node joins in seconds alone; minutes beside a busy suite
 
 def small_pools(raw: dict) -> None:
     """A config mutation for ``buildproc.tiny_config``: generate 1 + filter/classify/write 0.25

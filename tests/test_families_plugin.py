@@ -157,7 +157,7 @@ def test_a_family_registered_by_a_test_builds_end_to_end(invert_registered, tmp_
 @needs_world
 @pytest.mark.slow
 def test_demo_build_digest_and_old_output_resume(demo_world, tmp_path):
-    """`cnsbench demo` (configs/demo.yaml on Ray) gives the recorded digest; a copy made to
+    """`cnsbench demo` (configs/demo.yaml) gives the recorded digest; a copy made to
     look like an output of before ``families`` resumes in process with nothing redone."""
     from pipeline.build import build
     from pipeline.io.digest import output_digest

@@ -4,7 +4,7 @@ the embedded default that ``cnsbench demo`` builds.
 Fast tests: the ``torchscript`` classifier kind, the world's shift operations, and that
 ``configs/demo.yaml`` agrees with the shipped assets and the training script's settings.
 
-Slow tests (``-m slow``): the session's one ``cnsbench demo`` (configs/demo.yaml on Ray; conftest),
+Slow tests (``-m slow``): the session's one ``cnsbench demo`` (configs/demo.yaml, in process; conftest),
 then the effects the world exists to show, read from the output's Parquet tables
 and report CSVs: accuracy falls with the shift scale, classifiers fail at different
 points, and the out-of-class filter removes more images at high scales than at low ones.
