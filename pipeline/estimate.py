@@ -218,7 +218,10 @@ def unit_seconds(cfg: "BuildConfig", spec: dict, n_shifts: int, scales: list[flo
     # The prefix runs one image per forward; the branches branch_batch_size per forward.
     prefix_evals = e["prefix_steps"] * per_step
     prefix_s = prefix_evals * per_sample / unet_utilisation(1)
+    # The window's forwards carry the rows' sliders (per-row LoRA hooks): measured slower than
+    # the bare UNet by ``slider_window_factor`` (pipeline/data/gpus.json).
     window_s = (e["evals"] - prefix_evals) * per_sample / unet_utilisation(min(gen.branch_batch_size, e["branches"]))
+    window_s *= utilisation().get("slider_window_factor", 1.0)
     decode_s = e["branches"] * gflop["vae_gflop_per_decode"] * 1e9 * px / (peak * utilisation()["vae_decode"])
     return prefix_s + window_s + decode_s, e
 
@@ -256,7 +259,8 @@ def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | 
         f"peak dense BF16 throughput from {spec['source']}",
         f"utilisation of that peak measured on an H100 ({util['source']}) and assumed on this GPU: "
         f"UNet {unet_utilisation(1):.3f} (1 image per forward) to {unet_utilisation(gen.branch_batch_size):.3f} "
-        f"({gen.branch_batch_size} per forward), VAE decode {util['vae_decode']:.3f}, "
+        f"({gen.branch_batch_size} per forward), VAE decode {util['vae_decode']:.3f}, window steps with the rows' "
+        f"sliders {util.get('slider_window_factor', 1.0):g}x the bare UNet (measured on an H200), "
         f"classifiers {util['classifier']:.3f}, filter {util['filter']:.3f} (float32, as those stages run; "
         f"measured on an H200 by bench/rehearsal_gpu.py)",
         "model FLOPs per image from pipeline/data/model_flops.json (torch.utils.flop_counter on each model's timm twin); "

@@ -105,4 +105,4 @@ def test_scale_reproject_gives_the_recorded_projection(capsys):
     # No simulation: the recorded run's CPU costs with today's latency model give back the
     # efficiencies recorded in pipeline/data/scale_efficiency.json (which estimate reads).
     out = _load("scale").main(["--reproject", "--classes", "100", "--seeds", "50", "--writers", "1", "--json"])
-    assert out["projected_efficiency"] == out["recorded"] and 0.2 < out["aux_fraction"] < 0.25
+    assert out["projected_efficiency"] == out["recorded"] and 0.1 < out["aux_fraction"] < 0.2
