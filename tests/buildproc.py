@@ -26,6 +26,14 @@ HAS_UNSHARE = shutil.which("unshare") is not None and subprocess.run(
 ).returncode == 0
 
 
+# A Ray build of the tiny config in a fresh PID namespace takes about 100 s alone on a 2-core
+# machine; beside the rest of the suite its Ray starts its actors and runs its units many
+# times slower (measured: over 10 minutes with three busy processes beside it). Its tests
+# allow for that (their pytest timeout is RAY_SUBPROCESS_TEST_S).
+SUBPROCESS_BUILD_S = 1500
+RAY_SUBPROCESS_TEST_S = 2 * SUBPROCESS_BUILD_S + 300
+
+
 def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bool = False) -> Path:
     """configs/tiny.yaml with absolute asset paths (so it can live anywhere), optionally changed.
 
@@ -61,7 +69,8 @@ def env_with(**extra: str) -> dict[str, str]:
 
 def run_build(cfg: Path, out: Path, runner: str, env: dict | None = None, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        build_cmd(cfg, out, runner, *extra), env=env or env_with(), capture_output=True, text=True, timeout=600
+        build_cmd(cfg, out, runner, *extra), env=env or env_with(), capture_output=True, text=True,
+        timeout=SUBPROCESS_BUILD_S,
     )
 
 
@@ -78,7 +87,7 @@ def kill_at(cfg: Path, out: Path, runner: str, rule: str, fault_dir: Path) -> No
     fault_dir.mkdir(parents=True, exist_ok=True)
     env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir))
     proc = subprocess.Popen(build_cmd(cfg, out, runner), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 600  # a loaded 2-core machine takes minutes to reach the last unit
+    deadline = time.time() + SUBPROCESS_BUILD_S
     try:
         while not list(fault_dir.glob("paused-*")):
             if proc.poll() is not None:

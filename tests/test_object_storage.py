@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from buildproc import build_here, env_with, kill_at, run_build, snapshot, tiny_config
+from buildproc import RAY_SUBPROCESS_TEST_S, build_here, env_with, kill_at, run_build, snapshot, tiny_config
 from s3server import s3_environment
 
 from pipeline.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(RAY_SUBPROCESS_TEST_S)]
 BUCKET = "cnsbench-test"
 
 

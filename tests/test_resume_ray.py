@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from buildproc import assert_same, build_here, env_with, kill_at, run_build, snapshot, tiny_config
+from buildproc import RAY_SUBPROCESS_TEST_S, assert_same, build_here, env_with, kill_at, run_build, snapshot, tiny_config
 
 from pipeline.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(RAY_SUBPROCESS_TEST_S)]
 
 
 @pytest.fixture(scope="module")
