@@ -563,8 +563,6 @@ def main(argv: list[str] | None = None) -> dict:
     import shutil
 
     shutil.rmtree(workdir, ignore_errors=True)
-    counts_plan = {"units": args.classes * args.seeds, "images_per_unit": args.shifts * 6}
-    unit_s = main_run["layout"]["generate_unit_s"] + main_run["layout"]["filter_unit_s"] + main_run["layout"]["classify_unit_s"]
     result = {
         "images": main_run["driver"]["images"],
         "gpus": args.gpus,
@@ -586,9 +584,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu_utilisation_machine": round(main_run["cpu"]["cpu_utilisation"], 3),
         "overrun_fraction": main_run["overrun_fraction"],
         "cpu_s_per_1000_images": {k: round(v, 3) for k, v in main_run["cpu_s_per_1000_images"].items()},
-        "projected_efficiency": {
-            str(n): project(main_run, main_run["layout"], counts_plan, n, unit_s) for n in PROJECTED
-        },
+        "projected_efficiency": projected(main_run, main_run["layout"], args),
         "wall_s": round(main_run["wall_s"], 1),
         "startup_s": round(main_run["startup_s"], 1),
         "failed": main_run["driver"]["failed"],
@@ -611,16 +607,21 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def projected(run: dict, layout: dict, args) -> dict[str, float]:
+    """:func:`project` at every size of :data:`PROJECTED` for the plan of ``args``."""
+    counts = {"units": args.classes * args.seeds, "images_per_unit": args.shifts * 6}
+    unit_s = layout["generate_unit_s"] + layout["filter_unit_s"] + layout["classify_unit_s"]
+    return {str(n): project(run, layout, counts, n, unit_s) for n in PROJECTED}
+
+
 def reproject(args) -> dict:
     """The projection of a recorded simulation redone with the current latency model: the
     pool layout follows the stages' GPU shares, the CPU caps are the recorded run's."""
     recorded = json.loads(EFFICIENCY_FILE.read_text())
     _, layout = sim_raw(args, recorded["simulated"]["gpus"])
     run = {"cpu_s_per_1000_images": recorded["simulated"]["cpu_s_per_1000_images"], "writers": args.writers}
-    counts = {"units": args.classes * args.seeds, "images_per_unit": args.shifts * 6}
-    unit_s = layout["generate_unit_s"] + layout["filter_unit_s"] + layout["classify_unit_s"]
     result = {"aux_fraction": round(layout["aux_fraction"], 4), "recorded": recorded["efficiency"],
-              "projected_efficiency": {str(n): project(run, layout, counts, n, unit_s) for n in PROJECTED}}
+              "projected_efficiency": projected(run, layout, args)}
     if args.save_efficiency:
         recorded["efficiency"] = result["projected_efficiency"]
         recorded["reprojected"] = (f"python bench/scale.py --reproject --classes {args.classes} --seeds {args.seeds} "
