@@ -34,12 +34,20 @@ SUBPROCESS_BUILD_S = 1500
 RAY_SUBPROCESS_TEST_S = 2 * SUBPROCESS_BUILD_S + 300
 
 
-def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bool = False) -> Path:
+# Sampler steps of the tests' tiny builds (configs/tiny.yaml has the paper's 50).  With the
+# LoRA window at t <= 750, 10 DDIM steps still make 2 steps before the window and 8 in it,
+# so the shared prefix and the slider branches both run; generation costs a fifth.
+TEST_STEPS = 10
+
+
+def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bool = False,
+                steps: int = TEST_STEPS) -> Path:
     """configs/tiny.yaml with absolute asset paths (so it can live anywhere), optionally changed.
 
     The report's figures are off (``aggregate.plots``) unless ``plots``: drawing them costs a
     build about 4 CPU-seconds, and the suite builds this config dozens of times for tests
-    that read the tables; the report tests ask for them."""
+    that read the tables; the report tests ask for them.  The sampler runs ``steps`` steps
+    (TEST_STEPS) unless ``mutate`` sets them."""
     import yaml
 
     from pipeline.cli import TINY_CONFIG
@@ -49,6 +57,7 @@ def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bo
     text = TINY_CONFIG.read_text().replace("../assets/", str(TINY_CONFIG.parent.parent / "assets") + "/")
     raw = yaml.safe_load(text)
     raw.setdefault("aggregate", {})["plots"] = plots
+    raw["generator"]["steps"] = steps
     if mutate:
         mutate(raw)
     path = Path(directory) / name

@@ -149,6 +149,7 @@ class Cluster:
         ]
 
     def start(self) -> None:
+        """Start the head node (its Jobs API up); worker nodes join with ``add_worker``."""
         p = _free_ports(9)
         self.gcs_port, self.dashboard_port = p[0], p[1]
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
@@ -169,7 +170,6 @@ class Cluster:
         )
         self.nodes.append(self.head)
         self._wait(lambda: self._jobs_api_up(), "the head's Jobs API", self.head)
-        self.add_worker("w")
 
     def add_worker(self, name: str, **extra_env: str) -> Node:
         """Start a worker node (2 CPUs) in a new PID namespace; it becomes ``self.worker``."""

@@ -179,9 +179,14 @@ def test_evaluate_one_group_equals_one_classifier_per_group(one_group, tmp_path)
 
 @pytest.mark.slow
 def test_ray_runs_one_actor_pool_per_group(one_group, tmp_path, ray_session):
+    # With the filter stage before the pools (it scores images, it drops none): the
+    # predictions do not change, and the samples carry its scores.
     source, one = one_group
-    each = evaluate(source, tmp_path / "ray", "--runner", "ray", "--set", "resources.classify.memory_budget_gb=0.1")
+    each = evaluate(source, tmp_path / "ray", "--runner", "ray", "--filter",
+                    "--set", "resources.classify.memory_budget_gb=0.1")
     assert_same_predictions(one, each)
+    samples = pd.concat(pd.read_parquet(p) for p in (each / "samples").glob("*.parquet"))
+    assert len(samples) == 4 and samples["dino_image"].notna().all() and samples["n_pass"].notna().all()
 
 
 def test_reclassify_loads_one_group_at_a_time(whole):

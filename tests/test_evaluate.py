@@ -216,13 +216,14 @@ def test_evaluate_published_layout_local(tiny_assets, cns, tmp_path, capsys):
         evaluate_cli(argv + ["--filter"])
 
 
-@pytest.mark.slow
-def test_evaluate_published_layout_ray_with_filter(tiny_assets, cns, tmp_path, ray_session):
+def test_evaluate_published_layout_with_filter(tiny_assets, cns, tmp_path):
+    # In process: evaluate on Ray (one actor pool per classifier group) is
+    # test_classify_groups.py's, the filter stage on Ray every Ray build's.
     from pipeline.models.detectors import keep_decision
 
-    out = tmp_path / "eval-ray"
+    out = tmp_path / "eval-filter"
     code = evaluate_cli(
-        [str(cns), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "ray", "--filter",
+        [str(cns), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "local", "--filter",
          "--classifiers", "tiny-resnet"]
     )
     assert code == 0

@@ -2,9 +2,10 @@
 build's output; a crashing actor is restarted and retried, one that always crashes is
 given up and reported, and the next run completes the build.
 
-The Ray builds run in subprocesses inside their own PID namespace (see ``buildproc``), so
-a kill takes the driver and every Ray process of that build with it.  The runs after them
-(resumes, the reference) run in this process: resuming is the driver's work (plan, clean
+The killed Ray build runs in a subprocess inside its own PID namespace (see ``buildproc``),
+so the kill takes the driver and every Ray process of that build with it; the crashing
+actors run on this test worker's Ray.  The runs after them (resumes, the reference) run in
+this process: resuming is the driver's work (plan, clean
 up, commit), whichever runner made the shards, and test_cluster resumes on Ray.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from buildproc import RAY_SUBPROCESS_TEST_S, assert_same, build_here, env_with, kill_at, run_build, snapshot, tiny_config
+from buildproc import RAY_SUBPROCESS_TEST_S, assert_same, build_here, kill_at, snapshot, tiny_config
 
 from pipeline.cli import main
 
@@ -41,17 +42,25 @@ def test_killed_ray_build_resumes_identically(cfg_path, tmp_path, capsys):
     assert_same(snapshot(out), snapshot(reference))
 
 
-def test_crashing_actor_is_retried_then_reported(cfg_path, tmp_path, capsys):
+def test_crashing_actor_is_retried_then_reported(cfg_path, tmp_path, capsys, monkeypatch, ray_session):
+    # On this test worker's Ray (the rules reach the actors through their runtime_env): a
+    # crash takes an actor's process, not the driver.
     out = tmp_path / "out"
     faults = tmp_path / "faults"
     faults.mkdir()
     # The generation actor dies (hard exit) once on one unit: restarted, retried, fine.
     # The classifier actor dies every time on one batch: given up after the retries.
     rule = "generate:start:001/seed_0002:crash_once;classify:start:heavy_snow/022/seed_0002:crash"
-    res = run_build(cfg_path, out, "ray", env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(faults)))
-    assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-3000:]
+    monkeypatch.setenv("CNSBENCH_FAULT_INJECT", rule)
+    monkeypatch.setenv("CNSBENCH_FAULT_DIR", str(faults))
+    capsys.readouterr()
+    rc = main(["build", str(cfg_path), "--output", str(out), "--runner", "ray"])
+    printed = capsys.readouterr().out
+    assert rc == 3, printed[-3000:]
+    monkeypatch.delenv("CNSBENCH_FAULT_INJECT")
+    monkeypatch.delenv("CNSBENCH_FAULT_DIR")
     assert list(faults.glob("crashed-generate-*"))
-    assert "FAILED heavy_snow/022/seed_0002: [classify] worker crashed 3 times" in res.stdout
+    assert "FAILED heavy_snow/022/seed_0002: [classify] worker crashed 3 times" in printed
     snap = snapshot(out)
     done = {k.rsplit("_scale_", 1)[0] for k in snap["images"]}
     assert "heavy_snow/022/seed_0002" not in done and "painting_style/001/seed_0002" in done

@@ -116,7 +116,13 @@ def _remote_args(stage: StageResources, bookkept: bool) -> dict:
     # (its actors are "unavailable" until the node is declared dead and they restart
     # elsewhere).  Stages without markers (the writer) get a bounded budget.
     retries = -1 if bookkept else stage.max_retries + 1
-    return {"max_restarts": -1, "max_task_retries": retries}
+    args = {"max_restarts": -1, "max_task_retries": retries}
+    # Fault-injection rules (tests only: pipeline/faults.py) set in the driver reach the
+    # actors on a Ray that was already running when the build started.
+    faults = {k: v for k, v in os.environ.items() if k.startswith("CNSBENCH_FAULT_")}
+    if faults:
+        args["runtime_env"] = {"env_vars": faults}
+    return args
 
 
 class RayDataExecutor(Executor):
