@@ -92,7 +92,7 @@ def test_incompatible_config_is_refused_unless_new_version(cfg_path, tmp_path, c
     small.write_text(yaml.safe_dump(raw))
     assert build_here(small, out) == 2
     err = capsys.readouterr().err
-    assert "generator.steps: 50 -> 20" in err and "filter.min_pass: 2 -> 3" in err
+    assert "generator.steps: 10 -> 20" in err and "filter.min_pass: 2 -> 3" in err
     assert build_here(small, out, "--new-version") == 0
     previous = list((out / "previous").iterdir())
     assert len(previous) == 1 and len(list((previous[0] / "manifest").glob("*.json"))) == 4
