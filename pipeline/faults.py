@@ -28,6 +28,11 @@ ENV = "CNSBENCH_FAULT_INJECT"
 DIR_ENV = "CNSBENCH_FAULT_DIR"
 
 
+def fault_env() -> dict[str, str]:
+    """This process's fault-injection variables, for the Ray workers of a build to inherit."""
+    return {k: v for k, v in os.environ.items() if k.startswith("CNSBENCH_FAULT_")}
+
+
 def _rules() -> list[tuple[str, str, str, str]]:
     spec = os.environ.get(ENV, "").strip()
     rules = []

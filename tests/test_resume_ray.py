@@ -5,8 +5,8 @@ given up and reported, and the next run completes the build.
 The killed Ray build runs in a subprocess inside its own PID namespace (see ``buildproc``),
 so the kill takes the driver and every Ray process of that build with it; the crashing
 actors run on this test worker's Ray.  The runs after them (resumes, the reference) run in
-this process: resuming is the driver's work (plan, clean
-up, commit), whichever runner made the shards, and test_cluster resumes on Ray.
+this process: resuming is the driver's work (plan, clean up, commit), whichever runner
+made the shards, and test_cluster resumes on Ray.
 """
 
 from __future__ import annotations

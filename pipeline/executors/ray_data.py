@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.config import BuildConfig, StageResources
 from pipeline.executors.base import Executor, StageSpec
+from pipeline.faults import fault_env
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
         # A Ray job's driver (`cnsbench submit`, KubeRay RayJob) gets the cluster in
         # $RAY_ADDRESS, and ray.init() refuses num_cpus/num_gpus when it connects to one.
         # Fault-injection rules (tests only: pipeline/faults.py) travel to the job's workers.
-        faults = {k: v for k, v in os.environ.items() if k.startswith("CNSBENCH_FAULT_")}
+        faults = fault_env()
         ray.init(address=address, log_to_driver=True, **({"runtime_env": {"env_vars": faults}} if faults else {}))
         return
     from pipeline.progress import quiet_local_ray, verbose
@@ -119,7 +120,7 @@ def _remote_args(stage: StageResources, bookkept: bool) -> dict:
     args = {"max_restarts": -1, "max_task_retries": retries}
     # Fault-injection rules (tests only: pipeline/faults.py) set in the driver reach the
     # actors on a Ray that was already running when the build started.
-    faults = {k: v for k, v in os.environ.items() if k.startswith("CNSBENCH_FAULT_")}
+    faults = fault_env()
     if faults:
         args["runtime_env"] = {"env_vars": faults}
     return args
