@@ -1,8 +1,9 @@
-"""Builds in subprocesses inside their own PID namespace, and SIGKILL at chosen points.
+"""Builds killed with SIGKILL at chosen points, the tests' tiny config, and output snapshots.
 
-Shared by the resume and object-storage tests.  ``unshare -p -f --mount-proc`` gives every
-build its own PID namespace, so killing the namespace's init takes the driver and every
-Ray process of that build with it and leaves the host's other Ray processes alone.
+Shared by the resume, object-storage and cluster tests.  A killed Ray build runs in a
+subprocess inside its own PID namespace (``unshare -p -f --mount-proc``), so killing the
+namespace's init takes the driver and every Ray process of that build with it and leaves
+the host's other Ray processes alone; a killed local build runs in a forked child.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ RAY_SUBPROCESS_TEST_S = 2 * SUBPROCESS_BUILD_S + 300
 # so the shared prefix and the slider branches both run; generation costs a fifth.
 TEST_STEPS = 10
 
+# Zero-shot prompt templates of the tests' tiny builds: one, not the "simple" set of
+# configs/tiny.yaml.  The head is the same function of the weights, the class names and the
+# templates either way; with one template it is built in a tenth of the time (about 3.5
+# CPU-seconds less for every process that classifies: each Ray actor, each subprocess build).
+TEST_TEMPLATES = ["a photo of a {c}."]
+
 
 def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bool = False,
                 steps: int = TEST_STEPS) -> Path:
@@ -47,7 +54,7 @@ def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bo
     The report's figures are off (``aggregate.plots``) unless ``plots``: drawing them costs a
     build about 4 CPU-seconds, and the suite builds this config dozens of times for tests
     that read the tables; the report tests ask for them.  The sampler runs ``steps`` steps
-    (TEST_STEPS) unless ``mutate`` sets them."""
+    (TEST_STEPS) unless ``mutate`` sets them; the zero-shot classifier has TEST_TEMPLATES."""
     import yaml
 
     from pipeline.cli import TINY_CONFIG
@@ -58,11 +65,33 @@ def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bo
     raw = yaml.safe_load(text)
     raw.setdefault("aggregate", {})["plots"] = plots
     raw["generator"]["steps"] = steps
+    for clf in raw["classifiers"]:
+        if clf["kind"] == "open_clip_zeroshot":
+            clf["templates"] = list(TEST_TEMPLATES)
     if mutate:
         mutate(raw)
     path = Path(directory) / name
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def shared_build(tmp_path_factory, name: str, make_config) -> tuple[Path, Path]:
+    """(config, output) of an in-process build of ``make_config(directory)``, made once per
+    test run and shared read-only by every test worker (pytest-xdist): the first worker to
+    ask builds it under a file lock, the others wait for it and read it."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    root.mkdir(exist_ok=True)
+    out, done = root / "out", root / "done"
+    with FileLock(str(root / "lock")):
+        cfg = make_config(root)
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a build that did not finish
+            assert build_here(cfg, out) == 0
+            done.touch()
+    return cfg, out
 
 
 def build_cmd(cfg: Path, out: Path, runner: str, *extra: str) -> list[str]:
@@ -91,10 +120,17 @@ def build_here(cfg: Path, out: Path | str, *extra: str) -> int:
     return main(["build", str(cfg), "--output", str(out), "--runner", "local", *extra])
 
 
-def kill_at(cfg: Path, out: Path, runner: str, rule: str, fault_dir: Path) -> None:
-    """Start a build that pauses at the fault rule's point, then SIGKILL all of it there."""
+def kill_at(cfg: Path, out: Path | str, runner: str, rule: str, fault_dir: Path, env: dict | None = None) -> None:
+    """Start a build that pauses at the fault rule's point, then SIGKILL all of it there
+    (``env``: more variables for the build, e.g. a storage server's).
+
+    A local build runs in a child forked from this process (:func:`_kill_forked`); a Ray
+    build in a fresh interpreter in its own PID namespace, whose init the kill takes with
+    every Ray process of the build."""
     fault_dir.mkdir(parents=True, exist_ok=True)
-    env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir))
+    if runner == "local":
+        return _kill_forked(cfg, out, rule, fault_dir, env or {})
+    env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir), **(env or {}))
     proc = subprocess.Popen(build_cmd(cfg, out, runner), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + SUBPROCESS_BUILD_S
     try:
@@ -112,6 +148,46 @@ def kill_at(cfg: Path, out: Path, runner: str, rule: str, fault_dir: Path) -> No
                 os.kill(int(pid), signal.SIGKILL)
         proc.kill()
         proc.wait(timeout=60)
+
+
+def _kill_forked(cfg: Path, out: Path | str, rule: str, fault_dir: Path, env: dict) -> None:
+    """A local build (``cnsbench build --runner local``, the CLI's ``main``) in a forked child,
+    SIGKILLed at the rule's pause.  The child is a whole process of its own, killed as a
+    fresh interpreter would be; it starts with this process's imports, so a kill costs the
+    build's work up to the pause and not a new interpreter's torch and diffusers (about 15
+    CPU-seconds here).  What it prints goes to ``fault_dir/build.log``."""
+    log = fault_dir / "build.log"
+    pid = os.fork()
+    if pid == 0:  # the child: the build, until the kill
+        code = 99
+        try:
+            sys.stdout = sys.stderr = open(log, "w", buffering=1)
+            for key in [k for k in os.environ if k.startswith("CNSBENCH_FAULT")]:
+                del os.environ[key]
+            os.environ.update(env, CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir))
+            from pipeline.cli import main
+
+            code = main(["build", str(cfg), "--output", str(out), "--runner", "local"])
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    deadline = time.time() + SUBPROCESS_BUILD_S
+    ended = False
+    try:
+        while not list(fault_dir.glob("paused-*")):
+            ended = os.waitpid(pid, os.WNOHANG)[0] == pid
+            if ended:
+                raise AssertionError(f"build ended before reaching {rule}: {log.read_text()[-3000:]}")
+            if time.time() > deadline:
+                raise AssertionError(f"build never reached {rule}")
+            time.sleep(0.2)
+    finally:
+        if not ended:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # reaped: its lease on the output names a dead process
 
 
 def snapshot(out: Path | str) -> dict:

@@ -21,13 +21,12 @@ import pytest  # noqa: E402
 # session fixture form one unit.  Units start longest first (measured with --durations on a
 # 2-core machine), so no worker is left with a long module at the end; modules not listed
 # follow in file order.  The modules that start Ray clusters of their own (test_cluster,
-# test_resume_ray, test_object_storage) alternate with long in-process ones: two such
+# test_object_storage) alternate with long in-process ones: two such
 # clusters at once on two cores start their actors many times slower than one.
 LONGEST_FIRST = (
     "test_cluster",
     "test_resume",
     "demo_world",
-    "test_resume_ray",
     "test_corruption_world",
     "test_object_storage",
     "test_ximagenet_world",
@@ -156,13 +155,23 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 @pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory) -> Path:
+    """One uninterrupted in-process build of the tests' tiny config (``buildproc.tiny_config``
+    with its defaults), shared read-only by every test worker: what killed, crashed,
+    resumed and cluster builds of that config must equal.  A test that changes it copies it."""
+    from buildproc import shared_build, tiny_config
+
+    return shared_build(tmp_path_factory, "tiny-reference", tiny_config)[1]
+
+
+@pytest.fixture(scope="session")
 def demo_world(tmp_path_factory):
     """One ``cnsbench demo`` build (configs/demo.yaml), shared read-only by the world, report
     and digest tests; a test that changes an output copies it first.
 
     It runs in this process (``--runner local``): a Ray build of the world costs about 1.6x
     the CPU, and a build's output does not depend on the runner (ids and seeds come from
-    coordinates); Ray's shards equal in-process ones in tests/test_resume_ray.py, and the
+    coordinates); Ray's shards equal in-process ones in tests/test_object_storage.py, and the
     default runner, Ray, builds the tiny config in tests/test_build_e2e.py."""
     from pipeline.checkout import REPO_ROOT
     from pipeline.cli import main

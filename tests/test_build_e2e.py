@@ -1,7 +1,16 @@
-"""End to end: the tiny config built on a local Ray, checked against the output contract."""
+"""End to end: the tiny config built on a local Ray, through actor crashes, checked against
+the output contract.
+
+The build's first run has two actors crash (hard exits): the generation actor once on one
+unit (restarted, retried, fine) and the classifier actor on every try of one batch (given up
+after its retries and reported; the run exits 3).  The next run makes what failed; the
+finished output is what the contract tests read.  (A Ray build killed whole with SIGKILL and
+resumed: tests/test_object_storage.py; a worker node killed: tests/test_cluster.py.)
+"""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -9,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from buildproc import tiny_config
+from buildproc import build_here, snapshot, tiny_config
 from PIL import Image
 
 from pipeline.cli import main
@@ -18,6 +27,9 @@ from pipeline.io.webdataset import iter_tar
 from pipeline.models.detectors import keep_decision
 
 pytestmark = pytest.mark.slow
+
+# The generation actor dies once on one unit; the classifier actor dies every time on one batch.
+CRASHES = "generate:start:001/seed_0002:crash_once;classify:start:heavy_snow/022/seed_0002:crash"
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +42,59 @@ def tiny_assets():
 def gpu_config(tmp_path: Path) -> Path:
     def on_gpu(raw):
         raw["resources"]["generate"]["num_gpus"] = 1
+        raw["resources"]["classify"]["max_retries"] = 1  # two tries of a batch, then it is given up
 
     return tiny_config(tmp_path, on_gpu, name="demo-gpu.yaml", plots=True)
 
 
+def printed_by(argv: list[str]) -> tuple[int, str]:
+    """``main(argv)``'s exit code and what it printed."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(argv)
+    return rc, buf.getvalue()
+
+
 @pytest.fixture(scope="module")
-def built(tiny_assets, ray_session, tmp_path_factory):
+def crashed(tiny_assets, ray_session, tmp_path_factory):
+    """The first run (default runner: Ray, this test worker's) with CRASHES, then the next
+    run in process (resuming is the driver's work, whichever runner made the shards): what
+    each printed, and the output as the first run left it."""
     tmp = tmp_path_factory.mktemp("e2e")
     cfg_path = gpu_config(tmp)
-    out = tmp / "out"
-    assert main(["build", str(cfg_path), "--output", str(out)]) == 0
-    return load_config(cfg_path), out
+    out, faults = tmp / "out", tmp / "faults"
+    faults.mkdir()
+    with pytest.MonkeyPatch.context() as mp:  # the rules reach the actors through their runtime_env
+        mp.setenv("CNSBENCH_FAULT_INJECT", CRASHES)
+        mp.setenv("CNSBENCH_FAULT_DIR", str(faults))
+        rc, first = printed_by(["build", str(cfg_path), "--output", str(out)])
+    assert rc == 3, first[-3000:]
+    left = snapshot(out)
+    failures = pd.concat(pd.read_parquet(p) for p in (out / "failures").glob("*.parquet"))
+    status_rc, _ = printed_by(["status", str(out)])
+    with contextlib.redirect_stdout(io.StringIO()) as buf:
+        assert build_here(cfg_path, out) == 0
+    return {"cfg": load_config(cfg_path), "out": out, "faults": faults, "first": first, "left": left,
+            "failures": failures, "status_rc": status_rc, "next": buf.getvalue()}
+
+
+@pytest.fixture(scope="module")
+def built(crashed):
+    return crashed["cfg"], crashed["out"]
+
+
+def test_crashing_actor_is_retried_then_reported(crashed):
+    assert list(crashed["faults"].glob("crashed-generate-*"))  # it did crash, and was retried
+    assert "FAILED heavy_snow/022/seed_0002: [classify] worker crashed 2 times" in crashed["first"]
+    done = {k.rsplit("_scale_", 1)[0] for k in crashed["left"]["images"]}
+    assert "heavy_snow/022/seed_0002" not in done and "painting_style/001/seed_0002" in done
+    assert 6 <= len(done) <= 7  # the crashing batch holds the failed trajectory and maybe one more
+    assert "heavy_snow/022/seed_0002" in set(crashed["failures"]["trajectory_id"])
+    assert set(crashed["failures"]["stage"]) == {"classify"}
+    assert crashed["status_rc"] == 3
+    # The next run retried the failed trajectories and completed the build.
+    assert f"{len(done)} already done, {8 - len(done)} to make" in crashed["next"]
+    assert len(snapshot(crashed["out"])["images"]) == 48
 
 
 def read_dir(out: Path, kind: str) -> pd.DataFrame:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -159,7 +160,7 @@ def one_group(tmp_path_factory) -> tuple[Path, Path]:
     return source, evaluate(source, root / "one", "--runner", "local")
 
 
-def assert_same_predictions(one: Path, other: Path) -> None:
+def assert_same_predictions(one: Path, other: Path, budget: float = 0.1) -> None:
     files = sorted(p.name for p in (one / "predictions").glob("*.parquet"))
     assert files and files == sorted(p.name for p in (other / "predictions").glob("*.parquet"))
     for name in files:
@@ -168,7 +169,7 @@ def assert_same_predictions(one: Path, other: Path) -> None:
         assert list(dict.fromkeys(a["classifier"])) == ["tiny-resnet", "tiny-vit", "tiny-clip-zs"]
         assert (one / "predictions" / name).read_bytes() == (other / "predictions" / name).read_bytes()
     recorded = json.loads((other / "config.json").read_text())["config"]
-    assert recorded["resources"]["classify"]["memory_budget_gb"] == 0.1
+    assert recorded["resources"]["classify"]["memory_budget_gb"] == budget
 
 
 def test_evaluate_one_group_equals_one_classifier_per_group(one_group, tmp_path):
@@ -177,14 +178,23 @@ def test_evaluate_one_group_equals_one_classifier_per_group(one_group, tmp_path)
     assert_same_predictions(one, each)
 
 
+def two_group_budget() -> float:
+    """A budget (GB) that packs the tiny classifiers as [[resnet, vit], [clip]]: it fits the
+    first pair exactly, the clip model joins neither."""
+    fps = classifier_footprints(load_config(TINY_CONFIG))
+    return math.ceil(group_bytes([fps[0], fps[1]]) / GB * 1e4) / 1e4
+
+
 @pytest.mark.slow
 def test_ray_runs_one_actor_pool_per_group(one_group, tmp_path, ray_session):
-    # With the filter stage before the pools (it scores images, it drops none): the
-    # predictions do not change, and the samples carry its scores.
+    # Two groups, so two classify pools, with the filter stage before them (it scores
+    # images, it drops none): the predictions do not change, and the samples carry its scores.
     source, one = one_group
+    budget = two_group_budget()
+    assert classifier_groups(load_config(TINY_CONFIG, sets=[f"resources.classify.memory_budget_gb={budget}"])) == [[0, 1], [2]]
     each = evaluate(source, tmp_path / "ray", "--runner", "ray", "--filter",
-                    "--set", "resources.classify.memory_budget_gb=0.1")
-    assert_same_predictions(one, each)
+                    "--set", f"resources.classify.memory_budget_gb={budget}")
+    assert_same_predictions(one, each, budget)
     samples = pd.concat(pd.read_parquet(p) for p in (each / "samples").glob("*.parquet"))
     assert len(samples) == 4 and samples["dino_image"].notna().all() and samples["n_pass"].notna().all()
 

@@ -17,7 +17,7 @@ touched.  Every port is chosen free, and the temp dirs are the test's own.
   is SIGKILLed and the head's CPUs are released (a replacement node, in effect).  The job
   must then finish in place, or fail and finish on resubmission of the same command
   (resume: only the uncommitted trajectories are made again); either way a job ends
-  SUCCEEDED with the full output, equal to the same build made in the test's process,
+  SUCCEEDED with the full output, equal to the same build made in process (tiny_reference),
   images byte for byte.
 
 Observed with Ray 2.60: the job fails in place (``ActorUnavailableError``: the actor-task
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from buildproc import HAS_UNSHARE, build_here, snapshot, tiny_config
+from buildproc import HAS_UNSHARE, snapshot, tiny_config
 from raycluster import HEAD_RESOURCE, Cluster, _procs_under, _raylets, small_pools
 
 from pipeline import jobs
@@ -150,7 +150,7 @@ def test_token_auth_is_enforced(cluster, workdir, tmp_path, capsys):
     assert cluster.client().list_jobs() == []  # nothing was submitted
 
 
-def test_worker_node_killed_mid_build(cluster, workdir, tmp_path, capsys):
+def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path, capsys):
     out, faults = tmp_path / "out", tmp_path / "faults"
     faults.mkdir()
     # A worker node whose actors pause in the write of the last work unit (files written,
@@ -206,11 +206,9 @@ def test_worker_node_killed_mid_build(cluster, workdir, tmp_path, capsys):
     assert main(["jobs", "status", last, *_conn(cluster)]) == 0
     assert capsys.readouterr().out.strip() == "SUCCEEDED"
     assert not list(out.rglob(".tmp-*"))
-    # The same build in this process: ids and seeds come from coordinates, so the cluster's
+    # The same build in process (tiny_reference): ids and seeds come from coordinates, so the cluster's
     # output (two nodes, a kill, a resume) equals it.
-    reference = tmp_path / "reference"
-    assert build_here(workdir / "tiny.yaml", reference) == 0
-    snap, ref = _check_output(out), _check_output(reference)
+    snap, ref = _check_output(out), _check_output(tiny_reference)
     assert set(snap["images"]) == set(ref["images"])
     pd.testing.assert_frame_equal(snap["samples"], ref["samples"])
     keys = ["sample_id", "classifier"]

@@ -1,10 +1,11 @@
 """Resume for real: local builds killed with SIGKILL at several points, then resumed,
 match an uninterrupted build; damaged shards are redone; changed configs are refused or
-extend the output.  (Ray builds killed or crashing: test_resume_ray.py.)
+extend the output.  (A Ray build killed: test_object_storage.py; crashing Ray actors:
+test_build_e2e.py.)
 
-A build that is killed runs in a subprocess inside its own PID namespace (see
-``buildproc``), so a kill takes the driver and everything it started with it; the runs that
-nothing kills (references, resumes) run in this process.
+A build that is killed runs in a child forked from this process (see ``buildproc``), a
+whole process that the kill takes at once; the runs that nothing kills (references,
+resumes) run in this process.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ def cfg_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference_out(cfg_path, tmp_path_factory) -> Path:
-    """An uninterrupted in-process build (read-only: a test that changes it copies it)."""
-    out = tmp_path_factory.mktemp("ref-local") / "out"
-    assert build_here(cfg_path, out) == 0
-    return out
+def reference_out(tiny_reference) -> Path:
+    """An uninterrupted in-process build of the same config (read-only: a test that changes
+    it copies it)."""
+    return tiny_reference
 
 
 @pytest.fixture(scope="module")

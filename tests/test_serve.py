@@ -37,10 +37,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from buildproc import tiny_config
+from buildproc import shared_build, tiny_config
 from PIL import Image
 
-from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.io.webdataset import iter_tar
 
@@ -66,16 +65,9 @@ def serve_config(directory: Path) -> Path:
 
 
 def build_benchmark(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(config, output) of the test benchmark, built in process once per session (later calls resume: no-op)."""
-    from pipeline.demo.assets import ensure_tiny_assets
-
-    ensure_tiny_assets()
-    root = tmp_path_factory.getbasetemp() / "serve-benchmark"
-    root.mkdir(exist_ok=True)
-    cfg_path = serve_config(root)
-    out = root / "out"
-    assert main(["build", str(cfg_path), "--output", str(out), "--runner", "local"]) == 0
-    return cfg_path, out
+    """(config, output) of the test benchmark, built in process once per test run and shared
+    read-only by the test workers."""
+    return shared_build(tmp_path_factory, "serve-benchmark", serve_config)
 
 
 def local_ingress(cfg_path: Path | None, out: Path | None, token: str | None, **options: Any):
