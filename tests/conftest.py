@@ -20,26 +20,27 @@ import pytest  # noqa: E402
 # unit of work, so its module fixtures are built once, and modules that share an expensive
 # session fixture form one unit.  Units start longest first (measured with --durations on a
 # 2-core machine), so no worker is left with a long module at the end; modules not listed
-# follow in file order.  The modules that start Ray clusters of their own (test_cluster,
-# test_object_storage) alternate with long in-process ones: two such
-# clusters at once on two cores start their actors many times slower than one.
+# follow in file order.  The modules that run Ray builds (test_build_e2e, test_bench_smoke,
+# test_cluster, test_object_storage, test_classify_groups) alternate with long in-process
+# ones: two Ray builds at once on two cores start their actors many times slower than one.
 LONGEST_FIRST = (
-    "test_cluster",
-    "test_resume",
+    "test_build_e2e",
     "demo_world",
     "test_corruption_world",
-    "test_object_storage",
-    "test_ximagenet_world",
     "test_bench_smoke",
-    "test_build_e2e",
-    "test_chaos",
-    "test_stopping",
+    "test_ximagenet_world",
+    "test_cluster",
     "test_imagenet_d_world",
-    "test_hostile_round2",
+    "test_object_storage",
+    "test_classify_groups",
     "test_imagenet_e_world",
     "test_serve",
-    "test_classify_groups",
+    "test_resume",
+    "test_chaos",
     "test_rehearsal",
+    "test_train_sliders",
+    "test_stopping",
+    "test_hostile_round2",
     "test_evaluate",
 )
 SHARED_UNITS = {"test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world"}
