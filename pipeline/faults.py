@@ -6,7 +6,8 @@ segfault, preemption) Ray restarts the actor and retries the batch; the markers 
 the crash, so once a batch has been attempted ``max_retries + 1`` times the stage stops
 trying and returns its items as failed (``error`` set, starting with ``[stage]``).  The
 build then completes and reports them, and the next build run retries them afresh
-(markers are cleared at the start of every run).
+(markers are cleared at the start of every run).  The writer cannot commit half a shard:
+it stops the run instead (``WriteStage.give_up``), keeping what was committed.
 
 **Fault injection** (tests only).  ``CNSBENCH_FAULT_INJECT`` holds ``;``-separated rules
 ``stage:point:key:action``; ``key`` matches a unit or trajectory id prefix (``*`` = any).

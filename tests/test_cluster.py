@@ -20,9 +20,12 @@ touched.  Every port is chosen free, and the temp dirs are the test's own.
   SUCCEEDED with the full output, equal to the same build made in process (tiny_reference),
   images byte for byte.
 
-Observed with Ray 2.60: the job fails in place (``ActorUnavailableError``: the actor-task
-retries are spent while the dead node's actors are "temporarily unavailable", before the
-GCS declares the node dead), and the resubmission completes it.
+Observed with Ray 2.60: the job finishes in place.  Every stage of the build keeps attempt
+markers, the writer included, so Ray retries their tasks without limit while the dead
+node's actors are "temporarily unavailable" (until the GCS declares the node dead and they
+restart on the head); tests/test_attempts.py pins that.  Before the writer kept markers,
+its bounded retries were spent in that window (``ActorUnavailableError``), the job failed,
+and the resubmission completed it: the test still accepts that path.
 """
 
 from __future__ import annotations

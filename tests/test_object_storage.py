@@ -4,7 +4,7 @@ mode), a Ray build killed whole with SIGKILL mid-write, resumed, and read back t
 The killed build runs in a subprocess inside its own PID namespace (see ``buildproc``), so
 the kill takes its driver and every Ray process with it.  The runs after it (the resume, the
 reference) run in this process: resuming is the driver's work (plan, clean up, commit),
-whichever runner made the shards; test_cluster resumes on Ray.
+whichever runner made the shards; test_build_e2e rebuilds on Ray.
 """
 
 from __future__ import annotations

@@ -112,10 +112,11 @@ def _pool(stage: StageResources):
 
 def _remote_args(stage: StageResources, bookkept: bool) -> dict:
     # A crashed actor is restarted and its batch retried.  Stages that keep attempt markers
-    # (pipeline.faults) give up on a batch by themselves after max_retries + 1 attempts, so
-    # Ray may retry them without limit: that also rides out a node that is lost for a while
-    # (its actors are "unavailable" until the node is declared dead and they restart
-    # elsewhere).  Stages without markers (the writer) get a bounded budget.
+    # (pipeline.faults; every stage of a build, the writer included) give up on a batch by
+    # themselves after max_retries + 1 attempts, so Ray may retry them without limit: that
+    # also rides out a node that is lost for a while (its actors are "unavailable" until the
+    # node is declared dead and they restart elsewhere, and a bounded budget is spent on
+    # retries that fail at once).  Stages without markers get a bounded budget.
     retries = -1 if bookkept else stage.max_retries + 1
     args = {"max_restarts": -1, "max_task_retries": retries}
     # Fault-injection rules (tests only: pipeline/faults.py) set in the driver reach the

@@ -92,6 +92,13 @@ class Stage:
             self.setup()
             self._ready = True
 
+    def give_up(self, rows: list[dict[str, Any]], attempts: int) -> pa.Table:
+        """What a batch becomes after ``attempts`` tries that each killed the worker: its
+        items, failed (downstream stages pass them through, the build reports them and the
+        next run retries them)."""
+        message = f"[{self.name}] worker crashed {attempts} times while processing this batch"
+        return pa.Table.from_pylist(self.fail_rows(rows, message), schema=self.output_schema)
+
     @property
     def max_attempts(self) -> int:
         return getattr(self.config.resources, self.name).max_retries + 1
@@ -109,8 +116,7 @@ class Stage:
             before = self._attempts.record(faults.attempt_key(keys))
             if before >= self.max_attempts:
                 # Earlier attempts at this very batch killed the worker: give up on it.
-                message = f"[{self.name}] worker crashed {before} times while processing this batch"
-                return pa.Table.from_pylist(self.fail_rows(rows, message), schema=self.output_schema)
+                return self.give_up(rows, before)
         self.ensure_setup()
         faults.inject(self.name, "start", keys)
         out = self.process(rows)

@@ -79,9 +79,10 @@ def _nan_to_none(x: float) -> float | None:
 class WriteStage(Stage):
     name = "write"
     output_schema = schema.WRITTEN
-    # No attempt bookkeeping: a write that keeps failing fails the run, and the next run
-    # redoes the uncommitted trajectories.
-    keeps_attempts = False
+    # Attempt markers as in the other stages, so that the Ray runner may retry a write
+    # without limit while its actor is only unreachable (a lost node, until Ray declares it
+    # dead and restarts the actor elsewhere); a shard whose write killed the worker
+    # max_retries + 1 times fails the run (give_up), and the next run redoes its trajectories.
     exact_batches = True
 
     def __init__(
@@ -99,6 +100,12 @@ class WriteStage(Stage):
 
     def setup(self) -> None:
         self.store = OutputStore(self.output)
+
+    def give_up(self, rows: list[dict[str, Any]], attempts: int) -> pa.Table:
+        """A shard cannot be half failed: the run stops (its committed shards are kept)."""
+        name = shard_name([r["trajectory_id"] for r in rows])
+        raise RuntimeError(f"[write] the worker crashed {attempts} times while writing {name}: the run stops here; "
+                           "the next run of the same command redoes its trajectories")
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not rows:

@@ -1,0 +1,71 @@
+"""Attempt bookkeeping (pipeline.faults): after max_retries + 1 tries that each killed the
+worker, a stage gives its batch up as failed items; the writer, which cannot commit half a
+shard, stops the run instead.  Both keep markers, so the Ray runner retries them without
+limit while an actor is only unreachable (tests/test_cluster.py loses a node mid-write)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pipeline import faults
+from pipeline.checkout import TINY_CONFIG
+from pipeline.config import load_config
+from pipeline.io.store import OutputStore
+from pipeline.stages.base import Stage
+from pipeline.stages.write import WriteStage, shard_name
+
+
+class Passing(Stage):
+    name = "classify"
+    output_schema = pa.schema([("trajectory_id", pa.string()), ("error", pa.string()), ("scales", pa.list_(pa.float64())),
+                               ("sample_ids", pa.list_(pa.string())), ("images", pa.list_(pa.binary()))])
+
+    def process(self, rows):
+        return [{**r, "error": None} for r in rows]
+
+
+def batch(*ids: str) -> pa.Table:
+    return pa.Table.from_pylist([{"trajectory_id": t, "error": None, "scales": [0.0], "sample_ids": [f"{t}_0"],
+                                  "images": [b"x"]} for t in ids], schema=Passing.output_schema)
+
+
+def crashed_before(out, stage: str, ids: list[str], times: int) -> None:
+    """Markers of ``times`` earlier attempts at this batch, as crashed workers leave them."""
+    attempts = faults.Attempts(OutputStore(str(out)), stage)
+    for _ in range(times):
+        attempts.record(faults.attempt_key(ids))
+
+
+def test_a_batch_is_given_up_as_failed_items_after_max_retries_plus_one_attempts(tmp_path):
+    cfg = load_config(TINY_CONFIG)
+    assert cfg.resources.classify.max_retries == 2
+    crashed_before(tmp_path, "classify", ["a", "b"], 2)
+    assert Passing(cfg, output=str(tmp_path))(batch("a", "b")).column("error").to_pylist() == [None, None]  # third try
+    crashed_before(tmp_path, "classify", ["c"], 3)
+    rows = Passing(cfg, output=str(tmp_path))(batch("c")).to_pylist()
+    assert rows[0]["error"] == "[classify] worker crashed 3 times while processing this batch"
+    assert rows[0]["images"] == [] and rows[0]["sample_ids"] == []
+
+
+def test_the_writer_stops_the_run_instead_of_committing_half_a_shard(tmp_path):
+    cfg = load_config(TINY_CONFIG)
+    assert WriteStage.keeps_attempts
+    ids = ["heavy_snow/001/seed_0001", "heavy_snow/022/seed_0001"]
+    crashed_before(tmp_path, "write", ids, 3)
+    with pytest.raises(RuntimeError, match=f"crashed 3 times while writing {shard_name(ids)}.*redoes its trajectories"):
+        WriteStage(cfg, output=str(tmp_path))(pa.Table.from_pylist([{"trajectory_id": t} for t in ids]))
+    assert not OutputStore(str(tmp_path)).list("manifest")
+
+
+def test_every_build_stage_is_retried_without_limit_on_ray():
+    from pipeline.build import build_chain
+    from pipeline.config import StageResources
+    from pipeline.executors.ray_data import _remote_args
+
+    cfg = load_config(TINY_CONFIG)
+    chain = build_chain(cfg)
+    assert [s.stage.name for s in chain] == ["generate", "filter", "classify", "write"]
+    for spec in chain:
+        assert _remote_args(StageResources(), bookkept=spec.stage.keeps_attempts)["max_task_retries"] == -1, spec.stage.name
+    assert _remote_args(StageResources(max_retries=2), bookkept=False)["max_task_retries"] == 3
