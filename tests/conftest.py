@@ -158,8 +158,8 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.fixture(scope="session")
 def tiny_reference(tmp_path_factory) -> Path:
     """One uninterrupted in-process build of the tests' tiny config (``buildproc.tiny_config``
-    with its defaults), shared read-only by every test worker: what killed, crashed,
-    resumed and cluster builds of that config must equal.  A test that changes it copies it."""
+    with its defaults), shared read-only by every test worker: what killed, resumed and
+    cluster builds of that config must equal.  A test that changes it copies it."""
     from buildproc import shared_build, tiny_config
 
     return shared_build(tmp_path_factory, "tiny-reference", tiny_config)[1]
