@@ -1,7 +1,8 @@
 """Attempt bookkeeping (pipeline.faults): after max_retries + 1 tries that each killed the
 worker, a stage gives its batch up as failed items; the writer, which cannot commit half a
-shard, stops the run instead.  Both keep markers, so the Ray runner retries them without
-limit while an actor is only unreachable (tests/test_cluster.py loses a node mid-write)."""
+shard, and the reclassify stage, which commits whole shards too, stop the run instead.  All
+keep markers, so the Ray runner retries them without limit while an actor is only
+unreachable (tests/test_cluster.py loses a node mid-write)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pipeline.checkout import TINY_CONFIG
 from pipeline.config import load_config
 from pipeline.io.store import OutputStore
 from pipeline.stages.base import Stage
+from pipeline.stages.reclassify import ReclassifyStage
 from pipeline.stages.write import WriteStage, shard_name
 
 
@@ -69,3 +71,19 @@ def test_every_build_stage_is_retried_without_limit_on_ray():
     for spec in chain:
         assert _remote_args(StageResources(), bookkept=spec.stage.keeps_attempts)["max_task_retries"] == -1, spec.stage.name
     assert _remote_args(StageResources(max_retries=2), bookkept=False)["max_task_retries"] == 3
+
+
+def test_reclassify_stops_the_run_on_a_shard_that_keeps_killing_its_worker(tmp_path):
+    cfg = load_config(TINY_CONFIG)
+    crashed_before(tmp_path, "reclassify", ["shard-0123456789abcdef"], 3)
+    rows = pa.Table.from_pylist([{"shard": "shard-0123456789abcdef", "classifiers": ["tiny-vit"]}])
+    with pytest.raises(RuntimeError, match="crashed 3 times while adding predictions to shard-0123456789abcdef"):
+        ReclassifyStage(cfg, output=str(tmp_path))(rows)
+    assert _remote_args_of(ReclassifyStage)["max_task_retries"] == -1
+
+
+def _remote_args_of(stage) -> dict:
+    from pipeline.config import StageResources
+    from pipeline.executors.ray_data import _remote_args
+
+    return _remote_args(StageResources(), bookkept=stage.keeps_attempts)

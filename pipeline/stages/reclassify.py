@@ -85,7 +85,17 @@ def stored_columns(stored: dict[str, list[dict]], sample_ids: list[str]) -> dict
 class ReclassifyStage(Stage):
     name = "reclassify"
     output_schema = schema.WRITTEN
-    keeps_attempts = False  # a shard that keeps crashing fails the run; the next run redoes it
+    # Attempt markers per shard, as the writer keeps them: on Ray a shard is retried without
+    # limit while its actor is only unreachable (a lost node); one whose reclassification
+    # killed the worker max_retries + 1 times stops the run, and the next run redoes it.
+
+    def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [r["shard"] for r in rows]
+
+    def give_up(self, rows: list[dict[str, Any]], attempts: int) -> pa.Table:
+        shards = ", ".join(r["shard"] for r in rows)
+        raise RuntimeError(f"[reclassify] the worker crashed {attempts} times while adding predictions to {shards}: "
+                           "the run stops here; the next run of the same command redoes it")
 
     def __init__(
         self,
