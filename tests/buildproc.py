@@ -105,13 +105,6 @@ def env_with(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_build(cfg: Path, out: Path, runner: str, env: dict | None = None, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        build_cmd(cfg, out, runner, *extra), env=env or env_with(), capture_output=True, text=True,
-        timeout=SUBPROCESS_BUILD_S,
-    )
-
-
 def build_here(cfg: Path, out: Path | str, *extra: str) -> int:
     """The same build in this process (runner local): for the runs that nothing kills, so
     the tests do not pay a new interpreter and its imports for each."""

@@ -60,17 +60,26 @@ def test_the_writer_stops_the_run_instead_of_committing_half_a_shard(tmp_path):
     assert not OutputStore(str(tmp_path)).list("manifest")
 
 
-def test_every_build_stage_is_retried_without_limit_on_ray():
-    from pipeline.build import build_chain
+def retries_on_ray(stage, max_retries: int = 2) -> int:
+    """The task retries the Ray runner gives a stage's actors (-1: without limit)."""
     from pipeline.config import StageResources
     from pipeline.executors.ray_data import _remote_args
 
-    cfg = load_config(TINY_CONFIG)
-    chain = build_chain(cfg)
+    return _remote_args(StageResources(max_retries=max_retries), bookkept=stage.keeps_attempts)["max_task_retries"]
+
+
+def test_every_build_stage_is_retried_without_limit_on_ray():
+    from pipeline.build import build_chain
+
+    chain = build_chain(load_config(TINY_CONFIG))
     assert [s.stage.name for s in chain] == ["generate", "filter", "classify", "write"]
     for spec in chain:
-        assert _remote_args(StageResources(), bookkept=spec.stage.keeps_attempts)["max_task_retries"] == -1, spec.stage.name
-    assert _remote_args(StageResources(max_retries=2), bookkept=False)["max_task_retries"] == 3
+        assert retries_on_ray(spec.stage) == -1, spec.stage.name
+
+    class Unkept(Passing):
+        keeps_attempts = False
+
+    assert retries_on_ray(Unkept, max_retries=2) == 3  # a stage without markers: a bounded budget
 
 
 def test_reclassify_stops_the_run_on_a_shard_that_keeps_killing_its_worker(tmp_path):
@@ -79,11 +88,4 @@ def test_reclassify_stops_the_run_on_a_shard_that_keeps_killing_its_worker(tmp_p
     rows = pa.Table.from_pylist([{"shard": "shard-0123456789abcdef", "classifiers": ["tiny-vit"]}])
     with pytest.raises(RuntimeError, match="crashed 3 times while adding predictions to shard-0123456789abcdef"):
         ReclassifyStage(cfg, output=str(tmp_path))(rows)
-    assert _remote_args_of(ReclassifyStage)["max_task_retries"] == -1
-
-
-def _remote_args_of(stage) -> dict:
-    from pipeline.config import StageResources
-    from pipeline.executors.ray_data import _remote_args
-
-    return _remote_args(StageResources(), bookkept=stage.keeps_attempts)
+    assert retries_on_ray(ReclassifyStage) == -1
