@@ -10,7 +10,8 @@ build then completes and reports them, and the next build run retries them afres
 it stops the run instead (``WriteStage.give_up``), keeping what was committed.
 
 **Fault injection** (tests only).  ``CNSBENCH_FAULT_INJECT`` holds ``;``-separated rules
-``stage:point:key:action``; ``key`` matches a unit or trajectory id prefix (``*`` = any).
+``stage:point:key:action``; ``key`` matches a unit or trajectory id prefix (``*`` = any);
+at ``start`` a rule fires for the items the stage processes, not for failed items it passes on.
 Actions: ``crash`` (hard exit of the worker process, as an OOM kill would), ``crash_once``
 (crash the first time only; needs ``CNSBENCH_FAULT_DIR``), ``raise`` (a Python error),
 ``pause`` (write ``$CNSBENCH_FAULT_DIR/paused-<stage>-<point>`` and block, so a test can

@@ -20,30 +20,33 @@ import pytest  # noqa: E402
 # unit of work, so its module fixtures are built once, and modules that share an expensive
 # session fixture form one unit.  Units start longest first (measured with --durations on a
 # 2-core machine), so no worker is left with a long module at the end; modules not listed
-# follow in file order.  The modules that run Ray builds (test_build_e2e, test_bench_smoke,
-# test_cluster, test_object_storage, test_classify_groups) alternate with long in-process
-# ones: two Ray builds at once on two cores start their actors many times slower than one.
+# follow in file order.  The modules that build on the test worker's own Ray (the
+# ``ray_session`` fixture) form one unit, "ray": one Ray start for all of them instead of
+# one per module (about 20 CPU-seconds each), and never two of their builds at once.  The
+# modules that start Ray clusters of their own (test_cluster, test_object_storage) come
+# after the long in-process ones: two Ray builds at once on two cores start their actors
+# many times slower than one.
 LONGEST_FIRST = (
-    "test_build_e2e",
+    "ray",
     "demo_world",
     "test_corruption_world",
-    "test_bench_smoke",
     "test_ximagenet_world",
-    "test_cluster",
     "test_imagenet_d_world",
-    "test_object_storage",
-    "test_classify_groups",
     "test_imagenet_e_world",
-    "test_serve",
-    "test_resume",
-    "test_chaos",
+    "test_cluster",
     "test_rehearsal",
-    "test_train_sliders",
+    "test_object_storage",
+    "test_chaos",
+    "test_resume",
     "test_stopping",
     "test_hostile_round2",
     "test_evaluate",
 )
-SHARED_UNITS = {"test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world"}
+SHARED_UNITS = {
+    "test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world",
+    "test_build_e2e": "ray", "test_bench_smoke": "ray", "test_classify_groups": "ray", "test_serve": "ray",
+    "test_train_sliders": "ray",
+}
 
 
 def _unit(nodeid: str) -> str:
@@ -67,6 +70,13 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: file order otherwise
+    # Whether a later test of the same unit uses this worker's Ray: it stays up until then.
+    later = set()
+    for item in reversed(items):
+        unit = _unit(item.nodeid)
+        item.stash[RAY_LATER] = unit in later
+        if RAY_FIXTURES & set(item.fixturenames):
+            later.add(unit)
     try:
         import torch
 
@@ -133,22 +143,25 @@ def ray_session():
 
     Four logical CPUs and one logical GPU, so the GPU scheduling path runs here; models
     fall back to the CPU.  Tests must not shut it down (Serve tests call
-    ``serve.shutdown()`` only); it is stopped between modules when the next module does
-    not use it (``pytest_runtest_teardown``): an idle Ray costs a few percent of a core.
+    ``serve.shutdown()`` only); it is stopped after the last test of its unit that uses it
+    (``pytest_runtest_teardown``): an idle Ray costs a few percent of a core.
     """
     yield _start_ray()
 
 
 RAY_FIXTURES = {"ray_session"}
+RAY_LATER = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """Stop this worker's Ray (started by ``ray_session`` or by a build on the default runner)
-    at a module's end unless the next module uses it."""
+    at a module's end unless a later test of the same unit, or the next module, uses it."""
     import sys
 
-    if nextitem is not None and (nextitem.module is item.module or RAY_FIXTURES & set(nextitem.fixturenames)):
+    if nextitem is not None and (
+        nextitem.module is item.module or item.stash.get(RAY_LATER, False) or RAY_FIXTURES & set(nextitem.fixturenames)
+    ):
         return
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():

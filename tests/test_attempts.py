@@ -60,6 +60,35 @@ def test_the_writer_stops_the_run_instead_of_committing_half_a_shard(tmp_path):
     assert not OutputStore(str(tmp_path)).list("manifest")
 
 
+def test_each_classifier_group_counts_the_tries_of_a_batch_itself(tmp_path):
+    # Two classify stages (two classifier groups) see the same batches: a batch that crashed
+    # the first group's worker once and then went through must get all its tries in the next.
+    from pipeline.stages.classify import ClassifyStage
+
+    cfg = load_config(TINY_CONFIG, sets=["resources.classify.memory_budget_gb=0.1"])
+    names = [ClassifyStage(cfg, classifiers=g, done=d).attempts_name for g, d in (([0], []), ([1], [0]), ([2], [0, 1]))]
+    assert names == ["classify-0", "classify-1", "classify-2"]
+    assert ClassifyStage(load_config(TINY_CONFIG)).attempts_name == "classify"
+
+    class SecondGroup(Passing):
+        attempts_name = "classify-1"
+
+    crashed_before(tmp_path, "classify-0", ["a"], 2)  # the first group: a crash, then the try that went through
+    assert SecondGroup(cfg, output=str(tmp_path))(batch("a")).column("error").to_pylist() == [None]
+    assert len(OutputStore(str(tmp_path)).list(f"attempts/classify-1/{faults.attempt_key(['a'])}")) == 1
+
+
+def test_a_start_fault_fires_only_for_the_items_a_stage_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv(faults.ENV, "classify:start:c:raise")
+    cfg = load_config(TINY_CONFIG)
+    failed = batch("c", "d").to_pylist()
+    failed[0]["error"] = "[generate] boom"
+    out = Passing(cfg)(pa.Table.from_pylist(failed, schema=Passing.output_schema))  # c failed upstream: passed on
+    assert out.column("trajectory_id").to_pylist() == ["c", "d"]
+    with pytest.raises(RuntimeError, match="injected fault at classify:start"):
+        Passing(cfg)(batch("c", "d"))
+
+
 def retries_on_ray(stage, max_retries: int = 2) -> int:
     """The task retries the Ray runner gives a stage's actors (-1: without limit)."""
     from pipeline.config import StageResources

@@ -64,6 +64,12 @@ class Stage:
     def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
         return [r["trajectory_id"] for r in rows]
 
+    @property
+    def attempts_name(self) -> str:
+        """Whose attempt markers these are (``attempts/<attempts_name>/``): the stage's name,
+        unless the chain holds several stages of one kind, each of which counts its own."""
+        return self.name
+
     def fail_rows(self, rows: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
         """Output rows marking every item of the batch failed, without processing it.
 
@@ -112,12 +118,13 @@ class Stage:
             if self._attempts is None:
                 from pipeline.io.store import OutputStore
 
-                self._attempts = faults.Attempts(OutputStore(self.output), self.name)
+                self._attempts = faults.Attempts(OutputStore(self.output), self.attempts_name)
             before = self._attempts.record(faults.attempt_key(keys))
             if before >= self.max_attempts:
                 # Earlier attempts at this very batch killed the worker: give up on it.
                 return self.give_up(rows, before)
         self.ensure_setup()
-        faults.inject(self.name, "start", keys)
+        # A rule for an item fires where the item is processed: failed items pass through.
+        faults.inject(self.name, "start", [k for k, r in zip(keys, rows) if not r.get("error")] if keys else keys)
         out = self.process(rows)
         return pa.Table.from_pylist(out, schema=self.output_schema)

@@ -53,6 +53,14 @@ class ClassifyStage(Stage):
         if set(self.owned) & set(self.done) or not set(self.owned + self.done) <= set(range(n)):
             raise ValueError(f"classify stage: classifiers {self.owned} and done {self.done} must be disjoint indices < {n}")
 
+    @property
+    def attempts_name(self) -> str:
+        # One stage per classifier group: each counts the tries of a batch itself (a batch
+        # that crashed one group's worker once must not have used up the next group's tries).
+        if self.owned == list(range(len(self.config.classifiers))):
+            return self.name
+        return f"{self.name}-" + "-".join(map(str, self.owned))
+
     def setup(self) -> None:
         """Pick the device and build the classifiers this stage owns, in config order."""
         self.device = pick_device(self.device_override)
