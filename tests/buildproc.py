@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from pipeline import schema
 from pipeline.io.webdataset import iter_tar
 
 HAS_UNSHARE = shutil.which("unshare") is not None and subprocess.run(
@@ -204,6 +205,32 @@ def snapshot(out: Path | str) -> dict:
     p = pd.concat(preds).sort_values(["sample_id", "classifier"]).reset_index(drop=True)
     p["top5"] = p["top5"].map(list)
     return {"images": images, "samples": s, "predictions": p}
+
+
+LIGHT_CLASSIFIERS = {"tiny-resnet"}
+# The filter's columns of the samples table.
+FILTER_COLUMNS = [*schema.SCORE_COLUMNS, *schema.REALISATION_COLUMNS, "n_pass", "kept"]
+
+
+def light(raw: dict) -> None:
+    """A ``tiny_config`` mutation for builds whose subject is their path (a killed Ray build,
+    a cluster), not the models: no filter, one classifier, so each actor it starts (and
+    starts again after a kill) imports and loads less.  Every other Ray build runs them all."""
+    raw["filter"]["enabled"] = False
+    raw["classifiers"] = [c for c in raw["classifiers"] if c["name"] in LIGHT_CLASSIFIERS]
+
+
+def assert_same_as_full(light_snap: dict, full_snap: dict) -> None:
+    """A ``light`` build equals the full tiny build (``tiny_reference``) where they share
+    columns: coordinates, shards and image bytes, and tiny-resnet's predictions."""
+    assert set(light_snap["images"]) == set(full_snap["images"]) and len(light_snap["images"]) == 48
+    assert light_snap["images"] == full_snap["images"]  # byte-identical on CPU
+    pd.testing.assert_frame_equal(light_snap["samples"].drop(columns=FILTER_COLUMNS),
+                                  full_snap["samples"].drop(columns=FILTER_COLUMNS))
+    assert light_snap["samples"]["kept"].all()  # without the filter every image is kept
+    full = full_snap["predictions"]
+    full = full[full["classifier"].isin(LIGHT_CLASSIFIERS)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(light_snap["predictions"].reset_index(drop=True), full)
 
 
 def assert_same(a: dict, b: dict) -> None:

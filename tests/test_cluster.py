@@ -8,17 +8,17 @@ process of that node with it, and nothing else: other Ray instances on the host 
 touched.  Every port is chosen free, and the temp dirs are the test's own.
 
 * Without the token the Jobs API answers 401 (and 403 with a wrong one).
-* The tiny build is submitted with ``cnsbench submit --token-file`` (working_dir: a temporary
-  directory holding only the config, which uses absolute asset paths; the workers import the
-  installed ``pipeline``).  Its worker node's actors pause in the write of the last work
+* The tiny build (``buildproc.light``: no filter, one classifier) is submitted with
+  ``cnsbench submit --token-file`` (working_dir: a temporary directory holding only the
+  config, which uses absolute asset paths; the workers import the installed ``pipeline``).  Its worker node's actors pause in the write of the last work
   unit (``CNSBENCH_FAULT_INJECT``, set on that node only), and a "holder" job keeps the
   head's CPUs busy so every stage actor lands on the worker node.  When the pause is
   reached (three shards committed, the fourth written but not committed) the worker node
   is SIGKILLed and the head's CPUs are released (a replacement node, in effect).  The job
   must then finish in place, or fail and finish on resubmission of the same command
   (resume: only the uncommitted trajectories are made again); either way a job ends
-  SUCCEEDED with the full output, equal to the same build made in process (tiny_reference),
-  images byte for byte.
+  SUCCEEDED with the full output, equal to the same build made in process (tiny_reference,
+  where the columns are shared), images byte for byte.
 
 Observed with Ray 2.60: the job finishes in place.  Every stage of the build keeps attempt
 markers, the writer included, so Ray retries their tasks without limit while the dead
@@ -38,9 +38,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pandas as pd
 import pytest
-from buildproc import HAS_UNSHARE, snapshot, tiny_config
+from buildproc import HAS_UNSHARE, LIGHT_CLASSIFIERS, assert_same_as_full, light, snapshot, tiny_config
 from raycluster import HEAD_RESOURCE, Cluster, _procs_under, _raylets, small_pools
 
 from pipeline import jobs
@@ -52,8 +51,15 @@ pytestmark = [
                        "to run each Ray node in its own PID namespace"),
 ]
 
-CLASSIFIERS = {"tiny-resnet", "tiny-vit", "tiny-clip-zs"}
+CLASSIFIERS = LIGHT_CLASSIFIERS
 JOB_TIMEOUT = 420
+
+
+def cluster_config(raw: dict) -> None:
+    """The tests' tiny config on the cluster: small pools, and ``light`` (no filter, one
+    classifier: what is tested here is the build's path through a cluster)."""
+    small_pools(raw)
+    light(raw)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +89,7 @@ def _client_env(monkeypatch):
 def workdir(tmp_path_factory) -> Path:
     """The uploaded working_dir: only the config (absolute asset paths, on this shared disk)."""
     wd = tmp_path_factory.mktemp("submit-wd")
-    tiny_config(wd, small_pools)
+    tiny_config(wd, cluster_config)
     return wd
 
 
@@ -211,10 +217,4 @@ def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path
     assert not list(out.rglob(".tmp-*"))
     # The same build in process (tiny_reference): ids and seeds come from coordinates, so the cluster's
     # output (two nodes, a kill, a resume) equals it.
-    snap, ref = _check_output(out), _check_output(tiny_reference)
-    assert set(snap["images"]) == set(ref["images"])
-    pd.testing.assert_frame_equal(snap["samples"], ref["samples"])
-    keys = ["sample_id", "classifier"]
-    assert snap["predictions"][keys].equals(ref["predictions"][keys])
-    pd.testing.assert_frame_equal(snap["predictions"], ref["predictions"])
-    assert snap["images"] == ref["images"]  # byte-identical: one generation thread on either node
+    assert_same_as_full(_check_output(out), snapshot(tiny_reference))

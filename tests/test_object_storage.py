@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from buildproc import RAY_SUBPROCESS_TEST_S, assert_same, build_here, kill_at, snapshot, tiny_config
+from buildproc import RAY_SUBPROCESS_TEST_S, assert_same_as_full, build_here, kill_at, light, snapshot, tiny_config
 from s3server import s3_environment
 
 from pipeline.cli import main
@@ -40,8 +40,8 @@ def upload_tree(local_dir, uri: str) -> None:
 
 def test_ray_build_on_s3_killed_mid_write_resumes_identically(s3, tiny_reference, tmp_path, capsys):
     """Shards a Ray build committed to S3 before its kill, completed in process, equal the
-    local in-process build's (ids and seeds come from coordinates: neither the runner nor the
-    storage changes a byte)."""
+    local in-process build's where they share columns (ids and seeds come from coordinates:
+    neither the runner nor the storage changes a byte)."""
     from pipeline.demo.assets import ensure_tiny_assets
     from pipeline.io.store import OutputStore
 
@@ -49,6 +49,7 @@ def test_ray_build_on_s3_killed_mid_write_resumes_identically(s3, tiny_reference
     upload_tree(ensure_tiny_assets() / "sliders", sliders)
 
     def on_s3(raw):
+        light(raw)  # what is tested is the killed build's path, not the models
         raw["generator"]["slider_store"] = sliders
 
     cfg = tiny_config(tmp_path, on_s3)
@@ -66,8 +67,8 @@ def test_ray_build_on_s3_killed_mid_write_resumes_identically(s3, tiny_reference
     text = capsys.readouterr().out
     assert f"8 trajectories planned, {2 * committed} already done" in text and "uncommitted file" in text
     snap = snapshot(out)
-    assert_same(snap, snapshot(tiny_reference))
-    assert len(snap["predictions"]) == 48 * 3
+    assert_same_as_full(snap, snapshot(tiny_reference))
+    assert len(snap["predictions"]) == 48
     assert store.exists("report/index.html") and store.exists("report/accuracy.csv")
     # Every file in the shard folders is vouched for by a manifest: nothing half-written is left.
     referenced = {rel for m in store.manifests() for rel in m.files}

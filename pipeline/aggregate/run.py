@@ -176,11 +176,9 @@ def render_report(
     doc: dict = {"title": title, "config_hash": digest}
     sections: list[tuple[str, str]] = list(lead or [])
     files: dict[str, bytes] = {}
+    read_image = read_image or ImageReader(store, samples)
     for name, options in analysis_plan(cfg):
-        ctx = AnalysisContext(
-            cfg, samples, predictions, options=options, config_hash=digest,
-            read_image=read_image or ImageReader(store, samples),
-        )
+        ctx = AnalysisContext(cfg, samples, predictions, options=options, config_hash=digest, read_image=read_image)
         result = ANALYSES.get(name)(ctx)
         files.update(result.files)
         for tname, table in result.tables.items():

@@ -84,8 +84,9 @@ def fp_heatmap(metrics: Metrics) -> Figure:
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="magma_r", aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
+                # Inside its cell: left out of the layout's measuring (thousands of labels on a big grid).
                 ax.text(j, i, f"{v:.2f}".lstrip("0") if v < 1 else "1", ha="center", va="center", fontsize=7,
-                        color="white" if v > 0.55 else "black")
+                        color="white" if v > 0.55 else "black", in_layout=False)
         ax.set_xticks(range(len(columns)), columns, fontsize="small")
         ax.set_yticks(range(len(shifts)), shifts, fontsize="small")
         ax.set_xlabel("failure point (scale)")
