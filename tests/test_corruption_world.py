@@ -73,3 +73,20 @@ def test_corruption_world(world_output):
     assert (report / "family_comparison.png").is_file() and (report / "corruption_accuracy.png").is_file()
     metrics = json.loads((report / "metrics.json").read_text())
     assert set(metrics["analyses"]) >= {"corruption_error", "family_comparison"}
+
+
+@pytest.mark.slow
+def test_status_counts_each_family_with_its_own_scales(world_output, capsys):
+    # Slider trajectories hold 6 images, corruption ones 11 (clean + 5 severities at half
+    # steps): the status adds them up, and a report over both families counts as aggregated.
+    from pipeline.cli import main
+
+    samples = pd.concat([pd.read_parquet(p) for p in (world_output / "samples").glob("*.parquet")])
+    per_traj = samples.groupby("trajectory_id").size()
+    assert set(per_traj) == {6, 11}
+    capsys.readouterr()
+    assert main(["status", str(world_output)]) == 0
+    text = capsys.readouterr().out
+    n, t = len(samples), samples["trajectory_id"].nunique()
+    assert f"generated   {n}/{n} images ({t}/{t} trajectories)" in text
+    assert "aggregated  yes" in text

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("world_imagenet_d") / "out"
-    assert cli.main(["build", str(CONFIG), "--output", str(out), "--runner", "local"]) == 0
+    # No matplotlib figures (the tests read tables; hard_set.png is drawn either way): they
+    # cost the report about a third of its time, and the report tests draw them.
+    assert cli.main(["build", str(CONFIG), "--output", str(out), "--runner", "local", "--set", "aggregate.plots=false"]) == 0
     return out
 
 

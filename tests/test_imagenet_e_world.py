@@ -41,7 +41,9 @@ def test_world_build_size_breaks_the_linear_classifier_and_failure_points_differ
     from pipeline.cli import main
 
     out = tmp_path / "out"
-    assert main(["demo", "--family", "imagenet_e", "--output", str(out), "--runner", "local"]) == 0
+    # No matplotlib figures: the tests read tables (the report tests draw them).
+    assert main(["demo", "--family", "imagenet_e", "--output", str(out), "--runner", "local",
+                 "--set", "aggregate.plots=false"]) == 0
     table = pd.read_csv(out / "report" / "attributes.csv")
     assert list(table.columns[:5]) == ["classifier", "attribute", "level", "accuracy", "accuracy_drop"]
     assert set(table["attribute"]) == {"size", "position", "rotation", "background_complexity", "background_simplicity"}

@@ -17,8 +17,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_output_config(store)
     committed = check_committed(store, deep=args.verify)
     done, failed, problems = committed.done, committed.failed, committed.problems
-    total = plan.summarize(cfg).n_trajectories
-    n_scales = len(cfg.benchmark.scales)
+    summary = plan.summarize(cfg)
+    total, total_images = summary.n_trajectories, summary.n_images
+    # Each family has its own scale grid: a trajectory holds as many images as its shift's family has scales.
+    n_scales = {shift: len(g.scales) for g in cfg.family_groups() for shift in g.shifts}
+    reached_images = sum(n_scales.get(tid.rsplit("/", 2)[0], len(cfg.benchmark.scales)) for tid in done)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
@@ -28,13 +31,15 @@ def run(args: argparse.Namespace) -> int:
     reached = len(done)
     for stage, key in (("generated", "generate"), ("filtered", "filter"), ("classified", "classify")):
         note = f", {failed_at[key]} failed here" if failed_at[key] else ""
-        print(f"  {stage:<11} {reached * n_scales}/{total * n_scales} images ({reached}/{total} trajectories{note})")
+        print(f"  {stage:<11} {reached_images}/{total_images} images ({reached}/{total} trajectories{note})")
     aggregated = False
     if store.exists("report/metrics.json"):
         import json
 
         metrics = json.loads(store.read_text("report/metrics.json"))
-        aggregated = metrics.get("counts", {}).get("n_trajectories_total") == len(done)
+        # The primary family's counts at the top, every further family's under "families".
+        counts = [metrics.get("counts", {})] + [f.get("counts", {}) for f in metrics.get("families", {}).values()]
+        aggregated = sum(c.get("n_trajectories_total", 0) for c in counts) == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
     redo = f"cnsbench build {store.url('config.yaml')} --output {store.uri}"
     if committed.damaged:
