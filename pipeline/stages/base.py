@@ -125,6 +125,6 @@ class Stage:
                 return self.give_up(rows, before)
         self.ensure_setup()
         # A rule for an item fires where the item is processed: failed items pass through.
-        faults.inject(self.name, "start", [k for k, r in zip(keys, rows) if not r.get("error")] if keys else keys)
+        faults.inject(self.name, "start", self.batch_keys([r for r in rows if not r.get("error")]) if keys else keys)
         out = self.process(rows)
         return pa.Table.from_pylist(out, schema=self.output_schema)
