@@ -23,9 +23,9 @@ import pytest  # noqa: E402
 # follow in file order.  The modules that build on the test worker's own Ray (the
 # ``ray_session`` fixture) form one unit, "ray": one Ray start for all of them instead of
 # one per module (about 20 CPU-seconds each), and never two of their builds at once.  The
-# modules that start Ray clusters of their own (test_cluster, test_object_storage) come
-# after the long in-process ones: two Ray builds at once on two cores start their actors
-# many times slower than one.
+# module that starts a Ray cluster of its own (test_cluster) comes after the long
+# in-process ones: two Ray builds at once on two cores start their actors many times slower
+# than one.
 LONGEST_FIRST = (
     "ray",
     "demo_world",
@@ -35,8 +35,8 @@ LONGEST_FIRST = (
     "test_imagenet_e_world",
     "test_cluster",
     "test_rehearsal",
-    "test_object_storage",
     "test_chaos",
+    "test_object_storage",
     "test_resume",
     "test_stopping",
     "test_hostile_round2",
@@ -185,7 +185,7 @@ def demo_world(tmp_path_factory):
 
     It runs in this process (``--runner local``): a Ray build of the world costs about 1.6x
     the CPU, and a build's output does not depend on the runner (ids and seeds come from
-    coordinates); Ray's shards equal in-process ones in tests/test_object_storage.py, and the
+    coordinates); Ray's shards equal in-process ones in tests/test_cluster.py, and the
     default runner, Ray, builds the tiny config in tests/test_build_e2e.py."""
     from pipeline.checkout import REPO_ROOT
     from pipeline.cli import main

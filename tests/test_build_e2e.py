@@ -4,8 +4,10 @@ the output contract.
 The build's first run has two actors crash (hard exits): the generation actor once on one
 unit (restarted, retried, fine) and the classifier actor on every try of one batch (given up
 after its retries and reported; the run exits 3).  The next run makes what failed; the
-finished output is what the contract tests read.  (A Ray build killed whole with SIGKILL and
-resumed: tests/test_object_storage.py; a worker node killed: tests/test_cluster.py.)
+finished output is what the contract tests read.  (Builds killed whole with SIGKILL and
+resumed: tests/test_resume.py, and on S3 tests/test_object_storage.py; a Ray worker node
+killed mid-build, its output on S3: tests/test_cluster.py; Ray builds killed at random
+moments: bench/chaos.py.)
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ touched.  Every port is chosen free, and the temp dirs are the test's own.
 * Without the token the Jobs API answers 401 (and 403 with a wrong one).
 * The tiny build (``buildproc.light``: no filter, one classifier) is submitted with
   ``cnsbench submit --token-file`` (working_dir: a temporary directory holding only the
-  config, which uses absolute asset paths; the workers import the installed ``pipeline``).  Its worker node's actors pause in the write of the last work
+  config, which uses absolute asset paths; the workers import the installed ``pipeline``).
+  Its output lives on S3: a test server on 127.0.0.1 (moto's server mode), whose ``AWS_*``
+  variables every node has, as cloud nodes have their credentials.  Its worker node's actors pause in the write of the last work
   unit (``CNSBENCH_FAULT_INJECT``, set on that node only), and a "holder" job keeps the
   head's CPUs busy so every stage actor lands on the worker node.  When the pause is
   reached (three shards committed, the fourth written but not committed) the worker node
@@ -41,9 +43,11 @@ from pathlib import Path
 import pytest
 from buildproc import HAS_UNSHARE, LIGHT_CLASSIFIERS, assert_same_as_full, light, snapshot, tiny_config
 from raycluster import HEAD_RESOURCE, Cluster, _procs_under, _raylets, small_pools
+from s3server import s3_environment
 
 from pipeline import jobs
 from pipeline.cli import main
+from pipeline.io.store import OutputStore
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,6 +57,7 @@ pytestmark = [
 
 CLASSIFIERS = LIGHT_CLASSIFIERS
 JOB_TIMEOUT = 420
+BUCKET = "cnsbench-cluster"
 
 
 def cluster_config(raw: dict) -> None:
@@ -63,7 +68,16 @@ def cluster_config(raw: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def s3():
+    """An S3 test server holding BUCKET; its ``AWS_*`` variables are in this process's
+    environment while it runs, so the cluster's nodes start with them."""
+    pytest.importorskip("s3fs")
+    with s3_environment(BUCKET) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster(s3):
     # A short path: Ray's unix sockets live under the temp dirs (108-byte limit).
     base = Path(tempfile.mkdtemp(prefix="cnsc-", dir="/tmp"))
     c = Cluster(base)
@@ -97,7 +111,7 @@ def _conn(cluster) -> list[str]:
     return ["--address", cluster.address, "--token-file", str(cluster.token_file)]
 
 
-def _submit(cluster, workdir: Path, out: Path, capsys, *, token: bool = True) -> tuple[int, str, str]:
+def _submit(cluster, workdir: Path, out: Path | str, capsys, *, token: bool = True) -> tuple[int, str, str]:
     capsys.readouterr()
     conn = _conn(cluster) if token else ["--address", cluster.address]
     # --num-cpus 0: the driver is pinned to the head (as on the deploy/ clusters' on-demand head).
@@ -126,7 +140,7 @@ def _logs(cluster, job_id: str, tail: int | None = 6000) -> str:
     return text[-tail:] if tail else text
 
 
-def _check_output(out: Path) -> dict:
+def _check_output(out: str) -> dict:
     snap = snapshot(out)
     samples, preds = snap["samples"], snap["predictions"]
     assert len(snap["images"]) == 48
@@ -135,8 +149,13 @@ def _check_output(out: Path) -> dict:
     assert set(preds["classifier"]) == CLASSIFIERS
     for name, rows in preds.groupby("classifier"):
         assert rows["sample_id"].is_unique and set(rows["sample_id"]) == set(samples["sample_id"]), name
-    assert (out / "report" / "index.html").is_file()
-    assert not (out / "attempts").exists()
+    store = OutputStore(out)
+    assert store.exists("report/index.html")
+    assert not store.list("attempts")
+    # Every file in the shard folders is vouched for by a manifest: nothing half-written is left.
+    referenced = {rel for m in store.manifests() for rel in m.files}
+    for kind in ("images", "samples", "predictions"):
+        assert set(store.list(kind)) <= referenced, kind
     return snap
 
 
@@ -160,7 +179,8 @@ def test_token_auth_is_enforced(cluster, workdir, tmp_path, capsys):
 
 
 def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path, capsys):
-    out, faults = tmp_path / "out", tmp_path / "faults"
+    out, faults = f"s3://{BUCKET}/builds/{tmp_path.name}", tmp_path / "faults"
+    store = OutputStore(out)
     faults.mkdir()
     # A worker node whose actors pause in the write of the last work unit (files written,
     # manifest not), so that the kill lands with some shards committed and one half-written.
@@ -187,7 +207,8 @@ def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path
             assert time.monotonic() < deadline, f"the build never reached the pause:\n{_logs(cluster, job_id)}"
             time.sleep(0.5)
         on_worker = cluster.actors_on(cluster.worker_node_id)
-        committed = len(list((out / "manifest").glob("*.json")))
+        committed = len(store.list("manifest"))
+        half_written = set(store.list("images")) - {rel for m in store.manifests() for rel in m.files}
         cluster.worker.kill()
         _note(capsys, f"killed the worker node after {time.monotonic() - t0:.0f} s, "
               f"{committed}/4 shards committed; its actors: {on_worker}")
@@ -195,6 +216,7 @@ def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path
         assert len(_raylets(str(cluster.base))) == 1
         # The paused write actor was on the killed node (the earlier pools may have ended).
         assert "MapWorker(MapBatches(WriteStage))" in on_worker, on_worker
+        assert half_written, "the paused write left no uncommitted shard on S3"
     finally:
         client.stop_job(holder)  # the head's CPUs come free: the pools can move there
     status = _wait(cluster, job_id, capsys)
@@ -202,7 +224,7 @@ def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path
     assert "8 trajectories planned, 0 already done, 8 to make" in _logs(cluster, job_id, tail=None)
     if status != "SUCCEEDED":
         _note(capsys, f"its log ends:\n{_logs(cluster, job_id, tail=1500)}")
-        done = 2 * len(list((out / "manifest").glob("*.json")))  # trajectories_per_shard: 2
+        done = 2 * len(store.list("manifest"))  # trajectories_per_shard: 2
         rc, job2, err = _submit(cluster, workdir, out, capsys)
         assert rc == 0, err
         status2 = _wait(cluster, job2, capsys)
@@ -214,7 +236,6 @@ def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path
     last = job2 if status != "SUCCEEDED" else job_id
     assert main(["jobs", "status", last, *_conn(cluster)]) == 0
     assert capsys.readouterr().out.strip() == "SUCCEEDED"
-    assert not list(out.rglob(".tmp-*"))
     # The same build in process (tiny_reference): ids and seeds come from coordinates, so the cluster's
     # output (two nodes, a kill, a resume) equals it.
     assert_same_as_full(_check_output(out), snapshot(tiny_reference))

@@ -1,6 +1,6 @@
 """Resume for real: local builds killed with SIGKILL at several points, then resumed,
 match an uninterrupted build; damaged shards are redone; changed configs are refused or
-extend the output.  (A Ray build killed: test_object_storage.py; crashing Ray actors:
+extend the output.  (A Ray worker node killed: test_cluster.py; crashing Ray actors:
 test_build_e2e.py.)
 
 A build that is killed runs in a child forked from this process (see ``buildproc``), a
