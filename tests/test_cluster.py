@@ -12,10 +12,11 @@ touched.  Every port is chosen free, and the temp dirs are the test's own.
   ``cnsbench submit --token-file`` (working_dir: a temporary directory holding only the
   config, which uses absolute asset paths; the workers import the installed ``pipeline``).
   Its output lives on S3: a test server on 127.0.0.1 (moto's server mode), whose ``AWS_*``
-  variables every node has, as cloud nodes have their credentials.  Its worker node's actors pause in the write of the last work
-  unit (``CNSBENCH_FAULT_INJECT``, set on that node only), and a "holder" job keeps the
-  head's CPUs busy so every stage actor lands on the worker node.  When the pause is
-  reached (three shards committed, the fourth written but not committed) the worker node
+  variables every node has, as cloud nodes have their credentials.  Its worker node's
+  actors pause in the write of the last work unit (``CNSBENCH_FAULT_INJECT``, set on that
+  node only), and a "holder" job keeps the head's CPUs busy so every stage actor lands on
+  the worker node.  When the pause is reached (three shards committed, the fourth written
+  to S3 but not committed) the worker node
   is SIGKILLed and the head's CPUs are released (a replacement node, in effect).  The job
   must then finish in place, or fail and finish on resubmission of the same command
   (resume: only the uncommitted trajectories are made again); either way a job ends
