@@ -177,8 +177,10 @@ def render_report(
     sections: list[tuple[str, str]] = list(lead or [])
     files: dict[str, bytes] = {}
     read_image = read_image or ImageReader(store, samples)
+    memo: dict = {}  # shared by the analyses of this report (AnalysisContext.memo)
     for name, options in analysis_plan(cfg):
-        ctx = AnalysisContext(cfg, samples, predictions, options=options, config_hash=digest, read_image=read_image)
+        ctx = AnalysisContext(cfg, samples, predictions, options=options, config_hash=digest, read_image=read_image,
+                              memo=memo)
         result = ANALYSES.get(name)(ctx)
         files.update(result.files)
         for tname, table in result.tables.items():

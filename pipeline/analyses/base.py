@@ -32,6 +32,9 @@ class AnalysisContext:
     # Read-only access to the output for analyses that need image bytes (e.g. image strips):
     # ``read_image(sample_id) -> bytes``; None when images are not available.
     read_image: Callable[[str], bytes] | None = None
+    # What several analyses of one report compute alike (e.g. the family groups' metrics),
+    # kept here once: the report gives every analysis' context the same dict.
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @property
     def groups(self) -> "list[FamilyGroup]":

@@ -17,21 +17,15 @@ import pandas as pd
 from pipeline.analyses.base import AnalysisContext, AnalysisResult
 
 
-_LAST_METRICS: dict = {}
-
-
 def group_metrics(ctx: AnalysisContext):
     """[(group, Metrics)] for every family group of the build, primary first.
 
     Several analyses of one report ask for them (cns, strips, shift views, the family
-    comparison): they are computed once per (samples, predictions, config) and shared;
-    callers treat them as read-only."""
-    key = (id(ctx.samples), id(ctx.predictions), id(ctx.config))
-    if _LAST_METRICS.get("key") != key:
-        # Holding the objects keeps their ids from being reused by other tables.
-        _LAST_METRICS.clear()
-        _LAST_METRICS.update(key=key, held=(ctx.samples, ctx.predictions, ctx.config), value=_group_metrics(ctx))
-    return list(_LAST_METRICS["value"])
+    comparison): they are computed once per report (``ctx.memo``) and shared; callers
+    treat them as read-only."""
+    if "group_metrics" not in ctx.memo:
+        ctx.memo["group_metrics"] = _group_metrics(ctx)
+    return list(ctx.memo["group_metrics"])
 
 
 def _group_metrics(ctx: AnalysisContext):

@@ -28,7 +28,7 @@ import io
 import math
 import re
 import zlib
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -200,6 +200,19 @@ def _legend(classifiers: list[str], colours: dict[str, str]) -> str:
     )
 
 
+class _Sheet(NamedTuple):
+    """One shift's sheet, planned before any image is read."""
+
+    at: int  # its place in the page's sections
+    shift: str
+    rows: list[dict[str, Any]]
+    wanted: list[str]  # sample ids of its images
+    marks_rows: list[list[Any]]
+    scales: list[float]
+    classifiers: list[str]
+    colours: dict[str, str]
+
+
 def run(ctx: AnalysisContext) -> AnalysisResult:
     from pipeline.aggregate.report import _colours
     from pipeline.analyses.cns import group_metrics
@@ -216,7 +229,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     filter_on = ctx.config.filter.enabled and ctx.config.filter.kind != "none"
     table_rows: list[list[Any]] = []
     sections = [STRIP_CSS]
-    sheets: list[tuple] = []  # (section index, shift, rows, wanted ids, marks rows, scales, classifiers, colours)
+    sheets: list[_Sheet] = []
     for group, metrics in group_metrics(ctx):
         classifiers = list(metrics.classifiers) or [c.name for c in ctx.config.classifiers]
         colours = {c: _hex(v) for c, v in _colours(classifiers).items()}
@@ -274,28 +287,28 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
                 for c in classifiers:
                     if c in fp_of:
                         marks_rows.append([shift, r, tid, is_complete, c, fp_of[c]])
-            sheets.append((len(sections), shift, rows, wanted, marks_rows, scales, classifiers, colours))
+            sheets.append(_Sheet(len(sections), shift, rows, wanted, marks_rows, scales, classifiers, colours))
+            sections.append("")  # the sheet's place, after its group's legend: filled below
     # The images of every sheet in one read (each tar read once); where that fails, each
     # sheet reads its own, and a sheet whose images cannot be read says so in its place.
     try:
-        every = read_images(ctx.read_image, [sid for sheet in sheets for sid in sheet[3]])
+        every = read_images(ctx.read_image, [sid for sheet in sheets for sid in sheet.wanted])
     except (KeyError, ValueError, OSError):
         every = None
-    placed = []
-    for at, shift, rows, wanted, marks_rows, scales, classifiers, colours in sheets:
+    for sheet in sheets:
+        head = f"<h3>{html.escape(sheet.shift)}</h3>"
         try:
+            wanted = sheet.wanted
             images = {sid: every[sid] for sid in wanted} if every is not None else read_images(ctx.read_image, wanted)
         except (KeyError, ValueError, OSError) as err:  # a report without a sheet beats no report
             msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-            placed.append((at, f"<h3>{html.escape(shift)}</h3><p>No strip: {html.escape(str(msg))}</p>"))
+            sections[sheet.at] = f"{head}<p>No strip: {html.escape(str(msg))}</p>"
             continue
-        table_rows.extend(marks_rows)
-        png, geo = render_sheet(rows, scales, images, classifiers, colours, spec.thumb_px)
-        fname = strip_file(shift)
+        table_rows.extend(sheet.marks_rows)
+        png, geo = render_sheet(sheet.rows, sheet.scales, images, sheet.classifiers, sheet.colours, spec.thumb_px)
+        fname = strip_file(sheet.shift)
         result.files[fname] = png
-        placed.append((at, f"<h3>{html.escape(shift)}</h3>" + sheet_html(shift, fname, rows, scales, geo)))
-    for at, section in reversed(placed):  # each sheet where its shift came, after its group's legend
-        sections.insert(at, section)
+        sections[sheet.at] = head + sheet_html(sheet.shift, fname, sheet.rows, sheet.scales, geo)
     how = {"random": f"chosen at random (seed {spec.seed})", "most_robust": "the most robust (latest failure points)",
            "least_robust": "the least robust (earliest failure points)"}[spec.choice]
     sections.insert(1, f"<p>Per shift, {spec.count} trajectories {how}; rows are trajectories, columns scales. "
