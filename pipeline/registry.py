@@ -89,7 +89,7 @@ FILTERS.register(
     "ooc4", "pipeline.models.detectors:OOCFilter",
     "four detectors (CLIP text x2, CLIP image and DINOv2 similarity to scale 0), keep if k of 4 pass",
 )
-FILTERS.register("none", "pipeline.models.detectors:KeepAll", "keep every image (scores left empty)")
+FILTERS.register("none", "pipeline.models.keep_all:KeepAll", "keep every image (scores left empty)")
 
 CLASSIFIERS = Registry("classifier")
 CLASSIFIERS.register("timm", "pipeline.models.classifiers:TimmClassifier", "any timm model (name.tag or local weights)")

@@ -16,7 +16,8 @@ from PIL import Image
 from pipeline import schema
 from pipeline.config import FilterSpec, Thresholds
 from pipeline.demo.tiny_eval_models import make_tiny_clip, make_tiny_dino, make_tiny_timm_classifier
-from pipeline.models.detectors import KeepAll, OOCFilter, keep_decision
+from pipeline.models.detectors import OOCFilter, keep_decision
+from pipeline.models.keep_all import KeepAll
 
 SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
 T = Thresholds(clip_text=30.0, clip_shift_text=35.0, clip_image=0.8, dino_image=0.75)

@@ -154,7 +154,7 @@ class _PromptRecorder:
         self.seen: list[tuple[str, str]] = []
 
     def evaluate(self, items):
-        from pipeline.models.detectors import KeepAll
+        from pipeline.models.keep_all import KeepAll
 
         self.seen += [self.ooc.prompts(name, shift) for _, _, name, shift in items]
         return KeepAll(self.spec, "cpu").evaluate(items)

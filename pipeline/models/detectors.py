@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -383,25 +382,4 @@ class OOCFilter:
         for scores in self.score_trajectories(items, with_alignment=True):
             n_pass, kept = keep_decision(scores, self.spec.thresholds, self.spec.min_pass)
             results.append({**scores, "n_pass": n_pass, "kept": kept})
-        return results
-
-
-class KeepAll:
-    """The ``none`` filter: no detector runs, every image is kept, scores are NaN."""
-
-    def __init__(self, spec: FilterSpec, device: str) -> None:
-        self.spec = spec
-        self.device = device
-
-    def evaluate(self, items: Sequence[Trajectory]) -> list[dict[str, list]]:
-        results = []
-        for images, _, _, _ in items:
-            n = len(images)
-            results.append(
-                {
-                    **{k: [math.nan] * n for k in (*SCORE_COLUMNS, *REALISATION_COLUMNS)},
-                    "n_pass": [0] * n,
-                    "kept": [True] * n,
-                }
-            )
         return results

@@ -11,10 +11,10 @@ from pipeline.config import BuildConfig
 
 
 def pick_device(prefer: str | None = None) -> str:
-    import torch
-
     if prefer:
         return prefer
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -46,6 +46,9 @@ class Stage:
     # Whether every batch must hold exactly ``batch_size`` rows (the last one may hold fewer):
     # the writer's batch is one shard.
     exact_batches: bool = False
+    # Whether the stage runs torch: a stage that does not (the writer, a disabled filter)
+    # never imports it, which spares each of its actors a few CPU-seconds at start.
+    uses_torch: bool = True
 
     def __init__(
         self,
@@ -91,7 +94,7 @@ class Stage:
 
     def ensure_setup(self) -> None:
         if not self._ready:
-            if self.threads:
+            if self.threads and self.uses_torch:
                 import torch
 
                 torch.set_num_threads(self.threads)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline import protocol, registry, schema
+from pipeline.models.keep_all import KeepAll
 from pipeline.stages.base import Stage, decode_image, pick_device
 
 _ADDED = (*schema.SCORE_COLUMNS, "n_pass", "kept", *schema.REALISATION_COLUMNS)
@@ -25,16 +26,25 @@ class FilterStage(Stage):
     name = "filter"
     output_schema = schema.FILTERED
 
-    def setup(self) -> None:
-        """Pick the device and build the configured filter (``KeepAll`` when disabled)."""
-        from pipeline.models.detectors import KeepAll
+    @property
+    def filter_class(self) -> type:
+        """The configured filter's class (``KeepAll`` when the filter is disabled)."""
+        spec = self.config.filter
+        return registry.FILTERS.get(spec.kind) if spec.enabled else KeepAll
 
+    @property
+    def uses_torch(self) -> bool:
+        return self.filter_class is not KeepAll
+
+    def setup(self) -> None:
+        """Pick the device and build the configured filter."""
         cfg = self.config
         # Every shift's filter text resolved once, so the filter needs nothing but its spec.
         texts = {s: protocol.filter_shift_text(cfg, s) for s in cfg.all_shifts()}
         spec = cfg.filter.model_copy(update={"shift_text": texts})
-        self.device = pick_device(self.device_override)
-        cls = registry.FILTERS.get(spec.kind) if spec.enabled else KeepAll
+        cls = self.filter_class
+        # Keeping every image needs no device (nor torch, which choosing one imports).
+        self.device = pick_device(self.device_override) if cls is not KeepAll else (self.device_override or "cpu")
         self.filter = cls(spec, self.device)
         # Shifts of families that bypass the filter (e.g. corruptions): kept, scores NaN.
         self.unfiltered = {

@@ -84,6 +84,7 @@ class WriteStage(Stage):
     # dead and restarts the actor elsewhere); a shard whose write killed the worker
     # max_retries + 1 times fails the run (give_up), and the next run redoes its trajectories.
     exact_batches = True
+    uses_torch = False
 
     def __init__(
         self,
