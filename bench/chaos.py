@@ -3,17 +3,20 @@
     python bench/chaos.py --runs 30 --seed 1 --json --runner cluster --s3   # BENCHMARKS.md
     python bench/chaos.py --runs 3 --seed 1 --json --runner local   # the short one of the tests
 
-``--runner`` says where the build runs: ``local`` (the in-process executor), ``ray`` (a local
-Ray the build starts itself) or ``cluster`` (a two-node Ray cluster of ``ray start`` nodes,
-each in its own PID namespace, started once for the campaign: ``tests/raycluster.py``; the
-build connects to it with ``--address``).
+``--runner`` says where the build runs: ``local`` (the in-process executor, in a child
+process forked from the campaign's after its clean build, so that every attempt starts with
+the libraries imported and the models loaded, as a long-lived driver would; the kill is a
+SIGKILL of that child), ``ray`` (a fresh interpreter with a local Ray the build starts
+itself) or ``cluster`` (a two-node Ray cluster of ``ray start`` nodes, each in its own PID
+namespace, started once for the campaign: ``tests/raycluster.py``; the build connects to it
+with ``--address``).
 
 Every run builds ``configs/tiny.yaml`` (random-weight components, 48 images) into a fresh
 output.  A scheduler seeded from ``--seed`` and the run's number picks, per attempt, a
 fault and a moment:
 
-``kill_driver``   SIGKILL of the build's driver at a random time (with ``ray``/``local`` the
-                  build runs in its own PID namespace, so every Ray process dies with it);
+``kill_driver``   SIGKILL of the build's driver at a random time (with ``ray`` the build
+                  runs in its own PID namespace, so every Ray process dies with it);
 ``kill_worker``   SIGKILL of one Ray worker process of the build at a random time (Ray
                   restarts the actor and retries its batch; ``ray`` and ``cluster``);
 ``kill_node``     SIGKILL of the whole worker node (its PID namespace: raylet, agents, the
@@ -113,6 +116,49 @@ def map_workers(roots: list[int]) -> list[int]:
     return [p for root in roots for p in _descendants(root) if "ray::MapWorker" in _cmdline(p)]
 
 
+class ForkedBuild:
+    """``cnsbench build --runner local`` in a child forked from this process, with ``env`` as
+    its environment and its output in ``log_path``: the part of :class:`subprocess.Popen`
+    that :func:`attempt` uses (``pid``, ``poll``, ``kill``, ``wait``)."""
+
+    def __init__(self, cfg: Path, out: str, env: dict[str, str], log_path: Path) -> None:
+        self.returncode: int | None = None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: the build, until it ends or is killed
+            code = 99
+            try:
+                sys.stdout = sys.stderr = open(log_path, "w", buffering=1)
+                os.environ.clear()
+                os.environ.update(env)
+                from pipeline.cli import main
+
+                code = main(["build", str(cfg), "--output", out, "--runner", "local"])
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
 def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | None = None,
             strike: tuple[float, Callable[[subprocess.Popen], bool]] | None = None,
             address: str | None = None) -> tuple[int | None, float]:
@@ -121,8 +167,11 @@ def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | Non
     Returns (exit code or None when killed, wall seconds)."""
     start = time.monotonic()
     log_path = Path(tempfile.mkstemp(prefix="attempt-", suffix=".log", dir=cfg.parent)[1])
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(_cmd(cfg, out, runner, address), env=env, stdout=log, stderr=subprocess.STDOUT)
+    if runner == "local":
+        proc = ForkedBuild(cfg, out, env, log_path)
+    else:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(_cmd(cfg, out, runner, address), env=env, stdout=log, stderr=subprocess.STDOUT)
     struck = strike is None
     while True:
         code = proc.poll()
@@ -235,15 +284,41 @@ def campaign(runs: int, seed: int, runner: str, workdir: Path, s3_url: str | Non
         where.stop()
 
 
+def warm_up(cfg: Path, out: Path, env: dict[str, str]) -> None:
+    """The clean build in this process, under the attempts' environment (restored after)."""
+    import contextlib
+
+    from pipeline.cli import main
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # its progress must not mix into --json's stdout
+            code = main(["build", str(cfg), "--output", str(out), "--runner", "local"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if code != 0:
+        raise RuntimeError(f"the clean build in this process failed (exit {code})")
+
+
 def _campaign(runs: int, seed: int, where: Where, cfg: Path, workdir: Path, s3_url: str | None, echo,
               proxy) -> dict:
     runner, kinds, env = where.runner, where.kinds(), where.env()
 
     clean_out = workdir / "clean"
+    if runner == "local":
+        # The clean build in this process: the attempts forked from it start with its imports
+        # and loaded models.  Its wall time would include them, so the kill moments are drawn
+        # from a second clean build's, run as the attempts are.
+        warm_up(cfg, workdir / "clean-in-process", env)
     code, clean_wall = attempt(cfg, str(clean_out), runner, env, address=where.address)
     if code != 0:
         raise RuntimeError(f"the clean build failed (exit {code}); its log is the newest attempt-*.log in {workdir}")
     reference = output_digest(str(clean_out))
+    if runner == "local" and output_digest(str(workdir / "clean-in-process")) != reference:
+        raise RuntimeError("the clean builds in this process and in a forked one differ")
     echo(f"[chaos] clean build: {clean_wall:.1f} s")
 
     faults = {k: 0 for k in kinds + (["storage"] if s3_url else [])}
