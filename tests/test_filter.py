@@ -273,3 +273,25 @@ def test_same_named_clip_configs_do_not_shadow(tmp_path):
         ClipEncoder(ClipModelSpec(**{**a, "model_config_file": str(b_dir / "tiny-clip-shadow.json")}), "cpu")
     enc = ClipEncoder(ClipModelSpec(**a), "cpu")  # a registered again: its own architecture wins
     assert enc.encode_texts(["a photo"]).shape == (1, 32)
+
+
+def test_writer_and_disabled_filter_actors_never_import_torch(tmp_path):
+    """What a Ray actor of each imports: the writer and a disabled filter no torch (it costs
+    an actor about 4 CPU-seconds to start), the enabled filter does."""
+    import subprocess
+    import sys
+
+    from buildproc import light, tiny_config
+
+    code = f"""
+import sys
+from pipeline.config import load_config
+from pipeline.stages.filter import FilterStage
+from pipeline.stages.write import WriteStage
+cfg = load_config({str(tiny_config(tmp_path, light))!r})
+for stage in (FilterStage(cfg, threads=1), WriteStage(cfg, output={str(tmp_path / "out")!r}, threads=1)):
+    stage.ensure_setup()
+print("torch" in sys.modules, FilterStage(load_config({str(tiny_config(tmp_path, name="full.yaml"))!r})).uses_torch)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
