@@ -59,7 +59,7 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from buildproc import HAS_UNSHARE, tiny_config  # noqa: E402
+from buildproc import HAS_UNSHARE, ForkedBuild, tiny_config  # noqa: E402
 from raycluster import Cluster, small_pools  # noqa: E402
 
 from pipeline.io.digest import output_digest  # noqa: E402
@@ -116,49 +116,6 @@ def map_workers(roots: list[int]) -> list[int]:
     return [p for root in roots for p in _descendants(root) if "ray::MapWorker" in _cmdline(p)]
 
 
-class ForkedBuild:
-    """``cnsbench build --runner local`` in a child forked from this process, with ``env`` as
-    its environment and its output in ``log_path``: the part of :class:`subprocess.Popen`
-    that :func:`attempt` uses (``pid``, ``poll``, ``kill``, ``wait``)."""
-
-    def __init__(self, cfg: Path, out: str, env: dict[str, str], log_path: Path) -> None:
-        self.returncode: int | None = None
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: the build, until it ends or is killed
-            code = 99
-            try:
-                sys.stdout = sys.stderr = open(log_path, "w", buffering=1)
-                os.environ.clear()
-                os.environ.update(env)
-                from pipeline.cli import main
-
-                code = main(["build", str(cfg), "--output", out, "--runner", "local"])
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, signal.SIGKILL)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-        return self.returncode
-
-
 def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | None = None,
             strike: tuple[float, Callable[[subprocess.Popen], bool]] | None = None,
             address: str | None = None) -> tuple[int | None, float]:
@@ -168,7 +125,7 @@ def attempt(cfg: Path, out: str, runner: str, env: dict, kill_after: float | Non
     start = time.monotonic()
     log_path = Path(tempfile.mkstemp(prefix="attempt-", suffix=".log", dir=cfg.parent)[1])
     if runner == "local":
-        proc = ForkedBuild(cfg, out, env, log_path)
+        proc = ForkedBuild(["build", cfg, "--output", out, "--runner", "local"], log_path, env=env)
     else:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(_cmd(cfg, out, runner, address), env=env, stdout=log, stderr=subprocess.STDOUT)

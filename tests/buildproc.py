@@ -144,44 +144,87 @@ def kill_at(cfg: Path, out: Path | str, runner: str, rule: str, fault_dir: Path,
         proc.wait(timeout=60)
 
 
+class ForkedBuild:
+    """A ``cnsbench`` command (the CLI's ``main(argv)``) in a child forked from this process:
+    a whole process of its own, which a signal stops or kills as it would a fresh
+    interpreter, but which starts with this process's imports (and models already loaded
+    in process), so it does not pay a new interpreter's torch and diffusers (about 15
+    CPU-seconds here).  ``env`` is its whole environment (default: this process's); what it
+    prints goes to ``log`` (its stderr to ``err_log`` when given).  It has the part of
+    :class:`subprocess.Popen` the tests and ``bench/chaos.py`` use: ``pid``, ``poll``,
+    ``send_signal``, ``kill``, ``wait``, ``returncode``."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None,
+                 err_log: Path | None = None) -> None:
+        self.returncode: int | None = None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: the command, until it ends or is killed
+            code = 99
+            try:
+                out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                err = os.open(err_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if err_log else out
+                os.dup2(out, 1)
+                os.dup2(err, 2)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                if env is not None:
+                    os.environ.clear()
+                    os.environ.update(env)
+                from pipeline.cli import main
+
+                code = main([str(a) for a in argv])
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 def _kill_forked(cfg: Path, out: Path | str, rule: str, fault_dir: Path, env: dict) -> None:
-    """A local build (``cnsbench build --runner local``, the CLI's ``main``) in a forked child,
-    SIGKILLed at the rule's pause.  The child is a whole process of its own, killed as a
-    fresh interpreter would be; it starts with this process's imports, so a kill costs the
-    build's work up to the pause and not a new interpreter's torch and diffusers (about 15
-    CPU-seconds here).  What it prints goes to ``fault_dir/build.log``."""
+    """A local build (``cnsbench build --runner local``) in a :class:`ForkedBuild`, SIGKILLed
+    at the rule's pause: a kill costs the build's work up to the pause and not a new
+    interpreter's imports.  What it prints goes to ``fault_dir/build.log``."""
     log = fault_dir / "build.log"
-    pid = os.fork()
-    if pid == 0:  # the child: the build, until the kill
-        code = 99
-        try:
-            sys.stdout = sys.stderr = open(log, "w", buffering=1)
-            for key in [k for k in os.environ if k.startswith("CNSBENCH_FAULT")]:
-                del os.environ[key]
-            os.environ.update(env, CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir))
-            from pipeline.cli import main
-
-            code = main(["build", str(cfg), "--output", str(out), "--runner", "local"])
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+    child_env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir), **env)
+    proc = ForkedBuild(["build", cfg, "--output", out, "--runner", "local"], log, env=child_env)
     deadline = time.time() + SUBPROCESS_BUILD_S
-    ended = False
     try:
         while not list(fault_dir.glob("paused-*")):
-            ended = os.waitpid(pid, os.WNOHANG)[0] == pid
-            if ended:
+            if proc.poll() is not None:
                 raise AssertionError(f"build ended before reaching {rule}: {log.read_text()[-3000:]}")
             if time.time() > deadline:
                 raise AssertionError(f"build never reached {rule}")
             time.sleep(0.2)
     finally:
-        if not ended:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)  # reaped: its lease on the output names a dead process
+        proc.kill()
+        proc.wait()  # reaped: its lease on the output names a dead process
 
 
 def snapshot(out: Path | str) -> dict:

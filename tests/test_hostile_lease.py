@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -81,20 +79,23 @@ def test_no_lease_is_written_into_a_foreign_directory(tmp_path):
 @pytest.mark.slow
 def test_second_cli_build_exits_2_while_the_first_runs(tmp_path):
     """Two real `cnsbench build` processes on one output: the second exits 2 naming the first."""
-    from buildproc import env_with
+    from buildproc import ForkedBuild, env_with
 
     cfg = tiny_cfg_path(tmp_path)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(out), "--runner", "local"]
-    first = subprocess.Popen(cmd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv = ["build", cfg, "--output", out, "--runner", "local"]
+    # Each build a process of its own, forked from this one (ForkedBuild: no new interpreter).
+    first = ForkedBuild(argv, tmp_path / "first.log", env=env_with())
     try:
         deadline = time.time() + 120
         while not (out / "lease.json").exists():
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.2)
-        second = subprocess.run(cmd, env=env_with(), capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2, second.stderr
-        assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        second = ForkedBuild(argv, tmp_path / "second.log", env=env_with(), err_log=tmp_path / "second.err")
+        second.wait(timeout=120)
+        err = (tmp_path / "second.err").read_text()
+        assert second.returncode == 2, err
+        assert f"pid {first.pid}" in err and "Traceback" not in err
         assert first.poll() is None  # the first goes on
     finally:
         first.kill()

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pyarrow as pa
@@ -129,7 +128,7 @@ def test_status_sees_shards_larger_than_config_json_allows(built, capsys):
 def test_two_cli_builds_on_one_output(tmp_path, capsys, monkeypatch):
     """The contract with two builds in two processes: the second (lease timeout 1 s) exits 2
     naming the first, the first finishes, and `status` finds the output complete and consistent."""
-    from buildproc import env_with
+    from buildproc import ForkedBuild, env_with
 
     cfg = tiny_cfg_path(tmp_path)
     # The first build has work to do: a third classifier on the images committed with two.
@@ -139,12 +138,12 @@ def test_two_cli_builds_on_one_output(tmp_path, capsys, monkeypatch):
     faults = tmp_path / "faults"
     faults.mkdir()
     env = env_with(CNSBENCH_FAULT_INJECT="reclassify:start:*:hold", CNSBENCH_FAULT_DIR=str(faults))
-    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(out), "--runner", "local"]
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "first.log"
+    first = ForkedBuild(["build", cfg, "--output", out, "--runner", "local"], log, env=env)  # a process of its own
     try:
         deadline = time.time() + 300
         while not (faults / "paused-reclassify-start").exists():
-            assert first.poll() is None, first.stdout.read()
+            assert first.poll() is None, log.read_text()
             assert time.time() < deadline
             time.sleep(0.2)
         time.sleep(1.2)
@@ -154,7 +153,8 @@ def test_two_cli_builds_on_one_output(tmp_path, capsys, monkeypatch):
         assert f"pid {first.pid}" in err and "Traceback" not in err
         monkeypatch.delenv("CNSBENCH_LEASE_TIMEOUT_S")
         (faults / "release").touch()
-        text, _ = first.communicate(timeout=300)
+        first.wait(timeout=300)
+        text = log.read_text()
         assert first.returncode == 0, text
         assert "taken over" not in text
     finally:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from buildproc import build_here, env_with, tiny_config
+from buildproc import ForkedBuild, build_here, env_with, tiny_config
 
 from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
@@ -34,17 +32,19 @@ def test_sigterm_stops_the_build_and_the_next_run_resumes(tmp_path, capsys):
     sig = signal.SIGTERM
     cfg = tiny_config(tmp_path, lambda raw: raw["output"].update(trajectories_per_shard=1))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(out), "--runner", "local"]
-    proc = subprocess.Popen(cmd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The build is a process of its own (forked from this one: see ForkedBuild) that gets the signal.
+    logs = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    proc = ForkedBuild(["build", cfg, "--output", out, "--runner", "local"], logs[0], env=env_with(), err_log=logs[1])
     deadline = time.time() + 300
     while not list((out / "manifest").glob("*.json")) if (out / "manifest").is_dir() else True:
-        assert proc.poll() is None, proc.communicate()
+        assert proc.poll() is None, [p.read_text() for p in logs]
         assert time.time() < deadline, "no shard committed in time"
         time.sleep(0.1)
     proc.send_signal(sig)
     sent = time.time()
-    stdout, stderr = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
     assert time.time() - sent < 20, "the build took too long to stop"
+    stdout, stderr = (p.read_text() for p in logs)
     assert proc.returncode == EXIT_INTERRUPTED, (stdout, stderr)
     assert "stopped; committed shards are kept" in stderr and "Run the same command again" in stderr
     kept = {p.name for p in (out / "manifest").glob("*.json")}
