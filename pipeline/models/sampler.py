@@ -23,7 +23,6 @@ baseline in ``bench/generation.py``.
 from __future__ import annotations
 
 import copy
-import io
 import time
 from dataclasses import dataclass, field
 
@@ -271,15 +270,6 @@ def resize(img, size: int):
     if img.size == (size, size):
         return img
     return img.resize((size, size), Image.BICUBIC)
-
-
-def encode_image(img, fmt: str, quality: int = 95) -> bytes:
-    buf = io.BytesIO()
-    if fmt == "png":
-        img.save(buf, format="PNG")
-    else:
-        img.save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
 
 
 def create_sampler(spec: GeneratorSpec, bench: BenchmarkSpec, device: str, dtype) -> SliderSampler:

@@ -34,6 +34,16 @@ def decode_image(data: bytes):
     return img.convert("RGB")
 
 
+def encode_image(img, fmt: str, quality: int = 95) -> bytes:
+    """A PIL image as the bytes of the output's ``image_format`` (png, or jpeg at ``quality``)."""
+    buf = io.BytesIO()
+    if fmt == "png":
+        img.save(buf, format="PNG")
+    else:
+        img.save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
 class Stage:
     """Base class: subclasses set ``name`` and ``output_schema`` and implement ``setup``,
     ``process`` and ``batch_keys`` (the ids a batch is known by, for crash bookkeeping)."""

@@ -16,8 +16,7 @@ from typing import Any
 
 from pipeline import plan, registry, schema
 from pipeline.families.base import BaseImage, UnitContext
-from pipeline.models.sampler import encode_image
-from pipeline.stages.base import Stage, pick_device, pick_dtype
+from pipeline.stages.base import Stage, encode_image, pick_device, pick_dtype
 
 log = logging.getLogger(__name__)
 

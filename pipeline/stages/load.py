@@ -8,7 +8,7 @@ from typing import Any
 
 from pipeline import schema
 from pipeline.sources.common import _fs
-from pipeline.stages.base import Stage
+from pipeline.stages.base import Stage, encode_image
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ class LoadStage(Stage):
 
     def _image(self, path: str, offset: int, size: int) -> bytes:
         from PIL import Image
-
-        from pipeline.models.sampler import encode_image
 
         data = self._read(path, offset, size)
         img = Image.open(io.BytesIO(data))
