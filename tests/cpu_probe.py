@@ -6,7 +6,9 @@ A thread samples every 0.5 s the user+system CPU of the test worker and of every
 under it (Ray, subprocess builds); each increase is charged to the module running then.
 Each worker writes ``cpu_probe.<worker>.tsv`` (module, CPU-seconds, wall seconds) into
 ``$CNSBENCH_CPU_PROBE_DIR`` (default: the temporary directory).  The CPU a process spends
-in its last half second is missed."""
+in its last half second is missed.  ``CNSBENCH_CPU_PROBE_BY=test`` charges each test instead
+of each module.  Under xdist the controller writes ``cpu_probe.main.tsv`` too, which counts
+its workers again: add up the ``gw*`` files."""
 import os
 import tempfile
 import threading
@@ -51,10 +53,14 @@ def _loop():
 def pytest_sessionstart(session):
     threading.Thread(target=_loop, daemon=True).start()
 
+_BY_TEST = os.environ.get("CNSBENCH_CPU_PROBE_BY") == "test"
+
+
 def pytest_runtest_setup(item):
-    if _mod["name"] != item.module.__name__:
+    name = item.nodeid if _BY_TEST else item.module.__name__
+    if _mod["name"] != name:
         _sample()
-        _mod["name"] = item.module.__name__
+        _mod["name"] = name
 
 def pytest_sessionfinish(session):
     _sample(); _stop.set()
