@@ -38,9 +38,13 @@ GB = 1024**3
 # Python, torch and the model libraries of an actor (0.93 GB RSS measured on CPU); on a GPU,
 # about the CUDA context and the allocator's cache (BENCHMARKS.md, classifier groups).
 RUNTIME_BYTES = 1024**3
-# The writer imports no model library and holds no GPU context: Python, Ray, pyarrow and PIL
-# (677-680 MB peak RSS measured in both rehearsal runs, docs/rehearsal.md).
-WRITER_RUNTIME_BYTES = 700 * 1024**2
+# The writer imports neither torch nor a model library and holds no GPU context: Python, Ray,
+# pyarrow and PIL (209 MB peak RSS in the 768 px rehearsal, docs/rehearsal.md; 677-680 MB
+# while it still imported torch).  It also holds one shard's rows and the tar made from them
+# (``WRITER_SHARD_COPIES``), counted at the raw RGB size of each image, which PNG and JPEG do
+# not exceed much.
+WRITER_RUNTIME_BYTES = 200 * 1024**2
+WRITER_SHARD_COPIES = 2
 ACTIVATION_FACTOR = 2.0  # tensors alive around the largest module call (residual stream, allocator slack)
 # The UNet and VAE keep more alive around their largest call (norms, skip connections): 2.5x
 # matches the H100 measurements in BENCHMARKS.md (0.143 GiB per UNet sample, 1.34 GiB per
@@ -440,6 +444,12 @@ def _generate_bytes(cfg: "BuildConfig", dtype_bytes: int) -> int:
     return RUNTIME_BYTES + weights + int(max(unet_peak, vae_peak) * GENERATE_ACTIVATION_FACTOR * dtype_bytes / 4)
 
 
+def _write_bytes(cfg: "BuildConfig") -> int:
+    images = cfg.output.trajectories_per_shard * max(len(g.scales) for g in cfg.family_groups())
+    side = cfg.generator.image_size
+    return WRITER_RUNTIME_BYTES + WRITER_SHARD_COPIES * images * side * side * 3
+
+
 def project_stage_memory(cfg: "BuildConfig", device: str = "cuda") -> dict[str, int | None]:
     """Projected peak bytes of one actor of each stage (``None``: not projectable here, e.g. a
     hub model whose configuration is not cached), at the config's dtype on ``device``
@@ -451,7 +461,7 @@ def project_stage_memory(cfg: "BuildConfig", device: str = "cuda") -> dict[str, 
         ("generate", lambda: _generate_bytes(cfg, dtype_bytes)),
         ("filter", lambda: _filter_bytes(cfg)),
         ("classify", lambda: _classify_bytes(cfg)),
-        ("write", lambda: WRITER_RUNTIME_BYTES),
+        ("write", lambda: _write_bytes(cfg)),
     ):
         try:
             out[stage] = project()
