@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline import plan, schema
+    from pipeline import plan
+
+    from pipeline.plan import schema
     from pipeline.build import committed_trajectories
     from pipeline.config import BenchmarkSpec
     from pipeline.io.store import OutputStore, ShardManifest

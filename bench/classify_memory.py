@@ -4,7 +4,7 @@
     python bench/classify_memory.py measure plan.json                     # on the GPU node (torch + timm)
 
 ``plan`` packs the config's classifiers as ``resources.classify.memory_budget_gb`` says
-(pipeline.memory) and writes, per classifier, what a GPU node needs to rebuild it with
+(pipeline.perf.memory) and writes, per classifier, what a GPU node needs to rebuild it with
 random weights (the timm architecture, or the timm twin of a DINOv2 torch-hub entry; open_clip
 models are skipped where open_clip is not installed).  ``measure`` builds each group on
 the GPU in float32, runs one forward of the projected number of images through every model
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def plan(argv: list[str]) -> None:
     from pipeline.cli.options import add_set_argument, load_cli_config
-    from pipeline.memory import (
+    from pipeline.perf.memory import (
         _DINOV2_HUB,
         _DINOV2_TIMM,
         RUNTIME_BYTES,

@@ -61,7 +61,7 @@ def init_ray(address, cfg) -> None:
 
 def run_build(cfg, units, out: str):
     """The build's chain (generate -> filter -> classify -> write) on the Ray Data executor."""
-    from pipeline import schema
+    from pipeline.plan import schema
     from pipeline.build import build_chain
     from pipeline.executors.ray_data import RayDataExecutor
 
@@ -83,7 +83,6 @@ def driver_peak(shifts: int, seeds: int, steps: int) -> dict:
     import ray
 
     from pipeline import plan
-
     with tempfile.TemporaryDirectory() as tmp:
         cfg = make_config(Path(tmp), shifts, seeds, steps)
         units = plan.plan_units(cfg)
@@ -108,7 +107,9 @@ def overhead(shifts: int, seeds: int, steps: int, repeats: int = 1) -> dict:
     import pyarrow as pa
     import ray
 
-    from pipeline import plan, schema
+    from pipeline import plan
+
+    from pipeline.plan import schema
     from pipeline.stages.generate import GenerateStage
 
     times: dict[str, list[float]] = {"bare_generation_s": [], "ray_generation_s": [], "full_pipeline_s": []}

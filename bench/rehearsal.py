@@ -126,10 +126,9 @@ def stage_models(cfg, cache: Path) -> dict[str, dict[str, float]]:
 
 
 def projected_memory(cfg) -> dict[str, Any]:
-    """Projected actor memory (MB) per stage on the CPU (:func:`pipeline.memory.project_stage_memory`);
+    """Projected actor memory (MB) per stage on the CPU (:func:`pipeline.perf.memory.project_stage_memory`);
     classify: one entry per classifier group."""
-    from pipeline import memory
-
+    from pipeline.perf import memory
     out: dict[str, Any] = {k: (round(v / MB) if v else None)
                            for k, v in memory.project_stage_memory(cfg, device="cpu").items()}
     feet = memory.classifier_footprints(cfg)

@@ -3,7 +3,7 @@
 The real driver (``pipeline.build.build``: lease, manifest scan, plan, Ray Data executor,
 shard tally), the real writer, tars, Parquet files and manifests, with the model stages
 replaced by the stand-ins of ``bench/standins.py`` (the time the real models take on the
-simulated GPU, from ``pipeline.estimate``, divided by ``--compression``).  The cluster is
+simulated GPU, from ``pipeline.perf.estimate``, divided by ``--compression``).  The cluster is
 ``ray start`` nodes on this machine, each in its own PID namespace (``tests/raycluster.py``),
 declaring GPUs they do not have.
 
@@ -50,8 +50,7 @@ QUARTER = 0.25
 # ---------------------------------------------------------------- config and pool layout
 def aux_fraction(cfg, gpu: str) -> tuple[float, dict]:
     """Share of the GPU work that is filter + classify, and the per-stage seconds it is from."""
-    from pipeline import estimate
-
+    from pipeline.perf import estimate
     spec = estimate.gpu_spec(gpu)
     group = cfg.family_groups()[0]
     unit_s, e = estimate.unit_seconds(cfg, spec, len(group.shifts), list(group.scales))

@@ -7,7 +7,7 @@ without importing torch or the model code (a worker starts in a second, not ten)
 unit as a small real PNG (16x16 px, so the writer's tars, Parquet files and manifests do
 their real work), the filter scores every image as kept, the classifier predicts every
 configured classifier's top-5.  A batch takes the time the real models would take on the
-simulated GPU (:mod:`pipeline.estimate`: UNet evaluations x seconds per evaluation at the
+simulated GPU (:mod:`pipeline.perf.estimate`: UNet evaluations x seconds per evaluation at the
 configured resolution, the filter's and the classifiers' FLOPs per image), divided by the
 actor's share of its GPU (``num_gpus``: a quarter-GPU actor runs at a quarter of the
 speed) and by ``compression``.  The batch sleeps whatever of that time its own CPU work did
@@ -27,7 +27,11 @@ import os
 import time
 from typing import Any
 
-from pipeline import estimate, plan, schema
+from pipeline import plan
+
+from pipeline.perf import estimate
+
+from pipeline.plan import schema
 from pipeline.stages.base import Stage
 from pipeline.stages.write import WriteStage
 

@@ -15,7 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from pipeline import __version__, plan, schema
+from pipeline import __version__, plan
+
+from pipeline.plan import schema
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.executors import StageSpec, get_executor
@@ -245,10 +247,10 @@ def write_config(store: OutputStore, cfg: BuildConfig) -> str:
 
 class ShardTally:
     """Counts the shards a runner reports as committed and shows the run's progress
-    (:class:`pipeline.progress.Progress`: a live line on a terminal, periodic lines otherwise)."""
+    (:class:`pipeline.runtime.progress.Progress`: a live line on a terminal, periodic lines otherwise)."""
 
     def __init__(self, total: int, done_before: int, echo: Callable[[str], None], what: str = "build") -> None:
-        from pipeline.progress import Progress
+        from pipeline.runtime.progress import Progress
 
         self.total, self.done_before, self.echo = total, done_before, echo
         self.traj = self.images = self.shards = self.failed = 0

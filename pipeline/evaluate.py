@@ -26,7 +26,7 @@ import json
 import time
 from typing import Any, Callable
 
-from pipeline import release_protocol
+from pipeline.sources import release_protocol
 from pipeline.build import (
     BuildSummary,
     ShardTally,
@@ -72,7 +72,7 @@ def effective_config(
 
     classes / seeds / shifts / scales become those present in the source, the filter is
     enabled only with ``use_filter``, the classifiers are narrowed to ``classifiers``, a
-    released layout's protocol fills their inputs (:func:`pipeline.release_protocol.apply_to`), and
+    released layout's protocol fills their inputs (:func:`pipeline.sources.release_protocol.apply_to`), and
     ``output.image_format`` becomes the source's dominant format so its images are stored
     unchanged.  Raises ConfigError (e.g. scales without 0, a margin below the largest scale).
     """

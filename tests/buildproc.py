@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.io.webdataset import iter_tar
 
 HAS_UNSHARE = shutil.which("unshare") is not None and subprocess.run(

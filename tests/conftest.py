@@ -187,7 +187,7 @@ def demo_world(tmp_path_factory):
     the CPU, and a build's output does not depend on the runner (ids and seeds come from
     coordinates); Ray's shards equal in-process ones in tests/test_cluster.py, and the
     default runner, Ray, builds the tiny config in tests/test_build_e2e.py."""
-    from pipeline.checkout import REPO_ROOT
+    from pipeline.runtime.checkout import REPO_ROOT
     from pipeline.cli import main
 
     if not (REPO_ROOT / "assets" / "world" / "world.json").is_file():

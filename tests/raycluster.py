@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import jobs
-
+from pipeline.runtime import jobs
 RAY = str(Path(sys.executable).with_name("ray"))
 HEAD_RESOURCE = "cnsbench_test_head"  # a custom resource only the head has (for a holder job)
 START_TIMEOUT = 420  # a node joins in seconds alone; minutes beside a busy suite

@@ -1,4 +1,4 @@
-"""Attempt bookkeeping (pipeline.faults): after max_retries + 1 tries that each killed the
+"""Attempt bookkeeping (pipeline.runtime.faults): after max_retries + 1 tries that each killed the
 worker, a stage gives its batch up as failed items; the writer, which cannot commit half a
 shard, and the reclassify stage, which commits whole shards too, stop the run instead.  All
 keep markers, so the Ray runner retries them without limit while an actor is only
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipeline import faults
-from pipeline.checkout import TINY_CONFIG
+from pipeline.runtime import faults
+from pipeline.runtime.checkout import TINY_CONFIG
 from pipeline.config import load_config
 from pipeline.io.store import OutputStore
 from pipeline.stages.base import Stage

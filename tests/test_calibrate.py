@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.calibrate import (
+from pipeline.models.calibrate import (
     CalibrationError,
     calibrate,
     candidate_thresholds,
@@ -21,7 +21,7 @@ from pipeline.calibrate import (
 )
 from pipeline.cli import TINY_CONFIG
 from pipeline.config import ConfigError, Thresholds, load_config
-from pipeline.schema import SCORE_COLUMNS
+from pipeline.plan.schema import SCORE_COLUMNS
 
 
 def run_cli(argv: list[str]) -> int:

@@ -15,7 +15,9 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline import imagenet, schema
+from pipeline.labels import imagenet
+
+from pipeline.plan import schema
 from pipeline.config import ClassifierSpec
 from pipeline.demo.tiny_eval_models import (
     make_tiny_clip,

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from pipeline import schema
-from pipeline.checkout import TINY_CONFIG
+from pipeline.plan import schema
+from pipeline.runtime.checkout import TINY_CONFIG
 from pipeline.config import load_config
-from pipeline.memory import GB, RUNTIME_BYTES, Footprint, classifier_footprints, classifier_groups, group_bytes, pack
+from pipeline.perf.memory import GB, RUNTIME_BYTES, Footprint, classifier_footprints, classifier_groups, group_bytes, pack
 from pipeline.stages.classify import ClassifyStage, classify_specs
 
 MB = 1024**2
@@ -213,7 +213,7 @@ def test_reclassify_loads_one_group_at_a_time(whole):
 
 
 def test_vlm_groups_run_after_the_rankings_they_draw_from(monkeypatch):
-    import pipeline.memory as memory
+    import pipeline.perf.memory as memory
 
     cfg = load_config(TINY_CONFIG, sets=["resources.classify.memory_budget_gb=4"])
     monkeypatch.setattr(memory, "_asks", lambda kind: kind == "open_clip_zeroshot")  # stands in for a vlm

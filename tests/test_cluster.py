@@ -46,7 +46,7 @@ from buildproc import HAS_UNSHARE, LIGHT_CLASSIFIERS, assert_same_as_full, light
 from raycluster import HEAD_RESOURCE, Cluster, _procs_under, _raylets, small_pools
 from s3server import s3_environment
 
-from pipeline import jobs
+from pipeline.runtime import jobs
 from pipeline.cli import main
 from pipeline.io.store import OutputStore
 

@@ -1,4 +1,4 @@
-"""Deployment artefacts (deploy/, docker/) and the Ray Jobs wrappers (pipeline/jobs.py).
+"""Deployment artefacts (deploy/, docker/) and the Ray Jobs wrappers (pipeline/runtime/jobs.py).
 
 No cloud, Docker engine or Ray cluster is needed: the YAML files are parsed and checked
 (cluster-launcher configs with Ray's own validator, Serve configs with Ray Serve's
@@ -24,8 +24,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from pipeline import jobs
-
+from pipeline.runtime import jobs
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 DOCKER = REPO / "docker"
@@ -460,7 +459,7 @@ def test_config_paths_must_be_uploaded(tmp_path):
 def test_build_accepts_reads_the_build_cli():
     from pipeline.cli import make_parser
 
-    make_parser()  # registers the build parser with pipeline.jobs
+    make_parser()  # registers the build parser with pipeline.runtime.jobs
     assert jobs.build_accepts("--output", "s3://b/p") is True
     assert jobs.build_accepts("--no-such-option") is False
 

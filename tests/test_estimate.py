@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.checkout import REPO_ROOT
+from pipeline.runtime.checkout import REPO_ROOT
 from pipeline.cli import main
-from pipeline.estimate import ddim_timesteps, unet_evals_per_unit
+from pipeline.perf.estimate import ddim_timesteps, unet_evals_per_unit
 
 CNS = str(REPO_ROOT / "configs" / "cns_bench.yaml")
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.config import FilterSpec, Thresholds
 from pipeline.demo.tiny_eval_models import make_tiny_clip, make_tiny_dino, make_tiny_timm_classifier
 from pipeline.models.detectors import OOCFilter, keep_decision

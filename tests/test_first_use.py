@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.checkout import REPO_ROOT, TINY_CONFIG
+from pipeline.runtime.checkout import REPO_ROOT, TINY_CONFIG
 from pipeline.cli import main
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
@@ -146,8 +146,7 @@ def test_class_tokens_are_installed_without_the_embedding_notice(tiny_assets, mo
 
 
 def test_native_stderr_noise_is_dropped_and_everything_else_kept(capfd, monkeypatch):
-    from pipeline import progress
-
+    from pipeline.runtime import progress
     noise = (
         b"[2026-11-25 18:04:44,323 E 10240 10240] core_worker.cc:2465: Actor with class name: "
         b"'MapWorker(MapBatches(GenerateStage))' and ID: 'bf93' has constructor arguments in the "
@@ -169,8 +168,7 @@ def test_rays_notices_about_a_new_local_cluster_show_only_with_verbose(index, mo
     saying so need -v; other messages of the same loggers still show."""
     import logging
 
-    from pipeline import progress
-
+    from pipeline.runtime import progress
     import ray  # noqa: F401  (Ray's own logging set-up, as in a build)
 
     name, start = progress.LOCAL_RAY_NOTICES[index]
@@ -193,8 +191,7 @@ def test_rays_notices_about_a_new_local_cluster_show_only_with_verbose(index, mo
 
 
 def test_model_libraries_progress_bars_are_off_without_verbose(monkeypatch):
-    from pipeline import progress
-
+    from pipeline.runtime import progress
     for name in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(progress, "_VERBOSE", True)

@@ -279,7 +279,7 @@ def test_a_trailing_newline_in_a_name_is_refused(tmp_path, capsys, mutate):
 def test_every_name_pattern_is_matched_whole():
     from pipeline.config.base import SHIFT_NAME
     from pipeline.io.manifest import OWN_FILE, SHARD_NAME, is_own_file, own_file_shard
-    from pipeline.review import Review, ReviewError
+    from pipeline.serve.review import Review, ReviewError
     from pipeline.sources.common import SourceError, _check_shift
 
     assert SHIFT_NAME.fullmatch("painting_style") and not SHIFT_NAME.fullmatch("painting_style\n")

@@ -189,7 +189,7 @@ def test_evaluate_release_as_the_original(tmp_path, monkeypatch, capsys):
 
 def test_zero_shot_prompts_are_the_originals():
     """The single template over the 113 cleaned names, as evaluate_vlm.py tokenizes them."""
-    from pipeline.imagenet_d import class_names
+    from pipeline.labels.imagenet_d import class_names
     from pipeline.models.classifiers import zero_shot_templates
     from pipeline.sources.imagenet_d import PROTOCOL
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from pipeline import cli
-from pipeline.review import Review, ReviewError, UnknownSet
+from pipeline.serve.review import Review, ReviewError, UnknownSet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_labels_feed_calibrate_filter(output, tmp_path):
     assert dict(zip(labels["sample_id"], labels["ooc"])) == {ids[0]: False, ids[1]: True}  # reject says nothing
     assert labels[["clip_text", "clip_shift_text", "clip_image", "dino_image"]].notna().all().all()
     # The labels file is what `cnsbench calibrate-filter` reads.
-    from pipeline.calibrate import read_labels
+    from pipeline.models.calibrate import read_labels
 
     scores, ooc = read_labels(str(out / "review" / "hard_set_labels.parquet"))
     assert scores.shape == (2, 4) and ooc.tolist() == [False, True]

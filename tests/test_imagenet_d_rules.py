@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import imagenet_d
+from pipeline.labels import imagenet_d
 from pipeline.analyses import hard_mining as hm
 from pipeline.labels import LabelSpace, label_space
 
@@ -210,7 +210,6 @@ def _world_config(tmp_path, edit) -> str:
 )
 def test_bad_world_config_is_refused_before_models_load(tmp_path, capsys, edit, message):
     from pipeline import cli
-
     path = _world_config(tmp_path, edit)
     assert cli.main(["validate", path]) in (1, 2)  # 2: invalid config, 1: problems found by validate
     captured = capsys.readouterr()

@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 
 from pipeline import cli
-
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "world_imagenet_d.yaml"
 pytestmark = pytest.mark.slow

@@ -53,7 +53,7 @@ def test_set_names(name, expected):
 
 
 def test_wordnet_ids_in_imagenet_order():
-    from pipeline.imagenet import wnid_index, wnids
+    from pipeline.labels.imagenet import wnid_index, wnids
 
     assert len(wnids()) == 1000 and wnid_index("n01440764") == 0 and wnid_index("n15075141") == 999
 

@@ -41,7 +41,7 @@ from pipeline.aggregate.metrics import (
 )
 from pipeline.aggregate.report import write_report
 from pipeline.plan import sample_id, trajectory_id
-from pipeline.schema import PREDICTIONS, SAMPLES
+from pipeline.plan.schema import PREDICTIONS, SAMPLES
 
 SCALES = [0.0, 1.0, 2.0]
 CLASSIFIERS = ["A", "B", "C"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.build import IncompatibleOutput, check_compatible, write_config
-from pipeline.checkout import TINY_CONFIG
+from pipeline.runtime.checkout import TINY_CONFIG
 from pipeline.cli import main
 from pipeline.config import ConfigError, config_hash, load_config
 from pipeline.config.overrides import apply_overrides, parse_key
@@ -96,7 +96,7 @@ def test_changed_set_is_a_changed_config_on_resume(tmp_path):
 
 
 def test_submit_passes_overrides_to_the_job():
-    from pipeline.jobs import build_entrypoint
+    from pipeline.runtime.jobs import build_entrypoint
 
     cmd = build_entrypoint("configs/tiny.yaml", "s3://b/p", sets=["benchmark.classes=[2, 3]"])
     assert cmd.endswith("'--set=benchmark.classes=[2, 3]'")

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import hub, memory
-from pipeline.checkout import TINY_CONFIG
+from pipeline.assets import hub
+
+from pipeline.perf import memory
+from pipeline.runtime.checkout import TINY_CONFIG
 from pipeline.cli import main
 from pipeline.config import load_config, parse_config
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import protocol
+from pipeline.config import protocol
 from pipeline.config import ConfigError, dump_yaml, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_keras_names_at_known_indices():
 
 
 def test_keras_names_differ_from_the_clip_names_of_zero_shot():
-    from pipeline.imagenet import class_names
+    from pipeline.labels.imagenet import class_names
 
     clip = class_names()
     assert (clip[7], clip[21]) == ("rooster", "kite (bird of prey)")
@@ -163,7 +163,6 @@ class _PromptRecorder:
 @pytest.fixture(scope="module")
 def recorder_key():
     from pipeline import registry
-
     key = "test_protocol_prompts"
     if key not in registry.FILTERS.keys():
         registry.FILTERS.register(key, f"{__name__}:_PromptRecorder", "records prompts (tests)")

@@ -1,11 +1,11 @@
-"""Released benchmarks' protocols (pipeline/release_protocol.py): filling, overrides, the report's entry."""
+"""Released benchmarks' protocols (pipeline/sources/release_protocol.py): filling, overrides, the report's entry."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess, build_transform
-from pipeline.release_protocol import ANALYSIS, ANY_KIND, MODEL, TORCHVISION_EVAL, ReleaseProtocol, apply, protocol_of
+from pipeline.config.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess, build_transform
+from pipeline.sources.release_protocol import ANALYSIS, ANY_KIND, MODEL, TORCHVISION_EVAL, ReleaseProtocol, apply, protocol_of
 
 OWN = Preprocess(232, 224, "bicubic", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 CROP_ONLY = Preprocess(256, 224, "bilinear", IMAGENET_MEAN, IMAGENET_STD, shifted_crop_only=True)

@@ -16,7 +16,7 @@ import pytest
 from pipeline.aggregate.metrics import REALISATION_TABLE_COLUMNS, compute_metrics, shift_realisation
 from pipeline.aggregate.report import write_report
 from pipeline.plan import sample_id, trajectory_id
-from pipeline.schema import PREDICTIONS, SAMPLES
+from pipeline.plan.schema import PREDICTIONS, SAMPLES
 
 SCALES = [0.0, 1.0, 2.0]
 NAN = math.nan

@@ -1,11 +1,11 @@
-"""Progress lines (pipeline.progress): live on a terminal, periodic plain lines otherwise."""
+"""Progress lines (pipeline.runtime.progress): live on a terminal, periodic plain lines otherwise."""
 
 from __future__ import annotations
 
 import io
 
 from pipeline.build import ShardTally
-from pipeline.progress import Progress
+from pipeline.runtime.progress import Progress
 
 
 class Clock:

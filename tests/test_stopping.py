@@ -8,7 +8,7 @@ import time
 import pytest
 from buildproc import ForkedBuild, build_here, env_with, tiny_config
 
-from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
+from pipeline.runtime.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
 
 def test_the_message_names_what_is_kept_and_the_resume_command():

@@ -156,7 +156,6 @@ def test_validate_exits_2_naming_the_key(tmp_path, capsys, protocol, key):
     import yaml
 
     from pipeline import cli
-
     repo = Path(__file__).resolve().parents[1]
     raw = yaml.safe_load((repo / "configs" / "world_imagenet_d.yaml").read_text().replace("../assets", str(repo / "assets")))
     vlm = next(c for c in raw["classifiers"] if c["kind"] == "vlm")
@@ -170,7 +169,6 @@ def test_validate_exits_2_naming_the_key(tmp_path, capsys, protocol, key):
 
 def test_ls_lists_the_vlm_kind_and_its_protocols(capsys):
     from pipeline import cli
-
     assert cli.main(["ls"]) == 0
     out = capsys.readouterr().out
     assert "\n  vlm " in out and "VQA protocols" in out

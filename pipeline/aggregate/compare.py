@@ -175,7 +175,7 @@ def compare_outputs(
     """Check the outputs, write the comparison report into ``dest``; returns its index URL."""
     from pipeline.aggregate.images import ImageReader
     from pipeline.aggregate.run import analysis_plan, render_report
-    from pipeline.progress import Progress
+    from pipeline.runtime.progress import Progress
 
     from pipeline.io.ownership import claim_compare_output, write_compare_marker
 

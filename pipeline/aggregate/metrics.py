@@ -1,8 +1,8 @@
 """CNS-Bench metrics from the ``samples`` and ``predictions`` output tables (pandas only).
 
 Role: the last, pure step of a build.  Given the per-image ``samples`` table
-(:data:`pipeline.schema.SAMPLES`), the per-(image, classifier) ``predictions`` table
-(:data:`pipeline.schema.PREDICTIONS`) and the benchmark's scales, compute
+(:data:`pipeline.plan.schema.SAMPLES`), the per-(image, classifier) ``predictions`` table
+(:data:`pipeline.plan.schema.PREDICTIONS`) and the benchmark's scales, compute
 
 * which trajectories are evaluated (:func:`complete_trajectories`),
 * accuracy and accuracy drop per (classifier, shift, scale) (:func:`accuracy_table`),

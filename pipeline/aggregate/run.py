@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.config import BuildConfig, parse_config
 from pipeline.io.store import OutputStore, ShardManifest
 
@@ -165,7 +165,7 @@ def render_report(
 ) -> str:
     """Run the analyses of ``cfg`` on the tables and write their files and ``index.html`` under
     ``folder`` of ``store`` (``""``: its root); ``lead`` sections open the page.  Returns the
-    index's URL.  ``progress`` (a :class:`pipeline.progress.Progress`) counts the analyses."""
+    index's URL.  ``progress`` (a :class:`pipeline.runtime.progress.Progress`) counts the analyses."""
     import json
 
     from pipeline.aggregate.images import ImageReader

@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass
 class AnalysisContext:
     config: "BuildConfig"
-    samples: "pd.DataFrame"  # pipeline.schema.SAMPLES columns (+ ``params`` JSON strings)
-    predictions: "pd.DataFrame"  # pipeline.schema.PREDICTIONS columns
+    samples: "pd.DataFrame"  # pipeline.plan.schema.SAMPLES columns (+ ``params`` JSON strings)
+    predictions: "pd.DataFrame"  # pipeline.plan.schema.PREDICTIONS columns
     options: dict[str, Any] = field(default_factory=dict)  # this analysis' entry in aggregate.analyses
     config_hash: str | None = None
     # Read-only access to the output for analyses that need image bytes (e.g. image strips):

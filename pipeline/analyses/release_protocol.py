@@ -1,6 +1,6 @@
 """Analysis ``release_protocol``: the report names the protocol a released benchmark was evaluated with.
 
-Its ``aggregate.analyses`` entry is written by :func:`pipeline.release_protocol.apply_to`
+Its ``aggregate.analyses`` entry is written by :func:`pipeline.sources.release_protocol.apply_to`
 (options ``protocol``, ``original``, ``accuracy``, ``metric``, ``classifiers``: each one's
 resolved input transform and templates, ``overridden``: the entries that set their own).
 Output: ``release_protocol.csv`` (one row per classifier, ``comparable`` false for an

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analyses.base import AnalysisContext, AnalysisResult, read_images
-from pipeline.schema import SCORE_COLUMNS
+from pipeline.plan.schema import SCORE_COLUMNS
 
 STRIPS_CSV_COLUMNS = ["shift", "row", "trajectory_id", "complete", "classifier", "failure_point"]
 

@@ -16,11 +16,11 @@ import os
 import sys
 from typing import Sequence
 
-from pipeline.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (for callers and tests)
+from pipeline.runtime.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (for callers and tests)
 from pipeline.config import ConfigError
 from pipeline.io.lease import LeaseLost
 from pipeline.io.retry import StorageError
-from pipeline.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
+from pipeline.runtime.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
 # In the order `cnsbench --help` lists them.
 COMMANDS = ("validate", "prefetch", "build", "evaluate", "aggregate", "compare", "status", "ls", "demo", "train_sliders", "calibrate_filter", "serve", "submit", "estimate",)
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from pipeline.progress import set_verbose
+    from pipeline.runtime.progress import set_verbose
 
     set_verbose(args.verbose)
     try:

@@ -13,7 +13,7 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = None
     if getattr(args, "filter_thresholds", None):  # a `cnsbench calibrate-filter` result
-        from pipeline.calibrate import threshold_overrides
+        from pipeline.models.calibrate import threshold_overrides
 
         overrides = threshold_overrides(args.filter_thresholds)
     cfg = load_cli_config(args, overrides)

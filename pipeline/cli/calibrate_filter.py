@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from pipeline.calibrate import (
+from pipeline.models.calibrate import (
     DEFAULT_MAX_CANDIDATES,
     DEFAULT_MIN_PASS,
     DEFAULT_TARGET_TPR,

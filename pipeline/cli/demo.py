@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.checkout import DEMO_CONFIG, REPO_ROOT
+from pipeline.runtime.checkout import DEMO_CONFIG, REPO_ROOT
 from pipeline.cli.options import add_set_argument, set_args
 
 

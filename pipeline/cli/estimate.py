@@ -9,7 +9,7 @@ from pipeline.cli.options import add_set_argument, load_cli_config
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.estimate import estimate, gpu_spec, gpu_table
+    from pipeline.perf.estimate import estimate, gpu_spec, gpu_table
 
     try:
         gpu_spec(args.gpu)

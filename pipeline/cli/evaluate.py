@@ -21,7 +21,7 @@ def run_cli(args: argparse.Namespace) -> int:
     """``cnsbench evaluate``: exit 0, 3 when trajectories failed; bad input raises (the CLI maps it to 2)."""
     overrides = None
     if args.filter_thresholds:  # a `cnsbench calibrate-filter` result
-        from pipeline.calibrate import threshold_overrides
+        from pipeline.models.calibrate import threshold_overrides
 
         overrides = threshold_overrides(args.filter_thresholds)
     if args.config:

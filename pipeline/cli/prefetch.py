@@ -8,7 +8,7 @@ from pipeline.cli.options import add_set_argument, load_cli_config
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.hub import hub_artefacts, offline
+    from pipeline.assets.hub import hub_artefacts, offline
 
     cfg = load_cli_config(args)
     artefacts = hub_artefacts(cfg)

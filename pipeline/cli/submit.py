@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from pipeline.cli.options import add_set_argument, load_cli_config
-from pipeline.jobs import (
+from pipeline.runtime.jobs import (
     _BUILD_PARSER,
     _add_connection_args,
     _address,

@@ -49,7 +49,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def report_hub_artefacts(cfg, config_args: str) -> list[str]:
     """Print the hub artefacts of the config, cached or not; offline, the missing ones are problems."""
-    from pipeline.hub import PREFETCH_HINT, hub_artefacts
+    from pipeline.assets.hub import PREFETCH_HINT, hub_artefacts
 
     artefacts = hub_artefacts(cfg)
     missing = [a for a in artefacts if not a.cached]
@@ -69,7 +69,7 @@ def report_hub_artefacts(cfg, config_args: str) -> list[str]:
 
 def report_memory(cfg) -> None:
     """Print each stage actor's projected peak memory (GPU at the config's dtype, and CPU)."""
-    from pipeline.memory import GB, classifier_groups, project_stage_memory
+    from pipeline.perf.memory import GB, classifier_groups, project_stage_memory
 
     gpu, cpu = project_stage_memory(cfg, "cuda"), project_stage_memory(cfg, "cpu")
     groups = classifier_groups(cfg)

@@ -56,9 +56,8 @@ class BuildConfig(Strict):
 
     @model_validator(mode="after")
     def _protocol(self) -> "BuildConfig":
-        from pipeline import protocol
-
-        protocol.resolve(self)  # fills the keys left unset; see pipeline/protocol.py
+        from pipeline.config import protocol
+        protocol.resolve(self)  # fills the keys left unset; see pipeline/config/protocol.py
         return self
 
     @model_validator(mode="after")

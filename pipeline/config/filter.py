@@ -42,7 +42,7 @@ class PreprocessSpec(Strict):
         return self
 
 
-# 'cns': the original CNS-Bench transform, 'model': the model's own data config (see pipeline.protocol).
+# 'cns': the original CNS-Bench transform, 'model': the model's own data config (see pipeline.config.protocol).
 Preprocessing = Literal["cns", "model"] | PreprocessSpec
 
 

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from pipeline.checkout import REPO_ROOT
+from pipeline.runtime.checkout import REPO_ROOT
 from pipeline.io.nested import iter_strings
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.config import BuildConfig, StageResources
 from pipeline.executors.base import Executor, StageSpec
-from pipeline.faults import fault_env
+from pipeline.runtime.faults import fault_env
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +29,20 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
 
     if ray.is_initialized():
         return
-    from pipeline.progress import quiet_ray_data
+    from pipeline.runtime.progress import quiet_ray_data
 
     quiet_ray_data()  # Ray Data's own bars and logs only with `cnsbench -v`
     if address or os.environ.get("RAY_ADDRESS"):
         # A Ray job's driver (`cnsbench submit`, KubeRay RayJob) gets the cluster in
         # $RAY_ADDRESS, and ray.init() refuses num_cpus/num_gpus when it connects to one.
-        # Fault-injection rules (tests only: pipeline/faults.py) travel to the job's workers.
+        # Fault-injection rules (tests only: pipeline/runtime/faults.py) travel to the job's workers.
         faults = fault_env()
         ray.init(address=address, log_to_driver=True, **({"runtime_env": {"env_vars": faults}} if faults else {}))
         return
-    from pipeline.progress import quiet_local_ray, verbose
+    from pipeline.runtime.progress import quiet_local_ray, verbose
 
     quiet_local_ray()  # Ray's notice that the new cluster uses token authentication only with -v
-    from pipeline.memory import classifier_groups
+    from pipeline.perf.memory import classifier_groups
 
     res = cfg.resources
     # One classify pool per classifier group (resources.classify.memory_budget_gb).
@@ -112,14 +112,14 @@ def _pool(stage: StageResources):
 
 def _remote_args(stage: StageResources, bookkept: bool) -> dict:
     # A crashed actor is restarted and its batch retried.  Stages that keep attempt markers
-    # (pipeline.faults; every stage of a build, the writer included) give up on a batch by
+    # (pipeline.runtime.faults; every stage of a build, the writer included) give up on a batch by
     # themselves after max_retries + 1 attempts, so Ray may retry them without limit: that
     # also rides out a node that is lost for a while (its actors are "unavailable" until the
     # node is declared dead and they restart elsewhere, and a bounded budget is spent on
     # retries that fail at once).  Stages without markers get a bounded budget.
     retries = -1 if bookkept else stage.max_retries + 1
     args = {"max_restarts": -1, "max_task_retries": retries}
-    # Fault-injection rules (tests only: pipeline/faults.py) set in the driver reach the
+    # Fault-injection rules (tests only: pipeline/runtime/faults.py) set in the driver reach the
     # actors on a Ray that was already running when the build started.
     faults = fault_env()
     if faults:
@@ -137,7 +137,7 @@ class RayDataExecutor(Executor):
         generate (1) + filter (0.25) + 0.5 per classifier group asked for more than the GPU,
         and pools that got it first waited forever for one upstream that could not start.
         On a local cluster the requests are scaled down to fit (the actors then share the
-        GPUs; each pool's memory is :mod:`pipeline.memory`'s projection).  A cluster given
+        GPUs; each pool's memory is :mod:`pipeline.perf.memory`'s projection).  A cluster given
         by address keeps them: GPU nodes may still join it.
         """
         import ray
@@ -173,7 +173,7 @@ class RayDataExecutor(Executor):
             return
         cfg_dict = self.cfg.model_dump(mode="json")
         cpu_only = cpu_only_local_cluster(self.address)
-        from pipeline.progress import quiet_ray_data
+        from pipeline.runtime.progress import quiet_ray_data
 
         quiet_ray_data()
         # Ray Data ends a dataset that moves no block for 30 min; one batch of a stage can take
@@ -214,7 +214,7 @@ class RayDataExecutor(Executor):
                     num_cpus=r.num_cpus,
                     **_remote_args(r, bookkept=spec.stage.keeps_attempts),
                 )
-        from pipeline.progress import native_stderr_filtered
+        from pipeline.runtime.progress import native_stderr_filtered
 
         with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
             for row in ds.iter_rows():

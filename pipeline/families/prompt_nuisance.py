@@ -9,7 +9,7 @@ texture, material, or the kinds of a user vocabulary), which the hard-mining ana
 and the report group by.
 
 Vocabularies are data: ``vocabulary: imagenet_d`` (default) is the released lists
-(:mod:`pipeline.imagenet_d`: 468 backgrounds, 47 textures, 32 materials); a mapping
+(:mod:`pipeline.labels.imagenet_d`: 468 backgrounds, 47 textures, 32 materials); a mapping
 ``{kind: CSV file | [names]}`` supplies one's own.  A shift is a nuisance's name made a
 shift name (``plastic-opaque`` -> ``plastic_opaque``).
 
@@ -116,8 +116,7 @@ class PromptNuisanceOptions(BaseModel):
         Raises ValueError naming the file or kind when a list cannot be read or two
         nuisances end up with the same shift name.
         """
-        from pipeline import imagenet_d as D
-
+        from pipeline.labels import imagenet_d as D
         if self.vocabulary == "imagenet_d":
             lists = {kind: list(D.nuisances(kind)) for kind in D.NUISANCE_KINDS}
         else:

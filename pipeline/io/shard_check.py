@@ -8,7 +8,7 @@ whatever the file's size) and checks
 
 - that it parses as Parquet at all;
 - that it holds the columns every version of its schema has (:data:`REQUIRED`), with
-  the types of :mod:`pipeline.schema` (newer optional columns may be absent: older
+  the types of :mod:`pipeline.plan.schema` (newer optional columns may be absent: older
   outputs still read);
 - its row counts against the manifest: ``samples`` rows = ``n_samples``, ``predictions``
   rows = ``n_samples`` x the classifiers the manifest lists (a multiple of ``n_samples``
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.io.manifest import (
     MANIFEST_DIR,
     QUARANTINE_DIR,

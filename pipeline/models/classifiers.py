@@ -11,7 +11,7 @@ from the ImageNet class names and prompt templates).  A third kind,
 size and mean/std, for models timm cannot express (e.g. a linear model on pixels), and
 :class:`TorchHubClassifier` loads a ``torch.hub`` entry point (DINOv2 with its linear head).
 
-Input preprocessing is chosen per classifier by ``preprocess`` (:mod:`pipeline.protocol`):
+Input preprocessing is chosen per classifier by ``preprocess`` (:mod:`pipeline.config.protocol`):
 ``cns`` is the original CNS-Bench transform for every model (Resize 256 bicubic, CenterCrop
 224, ImageNet mean/std), ``model`` the model's own data config, or an explicit transform.
 :meth:`Classifier.predict` applies it, the only place where images become model inputs.
@@ -112,7 +112,7 @@ class Classifier:
     def _choose_transform(self, choice: Any, shifted: bool = False):
         """The protocol's transform for ``choice`` (of images at a scale > 0 with ``shifted``);
         None: the model's own (:meth:`_preprocess`)."""
-        from pipeline.protocol import CNS_CLASSIFIER, build_transform, preprocess_of
+        from pipeline.config.protocol import CNS_CLASSIFIER, build_transform, preprocess_of
 
         p = preprocess_of(choice, CNS_CLASSIFIER)
         return build_transform(p, shifted) if p is not None else None
@@ -121,7 +121,7 @@ class Classifier:
         """PIL images -> the stacked input tensor the model sees (on CPU).
 
         ``shifted[i]``: image i is at a scale > 0 (a transform with ``shifted_crop_only``
-        skips its resize, see :class:`pipeline.protocol.Preprocess`).
+        skips its resize, see :class:`pipeline.config.protocol.Preprocess`).
         """
         plain = self._input_transform or self._preprocess
         moved = self._shifted_transform or self._preprocess
@@ -130,7 +130,7 @@ class Classifier:
 
     @classmethod
     def own_preprocess(cls, spec: ClassifierSpec) -> Any:
-        """The model's own eval transform as a :class:`pipeline.protocol.Preprocess`, read from its
+        """The model's own eval transform as a :class:`pipeline.config.protocol.Preprocess`, read from its
         configuration without loading weights; None where the kind cannot state it as one."""
         return None
 
@@ -472,7 +472,7 @@ class TorchHubClassifier(Classifier):
         except Exception as err:
             raise RuntimeError(f"{self.where}: could not load torch hub model {spec.model!r}: {err}") from err
         self.model = model.to(device).eval()
-        from pipeline.protocol import CNS_CLASSIFIER, build_transform
+        from pipeline.config.protocol import CNS_CLASSIFIER, build_transform
 
         self.transform = build_transform(CNS_CLASSIFIER)
         with torch.inference_mode():

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from pipeline.config import ClipModelSpec, DinoModelSpec, FilterSpec, Thresholds
-from pipeline.schema import REALISATION_COLUMNS, SCORE_COLUMNS
+from pipeline.plan.schema import REALISATION_COLUMNS, SCORE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class DinoEncoder:
         self.model = load_timm(spec.model, spec.checkpoint, spec.model_kwargs, device, f"{key}.checkpoint", num_classes=0)
         # preprocess 'cns': the original's Resize(520)/CenterCrop(518)/Normalize(0.5, 0.2);
         # 'model' (or unset): the backbone's own timm data config.
-        from pipeline.protocol import CNS_DINO, build_transform, preprocess_of
+        from pipeline.config.protocol import CNS_DINO, build_transform, preprocess_of
 
         p = preprocess_of(spec.preprocess, CNS_DINO)
         self.transform = build_transform(p) if p is not None else timm_transform(self.model)
@@ -261,7 +261,7 @@ def keep_decision(
 ) -> tuple[list[int], list[bool]]:
     """Per image: ``n_pass`` = detectors with score strictly above their threshold, kept = n_pass >= min_pass.
 
-    ``scores`` maps each of :data:`pipeline.schema.SCORE_COLUMNS` to one score per image;
+    ``scores`` maps each of :data:`pipeline.plan.schema.SCORE_COLUMNS` to one score per image;
     a NaN score never passes.
     """
     missing = [k for k in SCORE_COLUMNS if k not in scores]
@@ -299,9 +299,9 @@ class OOCFilter:
     def prompts(self, class_name: str, shift: str) -> tuple[str, str]:
         """The class prompt and the class-in-shift prompt for a (class, shift).
 
-        ``{shift_words}`` is the shift's filter text (:func:`pipeline.protocol.shift_text`).
+        ``{shift_words}`` is the shift's filter text (:func:`pipeline.config.protocol.shift_text`).
         """
-        from pipeline.protocol import shift_text
+        from pipeline.config.protocol import shift_text
 
         words = shift_text(self.spec, shift)
         return (
@@ -331,7 +331,7 @@ class OOCFilter:
         """Scores of several trajectories with one forward per encoder over all their images.
 
         Each item is ``(images, scales, class_name, shift)``; returns one dict per item with
-        the keys of :data:`pipeline.schema.SCORE_COLUMNS`, one float per image, plus
+        the keys of :data:`pipeline.plan.schema.SCORE_COLUMNS`, one float per image, plus
         ``clip_shift_alignment`` (:data:`SHIFT_ALIGNMENT_PROMPT`) when ``with_alignment``.
         """
         extra = REALISATION_COLUMNS if with_alignment else ()

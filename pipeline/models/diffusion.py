@@ -32,7 +32,7 @@ def load_pipeline(model: str, dtype, device: str, text_encoder: bool = True):
     """
     from diffusers import StableDiffusionPipeline
 
-    from pipeline.progress import quiet_model_libraries
+    from pipeline.runtime.progress import quiet_model_libraries
 
     quiet_model_libraries()
     local = is_local_path(model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from pipeline.schema import REALISATION_COLUMNS, SCORE_COLUMNS
+from pipeline.plan.schema import REALISATION_COLUMNS, SCORE_COLUMNS
 
 
 class KeepAll:

@@ -1,7 +1,7 @@
 """A model's own eval transform, read from its configuration without loading weights.
 
 ``preprocess: model`` means "the transform the model's library gives it": timm's data
-config, open_clip's preprocess.  A released benchmark's protocol (:mod:`pipeline.release_protocol`)
+config, open_clip's preprocess.  A released benchmark's protocol (:mod:`pipeline.sources.release_protocol`)
 records that transform in ``config.json`` as explicit numbers, so an output states what
 every classifier was fed; these functions compute them the way the libraries do and
 return None where the transform is not a plain resize / center-crop / normalise (then
@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from pipeline.protocol import INTERPOLATIONS, Preprocess
+from pipeline.config.protocol import INTERPOLATIONS, Preprocess
 
 
 def timm_own_preprocess(model: str, model_kwargs: dict[str, Any]) -> Preprocess | None:

@@ -125,7 +125,7 @@ class VLMClassifier:
 
     @staticmethod
     def footprint(spec: ClassifierSpec, images: int) -> tuple[int, int]:
-        """(parameters, activation bytes) for :mod:`pipeline.memory`: the model built on the meta
+        """(parameters, activation bytes) for :mod:`pipeline.perf.memory`: the model built on the meta
         device from its config (no weights read); activations not estimated (0)."""
         from transformers import AutoConfig, AutoModelForImageTextToText
 

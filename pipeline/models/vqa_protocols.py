@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from pipeline.registry import VQA_PROTOCOLS
 
-# The released category names (``category_words`` of pipeline.imagenet_d) -> other names an
+# The released category names (``category_words`` of pipeline.labels.imagenet_d) -> other names an
 # answer may use for them, as compute_accuracy.py's word_mapping_dict.
 IMAGENET_D_SYNONYMS: dict[str, tuple[str, ...]] = {
     "dishcloth": ("dishrag",),

@@ -53,7 +53,7 @@ class PreviewGenerator:
     """Serve deployment: the config's generator and OOC filter, loaded once per replica.
 
     ``generate(class_id, seed, shift, scales)`` returns a FILTERED row
-    (:data:`pipeline.schema.FILTERED`): encoded images aligned with ``scales``, one score
+    (:data:`pipeline.plan.schema.FILTERED`): encoded images aligned with ``scales``, one score
     list per detector, ``n_pass`` and ``kept``.
     """
 

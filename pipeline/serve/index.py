@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.serve.errors import NotFound, as_flag, is_missing, json_number
 from pipeline.serve.options import IMAGE_TYPES, REPORT_TYPES
 

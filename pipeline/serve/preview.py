@@ -30,7 +30,7 @@ from pydantic import (
     field_validator,
 )
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.config import BuildConfig
 from pipeline.serve.errors import InvalidRequest, NotFound, json_number
 from pipeline.serve.options import IMAGE_TYPES, MAX_SEED, ServeOptions

@@ -7,7 +7,7 @@
                                              -> progress; stored in ``review/<set>.json`` of the output
 ``GET /api/review/{set}/progress``           counts per decision, decided and remaining
 
-Decisions live in :mod:`pipeline.review` (atomic, resumable; final set = mined ∩
+Decisions live in :mod:`pipeline.serve.review` (atomic, resumable; final set = mined ∩
 accepted).  An unknown set is 404, a malformed body 400, a non-JSON POST 415, and an
 unknown sample id or decision 422; images come from ``/api/benchmarks/image/{id}``.
 """
@@ -49,7 +49,7 @@ def add_review_routes(app: Any, need_index: Callable[[], Any]) -> None:
     from fastapi import Request
     from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-    from pipeline.review import Review, ReviewError, UnknownSet
+    from pipeline.serve.review import Review, ReviewError, UnknownSet
 
     def review() -> Review:
         return Review(need_index().store)

@@ -4,7 +4,7 @@ Role: the front end of ``cnsbench evaluate`` (:mod:`pipeline.evaluate`).  A *sou
 set of images that already exist; :func:`open_source` indexes one into light *pointer
 rows* (:data:`SOURCE_ROW`: a trajectory's coordinates, ids and where each of its images
 lives), and :class:`~pipeline.stages.load.LoadStage` turns pointer rows into the pipeline's trajectory rows
-(:data:`pipeline.schema.GENERATED`, or :data:`pipeline.schema.FILTERED` with the filter
+(:data:`pipeline.plan.schema.GENERATED`, or :data:`pipeline.plan.schema.FILTERED` with the filter
 columns filled as "not filtered" when the filter is off).  From there the build's own
 stages run unchanged.  Only pointers travel through the driver; image bytes are read by
 the load actors, so a source of any size streams.

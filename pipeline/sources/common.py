@@ -17,7 +17,7 @@ from pipeline import plan
 from pipeline.config import SHIFT_NAME
 from pipeline.io.fs import PathEscape, confined_local
 from pipeline.labels import LabelSpace
-from pipeline.schema import TRAJECTORY
+from pipeline.plan.schema import TRAJECTORY
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ ANNOTATIONS = "annotations_cns.json"
 NO_SHIFT = "none"  # shift of images that are not part of a shift trajectory (folders)
 IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp"}
 
-# One row per trajectory: the trajectory's columns (:data:`pipeline.schema.TRAJECTORY`), then
+# One row per trajectory: the trajectory's columns (:data:`pipeline.plan.schema.TRAJECTORY`), then
 # ``paths[i]`` holds the image at ``scales[i]``, read whole when ``offsets[i] < 0``, else
 # ``sizes[i]`` bytes from ``offsets[i]`` (a member of a tar).
 SOURCE_ROW = pa.schema(

@@ -6,7 +6,7 @@ Layout (as released, e.g. ``imagenet-c/``)::
     clean/<wnid>/<image>.JPEG        optional: the uncorrupted images (scale 0)
 
 ``<corruption>`` is one of the 19 corruption names of :mod:`pipeline.families.corruption.params`,
-the WordNet id maps to the ImageNet class index (:func:`pipeline.imagenet.wnid_index`).
+the WordNet id maps to the ImageNet class index (:func:`pipeline.labels.imagenet.wnid_index`).
 The same validation image appears under every corruption and severity with the same
 file name, so a trajectory is (corruption, class, image): its seed is the index of the
 file name among the sorted names of that class, its scales the severities present.
@@ -26,7 +26,7 @@ import posixpath
 from collections import defaultdict
 
 from pipeline.labels import LabelSpace
-from pipeline.release_protocol import ANY_KIND, MODEL, TORCHVISION_EVAL, ReleaseProtocol
+from pipeline.sources.release_protocol import ANY_KIND, MODEL, TORCHVISION_EVAL, ReleaseProtocol
 
 CLEAN = "clean"
 
@@ -65,7 +65,7 @@ def looks_like(fs, root: str) -> bool:
 
 def load_imagenet_c(location: str, labels: LabelSpace):
     """Index an ImageNet-C layout into pointer rows (see the module docstring)."""
-    from pipeline.imagenet import wnid_index
+    from pipeline.labels.imagenet import wnid_index
     from pipeline.sources.common import (
         IMAGE_EXTENSIONS,
         Source,

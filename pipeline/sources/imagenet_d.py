@@ -4,7 +4,7 @@
 release: ``root/data/{background,...}``), with an optional ``questions/``
 folder of the VQA evaluation (:mod:`pipeline.sources.imagenet_d_questions`).  Class folders are named as in the release
 (``banana``, ``binder_closed``, ``t_shirt``) and map to the 113-class label space
-``imagenet_d`` (:mod:`pipeline.imagenet_d`), whose classes each stand for a set of
+``imagenet_d`` (:mod:`pipeline.labels.imagenet_d`), whose classes each stand for a set of
 ImageNet ids; an ImageNet classifier is then correct when its top-1 id is any of them
 (:meth:`pipeline.labels.LabelSpace.outputs_from_imagenet`), and a CLIP zero-shot
 classifier is built over the 113 class names.  The nuisance kind is the shift, each
@@ -18,9 +18,9 @@ import os
 import posixpath
 from typing import Any
 
-from pipeline import imagenet_d
+from pipeline.labels import imagenet_d
 from pipeline.labels import label_space
-from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
+from pipeline.sources.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
 LABELS = "imagenet_d"
 IGNORED = {"questions"}  # the VQA questions (pipeline.sources.imagenet_d_questions), never indexed as images

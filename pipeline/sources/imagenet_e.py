@@ -56,8 +56,8 @@ from collections import defaultdict
 from typing import Any
 
 from pipeline.labels import LabelSpace
-from pipeline.protocol import CNS_CLASSIFIER, Preprocess
-from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
+from pipeline.config.protocol import CNS_CLASSIFIER, Preprocess
+from pipeline.sources.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
 
 def easyrobust_input(own: Preprocess | None) -> Preprocess | str:
@@ -156,7 +156,7 @@ def _read_levels(fs: Any, root: str, where: str) -> dict[str, tuple[str, float |
 
 
 def _class_of(folder: str, labels: LabelSpace) -> int | None:
-    from pipeline.imagenet import wnid_index
+    from pipeline.labels.imagenet import wnid_index
     from pipeline.sources.folders import _folder_class
 
     if _WNID.fullmatch(folder):

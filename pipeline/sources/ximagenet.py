@@ -50,8 +50,8 @@ from collections import defaultdict
 from typing import Any
 
 from pipeline.labels import XIMAGENET_CLASSES, LabelSpace
-from pipeline.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from pipeline.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
+from pipeline.config.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from pipeline.sources.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
 ORIGINAL_FOLDERS = ("image", "images", "original", "original_image", "original_images")
 SCENARIO_ALIASES = {

@@ -51,7 +51,7 @@ class Stage:
     name: str
     output_schema: pa.Schema
     # Whether the stage records attempt markers and gives up on batches that keep killing
-    # their worker (pipeline.faults); the Ray runner retries such stages without limit.
+    # their worker (pipeline.runtime.faults); the Ray runner retries such stages without limit.
     keeps_attempts: bool = True
     # Whether every batch must hold exactly ``batch_size`` rows (the last one may hold fewer):
     # the writer's batch is one shard.
@@ -123,8 +123,7 @@ class Stage:
         return getattr(self.config.resources, self.name).max_retries + 1
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from pipeline import faults
-
+        from pipeline.runtime import faults
         rows = batch.to_pylist() if isinstance(batch, pa.Table) else pa.Table.from_pydict(batch).to_pylist()
         keys = self.batch_keys(rows) if self.keeps_attempts else []
         if self.output is not None and keys:

@@ -1,7 +1,7 @@
 """Classify stage: runs the configured classifiers on every image of a batch.
 
-Input rows follow :data:`pipeline.schema.FILTERED`; output rows follow
-:data:`pipeline.schema.CLASSIFIED` with ``pred_top1[image][classifier]``,
+Input rows follow :data:`pipeline.plan.schema.FILTERED`; output rows follow
+:data:`pipeline.plan.schema.CLASSIFIED` with ``pred_top1[image][classifier]``,
 ``pred_top5[image][classifier][k]`` and ``pred_p_true[image][classifier]`` in the config's
 classifier order, all as ImageNet ids.  Images are decoded once per batch and each
 classifier sees all of them in one batched call (chunked inside ``predict``).  Filtered-out
@@ -10,7 +10,7 @@ through with empty lists.
 
 A stage owns a group of the classifiers (``classifiers``: their indices in the config,
 default all).  When ``resources.classify.memory_budget_gb`` splits the pool into groups
-(:func:`pipeline.memory.classifier_groups`), each group is its own stage in the chain
+(:func:`pipeline.perf.memory.classifier_groups`), each group is its own stage in the chain
 (:func:`classify_specs`), and each stage merges its predictions into those of the groups
 before it (``done``), so the columns stay in the config's order whatever the grouping.
 :func:`group_stages` gives each group's stage arguments, for a build's chain and for the
@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipeline import registry, schema
+from pipeline import registry
+
+from pipeline.plan import schema
 from pipeline.stages.base import Stage, decode_image, pick_device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,10 +120,10 @@ def group_stages(
 ) -> list[dict[str, list[int]]]:
     """The :class:`ClassifyStage` arguments (``classifiers``, ``done``) of the stages that run
     the classifiers ``owned`` (indices into ``cfg.classifiers``, default all): one stage per
-    group that fits the memory budget (:func:`pipeline.memory.classifier_groups`), in the
+    group that fits the memory budget (:func:`pipeline.perf.memory.classifier_groups`), in the
     order they run, each after ``done`` (classifiers whose predictions the rows carry
     already) and the groups before it."""
-    from pipeline.memory import classifier_groups
+    from pipeline.perf.memory import classifier_groups
 
     if owned is None:
         owned, groups = list(range(len(cfg.classifiers))), classifier_groups(cfg)

@@ -1,13 +1,13 @@
 """Filter stage: scores every generated image with the out-of-class detectors.
 
-Input rows follow :data:`pipeline.schema.GENERATED` (one trajectory each, ``images``
-aligned with ``scales``); output rows follow :data:`pipeline.schema.FILTERED`, adding one
+Input rows follow :data:`pipeline.plan.schema.GENERATED` (one trajectory each, ``images``
+aligned with ``scales``); output rows follow :data:`pipeline.plan.schema.FILTERED`, adding one
 score list per detector plus ``n_pass`` and ``kept``.  All trajectories of a batch go
 through each encoder in a single forward.  Rows that failed upstream (``error`` set)
 pass through with empty lists so the writer can record them as failures.
 
 The class names and shift texts of the filter's prompts come from the build's protocol
-(:func:`pipeline.protocol.filter_class_name`, :func:`pipeline.protocol.filter_shift_text`):
+(:func:`pipeline.config.protocol.filter_class_name`, :func:`pipeline.config.protocol.filter_shift_text`):
 under ``cns`` the original's Keras ImageNet names and the verbatim shift name.
 """
 
@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline import protocol, registry, schema
+from pipeline import registry
+
+from pipeline.config import protocol
+
+from pipeline.plan import schema
 from pipeline.models.keep_all import KeepAll
 from pipeline.stages.base import Stage, decode_image, pick_device
 

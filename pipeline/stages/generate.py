@@ -14,7 +14,9 @@ import logging
 import traceback
 from typing import Any
 
-from pipeline import plan, registry, schema
+from pipeline import plan, registry
+
+from pipeline.plan import schema
 from pipeline.families.base import BaseImage, UnitContext
 from pipeline.stages.base import Stage, encode_image, pick_device, pick_dtype
 

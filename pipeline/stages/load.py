@@ -6,7 +6,7 @@ import io
 import logging
 from typing import Any
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.sources.common import _fs
 from pipeline.stages.base import Stage, encode_image
 
@@ -19,8 +19,8 @@ _FORMATS = {"JPEG": "jpg", "PNG": "png"}
 class LoadStage(Stage):
     """Pointer rows (:data:`SOURCE_ROW`) -> trajectory rows with encoded image bytes.
 
-    Output: :data:`pipeline.schema.GENERATED` (``unet_evals`` and ``gen_seconds`` 0), or
-    with ``fill_filter`` :data:`pipeline.schema.FILTERED` with the filter columns as
+    Output: :data:`pipeline.plan.schema.GENERATED` (``unet_evals`` and ``gen_seconds`` 0), or
+    with ``fill_filter`` :data:`pipeline.plan.schema.FILTERED` with the filter columns as
     "not filtered" (NaN scores, ``n_pass`` 0, ``kept`` True) so the classify stage follows
     directly.  Images already in ``output.image_format`` pass through byte for byte
     (published JPEGs stay the published JPEGs); others are re-encoded to it.  An image that

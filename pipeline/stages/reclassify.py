@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import schema
+from pipeline.plan import schema
 from pipeline.io.store import OutputStore
 from pipeline.io.webdataset import iter_tar
 from pipeline.stages.base import Stage
@@ -63,7 +63,7 @@ def stored_predictions(store: OutputStore, files: dict[str, Any], names: tuple[s
 
 
 def stored_columns(stored: dict[str, list[dict]], sample_ids: list[str]) -> dict[str, list]:
-    """The classify stage's per-image prediction columns (:data:`pipeline.schema.CLASSIFIED`)
+    """The classify stage's per-image prediction columns (:data:`pipeline.plan.schema.CLASSIFIED`)
     of a trajectory's images, one entry per stored classifier, as the stage fills them."""
     if not stored:
         return {}

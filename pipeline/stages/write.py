@@ -17,7 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import faults, schema
+from pipeline.runtime import faults
+
+from pipeline.plan import schema
 from pipeline.io.lease import check_holder
 from pipeline.io.store import OutputStore, ShardManifest
 from pipeline.io.webdataset import build_tar, metadata_json

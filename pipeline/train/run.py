@@ -73,7 +73,7 @@ def train_sliders(
         from pipeline.assets import AssetError
 
         raise AssetError("slider training needs files that are missing:\n  " + "\n  ".join(missing))
-    from pipeline.progress import Progress
+    from pipeline.runtime.progress import Progress
 
     summary = TrainSummary(total=len(jobs))
     # Printing (the CLI): a progress line, live on a terminal, with the per-slider lines above

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec
 from pipeline.models import diffusion
 from pipeline.models.lora import lora_key, save_slider_file, target_modules
-from pipeline.progress import Progress
+from pipeline.runtime.progress import Progress
 
 if TYPE_CHECKING:
     import torch

@@ -25,7 +25,7 @@ def stage_calibrate(ctx: Ctx) -> dict[str, Any]:
     import numpy as np
 
     from pipeline.models.detectors import OOCFilter, keep_decision
-    from pipeline.schema import SCORE_COLUMNS
+    from pipeline.plan.schema import SCORE_COLUMNS
 
     x, y, tr, te = ctx.data
     c = CALIBRATION

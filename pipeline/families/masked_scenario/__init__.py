@@ -63,7 +63,7 @@ class MaskedScenarioOptions(BaseModel):
 
 def resolve_background_class(value: int | str, labels: Any) -> int:
     """Class id of ``background_class`` in the label space (a WordNet id on ImageNet-1k, an index or a name)."""
-    from pipeline.imagenet import wnid_index
+    from pipeline.labels.imagenet import wnid_index
 
     if isinstance(value, str) and re.fullmatch(r"n\d{8}", value):
         if len(labels) != 1000:

@@ -5,7 +5,7 @@ How a layout declares its protocol
 The layout's module (``pipeline/sources/<layout>.py``, listed in
 :data:`pipeline.sources.detect.RELEASED_LAYOUTS`) defines a module-level ``PROTOCOL``::
 
-    from pipeline.release_protocol import ReleaseProtocol, TORCHVISION_EVAL
+    from pipeline.sources.release_protocol import ReleaseProtocol, TORCHVISION_EVAL
 
     PROTOCOL = ReleaseProtocol(
         name="imagenet_c",
@@ -18,7 +18,7 @@ The layout's module (``pipeline/sources/<layout>.py``, listed in
 
 ``preprocess`` maps a classifier kind (``timm``, ``open_clip_zeroshot``, ``torch_hub``,
 ``torchscript``, ...; ``"*"`` for every other kind) to the input transform: a
-:class:`pipeline.protocol.Preprocess` (used as is; ``shifted_crop_only`` feeds images at a
+:class:`pipeline.config.protocol.Preprocess` (used as is; ``shifted_crop_only`` feeds images at a
 scale > 0 without the resize) or ``"model"`` (the model's own transform, written into
 the config as explicit numbers where the kind can state them,
 :meth:`pipeline.models.classifiers.Classifier.own_preprocess`), or a function of that own
@@ -49,7 +49,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from pipeline.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from pipeline.config.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 ANALYSIS = "release_protocol"
 ANY_KIND = "*"
@@ -94,7 +94,7 @@ def _as_dict(choice: Preprocess | str | None) -> dict[str, Any] | str | None:
 
 def _same(a: Any, b: Any) -> bool:
     """Two preprocess choices (names or transform dicts) that feed the same input."""
-    from pipeline.protocol import preprocess_of
+    from pipeline.config.protocol import preprocess_of
 
     if isinstance(a, dict) and isinstance(b, dict):
         return preprocess_of(a, TORCHVISION_EVAL) == preprocess_of(b, TORCHVISION_EVAL)

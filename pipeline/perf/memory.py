@@ -113,7 +113,7 @@ def _timm_meta(name: str, model_kwargs: dict[str, Any]) -> "torch.nn.Module":
 
 def _input_size(choice: Any, model: Any, cns_default: Any = None, default: int = 224) -> int:
     """The side of the square input a model sees: its protocol crop (``preprocess`` ``choice``), or its own."""
-    from pipeline.protocol import CNS_CLASSIFIER, preprocess_of
+    from pipeline.config.protocol import CNS_CLASSIFIER, preprocess_of
 
     p = preprocess_of(choice or "model", cns_default or CNS_CLASSIFIER)
     if p is not None:
@@ -330,7 +330,6 @@ def _warn_alone(name: str, needs_gb: float, budget_gb: float) -> None:
 def _asks(kind: str) -> bool:
     """Whether classifiers of ``kind`` answer questions drawn from the other classifiers' rankings (vlms)."""
     from pipeline import registry
-
     try:
         return bool(getattr(registry.CLASSIFIERS.get(kind), "asks", False))
     except (KeyError, ImportError):
@@ -374,7 +373,7 @@ def _filter_bytes(cfg: "BuildConfig") -> int:
 @functools.lru_cache(maxsize=32)
 def _filter_models_bytes(filter_json: str, images: int) -> int:
     from pipeline.config import FilterSpec
-    from pipeline.protocol import CNS_DINO
+    from pipeline.config.protocol import CNS_DINO
 
     flt = FilterSpec.model_validate_json(filter_json)
     clip_params, clip_peak = _open_clip_sizes(flt.clip.model, flt.clip.model_config_file, "filter.clip")

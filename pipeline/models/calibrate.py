@@ -2,7 +2,7 @@
 
 Role: ``cnsbench calibrate-filter LABELS --output thresholds.yaml``.  LABELS is a Parquet
 or CSV table with the four detector score columns of the samples table
-(:data:`pipeline.schema.SCORE_COLUMNS`: ``clip_text, clip_shift_text, clip_image,
+(:data:`pipeline.plan.schema.SCORE_COLUMNS`: ``clip_text, clip_shift_text, clip_image,
 dino_image``) and a boolean ``ooc`` column (True: a human judged the image out of class).
 
 The rule is the filter's (:func:`pipeline.models.detectors.keep_decision`): a detector
@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from pipeline.schema import SCORE_COLUMNS
+from pipeline.plan.schema import SCORE_COLUMNS
 
 LABEL_COLUMN = "ooc"
 DEFAULT_TARGET_TPR = 0.90

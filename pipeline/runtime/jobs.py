@@ -77,7 +77,7 @@ TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 def find_repo_root(start: str | os.PathLike[str] | None = None) -> Path:
     """The repository root: the checkout this module lives in, else a parent of ``start``
     (default: the current directory) holding ``pyproject.toml`` and ``pipeline/``."""
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     if (here / "pyproject.toml").is_file() and (here / "pipeline").is_dir():
         return here
     cur = Path(start or os.getcwd()).resolve()

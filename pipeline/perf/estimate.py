@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TRAIN_TIMESTEPS = 1000  # SD2's DDIM scheduler: 1,000 training steps, "leading" spacing, offset 1
 STEPS_OFFSET = 1
 GENERATING_FAMILIES = ("slider",)  # families whose UNet work the model counts
@@ -248,7 +248,6 @@ def image_seconds(cfg: "BuildConfig", spec: dict, stage: str) -> tuple[float, fl
 def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | None = None) -> Estimate:
     """The cost of building ``cfg`` on ``n_gpus`` GPUs of kind ``gpu`` (see the module doc)."""
     from pipeline import plan
-
     if n_gpus < 1:
         raise ValueError(f"--gpus must be at least 1, got {n_gpus}")
     spec = gpu_spec(gpu)

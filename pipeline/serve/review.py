@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.io.store import OutputStore
-from pipeline.schema import SCORE_COLUMNS
+from pipeline.plan.schema import SCORE_COLUMNS
 
 DECISIONS = ("accept", "reject", "not_class")
 SET_NAME = re.compile(r"[a-z0-9][a-z0-9_]{0,63}")  # matched whole (fullmatch)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 PROTOCOLS = ("cns", "custom")
-KERAS_CLASS_INDEX = Path(__file__).resolve().parent / "data" / "keras_imagenet_class_index.json"
+KERAS_CLASS_INDEX = Path(__file__).resolve().parents[1] / "data" / "keras_imagenet_class_index.json"
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -3,7 +3,7 @@
 ``missing_assets`` lists every missing file at once (model directory, class tokens,
 each (class, shift) slider, detector and classifier weights), so a user fixes them in
 one round instead of discovering them one crash at a time.  Weights named by hub id are
-:mod:`pipeline.hub`'s.
+:mod:`pipeline.assets.hub`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Iterable
 import fsspec
 
 from pipeline.config import BuildConfig
-from pipeline.hub import local_file_ref, remote_weights_not_cached  # noqa: F401 (hub weights: pipeline.hub)
+from pipeline.assets.hub import local_file_ref, remote_weights_not_cached  # noqa: F401 (hub weights: pipeline.assets.hub)
 from pipeline.models.diffusion import class_token_files, is_local_path, slider_path
 from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
@@ -85,8 +85,8 @@ def missing_sliders(cfg: BuildConfig, pairs: Iterable[tuple[int, str]]) -> list[
 
 def check_registry_keys(cfg: BuildConfig) -> list[str]:
     """Unknown generator/filter/classifier kinds, unknown timm model names, and the
-    combinations the evaluation protocol refuses (:func:`pipeline.protocol.problems`)."""
-    from pipeline.protocol import problems as protocol_problems
+    combinations the evaluation protocol refuses (:func:`pipeline.config.protocol.problems`)."""
+    from pipeline.config.protocol import problems as protocol_problems
 
     problems = protocol_problems(cfg)
     for reg, key, where in (

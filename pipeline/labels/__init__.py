@@ -22,9 +22,7 @@ import functools
 import json
 from pathlib import Path
 
-from pipeline import imagenet
-
-
+from pipeline.labels import imagenet
 # XIMAGENET-12's 12 classes (the label space ``ximagenet12``, and the class folders its release
 # is read by, :mod:`pipeline.sources.ximagenet`): WordNet id -> (ImageNet-1k index, the paper's
 # name).  The wnids are the folder names of the repository's scripts and annotation counts
@@ -119,8 +117,7 @@ def _load(key: str | tuple[str, ...]) -> LabelSpace:
     if key == "imagenet":
         return LabelSpace("imagenet", imagenet.class_names())
     if key == "imagenet_d":
-        from pipeline import imagenet_d
-
+        from pipeline.labels import imagenet_d
         rows = imagenet_d.classes()
         return LabelSpace(
             "imagenet_d",

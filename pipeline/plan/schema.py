@@ -166,7 +166,6 @@ def trajectory_row(
     import json
 
     from pipeline import plan
-
     if error is not None:
         scales, images, params = [], [], None
     if params is not None and len(params) != len(scales):
