@@ -73,11 +73,8 @@ def labels_for(outputs: Sequence[str], labels: Sequence[str] | None) -> list[str
 
 
 def load(uri: str, label: str) -> Loaded:
-    from pipeline.aggregate.run import (
-        load_output_config,
-        load_predictions,
-        load_samples,
-    )
+    from pipeline.aggregate.run import load_output_config
+    from pipeline.io.tables import load_predictions, load_samples
     from pipeline.config import config_hash
 
     store = OutputStore(uri)

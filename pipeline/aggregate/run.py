@@ -7,17 +7,15 @@ temporary directory and uploaded file by file).
 
 from __future__ import annotations
 
-import io
 import logging
 from typing import Callable
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.plan import schema
 from pipeline.config import BuildConfig, parse_config
-from pipeline.io.store import OutputStore, ShardManifest
+from pipeline.io.store import OutputStore
+from pipeline.io.tables import PREDICTIONS, SAMPLES, read_shard_tables
 
 log = logging.getLogger(__name__)
 
@@ -32,40 +30,6 @@ def load_output_config(store: OutputStore) -> BuildConfig:
     if data is None:
         raise FileNotFoundError(f"{store.url('config.json')} not found: is {store.uri} a cnsbench build output?")
     return parse_config(data["config"], source=store.url("config.json"))
-
-
-def read_shard_tables(store: OutputStore, manifest: ShardManifest, kind: str, sch: pa.Schema) -> list[pa.Table]:
-    """The ``kind`` files (``samples``, ``predictions``) of one committed shard, read with ``sch``.
-
-    Raises ValueError naming the file when one is missing or not Parquet of that schema.
-    """
-    tables = []
-    # A shard may hold several files of a kind (predictions added for new classifiers).
-    for rel in sorted(r for r in manifest.files if r.startswith(f"{kind}/")):
-        try:
-            tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch))
-        except (pa.ArrowInvalid, OSError) as err:
-            raise ValueError(f"malformed shard {store.url(rel)}: {err}") from None
-    return tables
-
-
-def _read_tables(store: OutputStore, kind: str, sch: pa.Schema) -> pd.DataFrame:
-    tables = []
-    for manifest in store.manifests():
-        tables.extend(read_shard_tables(store, manifest, kind, sch))
-    if not tables:
-        return sch.empty_table().to_pandas()
-    return pa.concat_tables(tables).to_pandas()
-
-
-def load_samples(store: OutputStore) -> pd.DataFrame:
-    return _read_tables(store, "samples", schema.SAMPLES)
-
-
-def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -> pd.DataFrame:
-    """Predictions of committed shards, only of ``classifiers`` when given."""
-    preds = _read_tables(store, "predictions", schema.PREDICTIONS)
-    return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
 
 
 def analysis_plan(cfg: BuildConfig) -> list[tuple[str, dict]]:
@@ -98,8 +62,8 @@ def load_sound_tables(
     samples, preds = [], []
     for manifest in committed.sound:
         try:
-            s = read_shard_tables(store, manifest, "samples", schema.SAMPLES)
-            p = read_shard_tables(store, manifest, "predictions", schema.PREDICTIONS)
+            s = read_shard_tables(store, manifest, "samples", SAMPLES)
+            p = read_shard_tables(store, manifest, "predictions", PREDICTIONS)
         except ValueError as err:
             left_out[manifest.shard] = str(err)
             continue
@@ -109,10 +73,10 @@ def load_sound_tables(
     def frame(tables: list[pa.Table], sch: pa.Schema) -> pd.DataFrame:
         return pa.concat_tables(tables).to_pandas() if tables else sch.empty_table().to_pandas()
 
-    predictions = frame(preds, schema.PREDICTIONS)
+    predictions = frame(preds, PREDICTIONS)
     if classifiers is not None:
         predictions = predictions[predictions["classifier"].isin(classifiers)].reset_index(drop=True)
-    return frame(samples, schema.SAMPLES), predictions, left_out
+    return frame(samples, SAMPLES), predictions, left_out
 
 
 def _left_out_section(store: OutputStore, left_out: dict[str, str]) -> tuple[str, str]:

@@ -30,7 +30,7 @@ _PRED_KEYS = ("sample_id", "classifier", "top1", "correct")
 
 def output_digest(uri: str) -> dict[str, str]:
     """``{"samples": sha, "predictions": sha, "images": sha}`` of the committed shards of ``uri``."""
-    from pipeline.aggregate.run import load_predictions, load_samples
+    from pipeline.io.tables import load_predictions, load_samples
 
     store = OutputStore(uri)
     samples = load_samples(store).sort_values("sample_id")

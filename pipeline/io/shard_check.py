@@ -8,7 +8,7 @@ whatever the file's size) and checks
 
 - that it parses as Parquet at all;
 - that it holds the columns every version of its schema has (:data:`REQUIRED`), with
-  the types of :mod:`pipeline.plan.schema` (newer optional columns may be absent: older
+  the types of :mod:`pipeline.io.tables` (newer optional columns may be absent: older
   outputs still read);
 - its row counts against the manifest: ``samples`` rows = ``n_samples``, ``predictions``
   rows = ``n_samples`` x the classifiers the manifest lists (a multiple of ``n_samples``
@@ -30,7 +30,6 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.plan import schema
 from pipeline.io.manifest import (
     MANIFEST_DIR,
     QUARANTINE_DIR,
@@ -38,9 +37,10 @@ from pipeline.io.manifest import (
     ShardManifest,
 )
 from pipeline.io.ownership import OwnershipError, read_marker
+from pipeline.io.tables import FAILURES, PREDICTIONS, SAMPLES
 
 CHECK_THREADS = 8  # shards checked at once
-TABLES = {"samples": schema.SAMPLES, "predictions": schema.PREDICTIONS, "failures": schema.FAILURES}
+TABLES = {"samples": SAMPLES, "predictions": PREDICTIONS, "failures": FAILURES}
 # The columns of the first version of each table: every file of it must hold them.
 REQUIRED = {
     "samples": ("sample_id", "trajectory_id", "class_id", "shift", "scale", "shard", "key", "kept"),

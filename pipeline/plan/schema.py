@@ -1,4 +1,4 @@
-"""Arrow schemas of the rows that flow between stages and of the output tables.
+"""Arrow schemas of the rows that flow between stages (the output tables' are :mod:`pipeline.io.tables`').
 
 Between stages a row is one trajectory (shift, class, seed) carrying all its scales as
 lists: the filter needs each image's scale-0 reference, and a trajectory is the unit the
@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCORE_COLUMNS = ("clip_text", "clip_shift_text", "clip_image", "dino_image")
-
-# Per-image measures stored next to the detector scores but never part of the keep rule:
-# ``clip_shift_alignment`` is the CLIPScore of the image to "a picture in {shift words}",
-# the paper's (Fig. 3) measure of how strongly a shift is realised (see
-# pipeline.aggregate.metrics.shift_realisation).  NaN when the filter did not run.
-REALISATION_COLUMNS = ("clip_shift_alignment",)
+# The stored tables and the per-image score columns are the output's format: pipeline.io.tables.
+from pipeline.io.tables import FAILURES, PREDICTIONS, REALISATION_COLUMNS, SAMPLES, SCORE_COLUMNS  # noqa: E402,F401
 
 # Work units going into generation (see pipeline.plan.WorkUnit.to_row).
 UNIT = pa.schema(
@@ -80,54 +75,6 @@ CLASSIFIED = pa.schema(
         # A vlm classifier's answer text and whether its protocol excluded it (null for the others).
         ("pred_answer", pa.list_(pa.list_(pa.string()))),
         ("pred_excluded", pa.list_(pa.list_(pa.bool_()))),
-    ]
-)
-
-# ---- output tables -----------------------------------------------------------------
-SAMPLES = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("trajectory_id", pa.string()),
-        ("class_id", pa.int64()),
-        ("class_name", pa.string()),
-        ("seed", pa.int64()),
-        ("shift", pa.string()),
-        ("scale", pa.float64()),
-        ("shard", pa.string()),
-        ("key", pa.string()),
-    ]
-    + [pa.field(name, pa.float64()) for name in SCORE_COLUMNS]
-    + [("n_pass", pa.int64()), ("kept", pa.bool_())]
-    # Appended last so older shards (without it) still read, as nulls, with this schema.
-    + [pa.field(name, pa.float64()) for name in REALISATION_COLUMNS]
-    # Per-image parameters of the family (JSON object), appended after the realisation column
-    # for the same reason; null for families that record nothing and for older outputs.
-    + [pa.field("params", pa.string())]
-)
-
-PREDICTIONS = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("classifier", pa.string()),
-        ("top1", pa.int64()),
-        ("top5", pa.list_(pa.int64())),
-        ("p_true", pa.float64()),
-        ("correct", pa.bool_()),
-        # vlm classifiers (pipeline.models.vlm): the answer text, and whether the protocol
-        # excluded it (naming several options or none; ``correct`` is then null and the
-        # answer counts neither way).  Null for other classifiers; appended last so older
-        # predictions files still read.
-        ("answer", pa.string()),
-        ("excluded", pa.bool_()),
-    ]
-)
-
-FAILURES = pa.schema(
-    [
-        ("trajectory_id", pa.string()),
-        ("unit_id", pa.string()),
-        ("stage", pa.string()),
-        ("error", pa.string()),
     ]
 )
 

@@ -77,7 +77,7 @@ def read_committed(store: "OutputStore") -> tuple["pd.DataFrame", "pd.DataFrame"
     """
     import pyarrow as pa
 
-    from pipeline.aggregate.run import read_shard_tables
+    from pipeline.io.tables import read_shard_tables
     from pipeline.io.store import MANIFEST_DIR
 
     samples: list[pa.Table] = []

@@ -139,7 +139,7 @@ class Review:
 
     def labels(self, name: str, decisions: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
         """Detector scores and ``ooc`` of the decided images (accept: False, not_class: True)."""
-        from pipeline.aggregate.run import load_samples
+        from pipeline.io.tables import load_samples
 
         decisions = self.decisions(name) if decisions is None else decisions
         ooc = {k: v["decision"] == "not_class" for k, v in decisions.items() if v.get("decision") in ("accept", "not_class")}

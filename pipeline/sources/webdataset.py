@@ -76,7 +76,7 @@ def load_webdataset(location: str, labels: LabelSpace, follow_symlinks: bool = F
         raise SourceError(f"{location}: no WebDataset shards (*.tar) in {location} or its images/ folder")
     samples = None
     if fs.isdir(posixpath.join(root, "samples")):
-        from pipeline.aggregate.run import load_samples
+        from pipeline.io.tables import load_samples
         from pipeline.io.store import OutputStore
 
         samples = load_samples(OutputStore(location))
