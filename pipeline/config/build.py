@@ -72,7 +72,7 @@ class BuildConfig(Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"classifier names must be unique, duplicated: {dup}")
-        from pipeline.models.vqa_protocols import check_distractor_sources
+        from pipeline.config.vqa import check_distractor_sources
 
         check_distractor_sources(self.classifiers)  # a vlm's distractor classifier is in the pool
         if self.aggregate.margin_max_scale < max(self.benchmark.scales):

@@ -32,7 +32,7 @@ class ClassifierSpec(Strict):
 
     @model_validator(mode="after")
     def _vlm(self) -> "ClassifierSpec":
-        from pipeline.models.vqa_protocols import resolve_protocol
+        from pipeline.config.vqa import resolve_protocol
 
         if self.kind == "vlm":
             # Defaults filled in, so config.json records the prompt and every parameter.

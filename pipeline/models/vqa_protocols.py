@@ -22,17 +22,25 @@ Three protocols (``pipeline.registry.VQA_PROTOCOLS``), chosen per classifier by 
                      alone, in an order seeded by the sample id.
 ``open``             a free answer, matched to every class name and its synonyms.
 
-Nothing here imports torch: configs are checked with :func:`resolve_protocol` at parse time.
+Nothing here imports torch; a config's protocol entry is filled in and checked at parse time by
+:func:`pipeline.config.vqa.resolve_protocol`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pipeline.config.vqa import (  # noqa: F401 (the entry's checks, at parse time: pipeline.config.vqa)
+    DISTRACTOR_FILE,
+    ProtocolError,
+    check_distractor_sources,
+    distractor_classifier,
+    resolve_protocol,
+)
 from pipeline.registry import VQA_PROTOCOLS
 
 # The released category names (``category_words`` of pipeline.labels.imagenet_d) -> other names an
@@ -82,11 +90,6 @@ EXCLUDED = (BOTH, NEITHER)
 
 IMAGENET_D_PROMPT = "What is the main object in this image? Choose from the following list: {options}."
 OPEN_PROMPT = "What is the main object in this image? Answer with its name."
-DISTRACTOR_FILE = "questions"  # ``distractors: questions``: the released questions/*.csv only
-
-
-class ProtocolError(ValueError):
-    """A protocol entry that cannot be used; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -297,77 +300,6 @@ def _synonym_table(value: Any) -> dict[str, tuple[str, ...]]:
     return {str(k).lower(): tuple(str(s).lower() for s in v) for k, v in dict(value).items()}
 
 
-def _check(cond: bool, where: str, message: str) -> None:
-    if not cond:
-        raise ProtocolError(f"{where}: {message}")
-
-
-def resolve_protocol(raw: dict[str, Any] | None, where: str = "protocol") -> dict[str, Any]:
-    """A ``protocol`` entry with its defaults filled in (the prompt text included), checked.
-
-    Raises :class:`ProtocolError` naming the key: an unknown kind or key, a choice protocol
-    without a distractor source, a prompt without ``{options}``, a bad k or temperature.
-    """
-    _check(isinstance(raw, dict) and "kind" in raw, where,
-           f"a vlm classifier needs a protocol with a kind ({', '.join(VQA_PROTOCOLS.keys())})")
-    assert isinstance(raw, dict)
-    kind = raw["kind"]
-    try:
-        cls = VQA_PROTOCOLS.get(kind)
-    except KeyError as err:
-        raise ProtocolError(f"{where}.kind: {err.args[0]}") from None
-    unknown = sorted(set(raw) - set(cls.defaults) - {"kind"})
-    _check(not unknown, where, f"unknown keys {unknown} for protocol {kind}; allowed: {sorted(cls.defaults)}")
-    params = {"kind": kind, **cls.defaults, **{k: v for k, v in raw.items() if k != "kind"}}
-    if "distractors" in cls.defaults:
-        d = params["distractors"]
-        _check(isinstance(d, str) and bool(d), f"{where}.distractors",
-               f"protocol {kind} needs a distractor source: a classifier of the pool (e.g. a CLIP zero-shot one)"
-               f"{', ' + repr(DISTRACTOR_FILE) + ' (the release questions/*.csv)' if kind == 'two_choice' else ''}"
-               f"{', or ' + repr('labels') + ' (at random from the label space)' if kind == 'multiple_choice' else ''}")
-        _check(not (kind == "two_choice" and d == "labels"), f"{where}.distractors",
-               "two_choice takes the distractor from a classifier's ranking or the release's questions, not 'labels'")
-    if "{options}" in cls.defaults["prompt"]:
-        _check("{options}" in str(params["prompt"]), f"{where}.prompt", "must contain '{options}'")
-    if "order" in params:
-        _check(params["order"] in ("original", "shuffled"), f"{where}.order", "must be 'original' or 'shuffled'")
-    if "k" in params:
-        _check(isinstance(params["k"], int) and params["k"] >= 2, f"{where}.k", f"must be an integer >= 2, got {params['k']!r}")
-    t = params["temperature"]
-    _check(isinstance(t, (int, float)) and t >= 0, f"{where}.temperature", f"must be >= 0, got {t!r}")
-    n = params["max_new_tokens"]
-    _check(isinstance(n, int) and n >= 1, f"{where}.max_new_tokens", f"must be an integer >= 1, got {n!r}")
-    syn = params["synonyms"]
-    _check(syn in ("imagenet_d", "none") or isinstance(syn, dict), f"{where}.synonyms",
-           "'imagenet_d', 'none', or a mapping {class name: [other names]}")
-    return params
-
-
 def build_protocol(params: dict[str, Any]) -> Protocol:
     """The protocol object of a resolved entry (:func:`resolve_protocol`)."""
     return VQA_PROTOCOLS.get(params["kind"])(params)
-
-
-def distractor_classifier(params: dict[str, Any]) -> str | None:
-    """The pool classifier whose ranking the protocol draws distractors from (None: file or labels)."""
-    d = params.get("distractors")
-    return None if d in (None, DISTRACTOR_FILE, "labels") else str(d)
-
-
-def check_distractor_sources(classifiers: Sequence[Any], describe: Callable[[int, Any], str] | None = None) -> None:
-    """Every vlm classifier's distractor classifier is a non-vlm classifier of the pool."""
-    kinds = {c.name: c.kind for c in classifiers}
-    for i, c in enumerate(classifiers):
-        if c.kind != "vlm" or not c.protocol:
-            continue
-        src = distractor_classifier(c.protocol)
-        if src is None:
-            continue
-        where = describe(i, c) if describe else f"classifiers[{i}] ({c.name})"
-        if src not in kinds:
-            raise ProtocolError(
-                f"{where}.protocol.distractors: {src!r} is not a classifier of the pool ({', '.join(kinds)}) "
-                f"nor {DISTRACTOR_FILE!r} / 'labels'"
-            )
-        if kinds[src] == "vlm":
-            raise ProtocolError(f"{where}.protocol.distractors: {src!r} is a vlm; the distractors need a ranking classifier")

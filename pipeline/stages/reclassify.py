@@ -151,7 +151,7 @@ class ReclassifyStage(Stage):
     def _sources(self, names: tuple[str, ...], have: list[str]) -> tuple[str, ...]:
         """The classifiers of ``have`` (not re-run) that new vlms of ``names`` draw distractors
         from, in config order."""
-        from pipeline.models.vqa_protocols import distractor_classifier
+        from pipeline.config.vqa import distractor_classifier
 
         wanted = {
             distractor_classifier(c.protocol or {})
