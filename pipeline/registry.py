@@ -119,7 +119,7 @@ VQA_PROTOCOLS.register(
 )
 VQA_PROTOCOLS.register("open", "pipeline.models.vqa_protocols:Open", "a free answer matched to every class name and its synonyms")
 
-# Aggregation (``aggregate.analyses``): see pipeline.analyses.base.
+# Aggregation (``aggregate.analyses``): see pipeline.aggregate.analysis.
 ANALYSES = Registry("analysis")
 ANALYSES.register(
     "cns", "pipeline.analyses.cns:run",

@@ -77,12 +77,12 @@ def test_corruption_world(world_output):
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    from pipeline.aggregate.report import _png_bytes
+    from pipeline.aggregate.report import png_bytes
     from pipeline.analyses import corruption, family_comparison
 
     severity = pd.read_csv(report / "corruption_severity_error.csv")
     for fig in (corruption._figure(severity), family_comparison._figure(comp)):
-        png = Image.open(io.BytesIO(_png_bytes(fig)))
+        png = Image.open(io.BytesIO(png_bytes(fig)))
         plt.close(fig)
         assert png.width > 500 and png.height > 300
     metrics = json.loads((report / "metrics.json").read_text())

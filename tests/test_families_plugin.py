@@ -81,7 +81,7 @@ class InvertFamily(Family):
 
 
 def _run_invert(ctx: Any):
-    from pipeline.analyses.base import AnalysisResult
+    from pipeline.aggregate.analysis import AnalysisResult
 
     n = int(ctx.samples["shift"].eq("invert").sum())
     return AnalysisResult(json={"n_invert": n}, html=f"<p>{n} inverted images</p>", title="Invert")

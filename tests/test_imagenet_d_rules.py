@@ -236,7 +236,7 @@ def _context(options):
 
     from PIL import Image
 
-    from pipeline.analyses.base import AnalysisContext
+    from pipeline.aggregate.analysis import AnalysisContext
     from pipeline.plan import sample_id, trajectory_id
 
     trajs = [("street", 0, 1), ("street", 1, 1), ("dotted", 0, 2), ("wood", 1, 2)]

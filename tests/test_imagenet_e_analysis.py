@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from pipeline.analyses.attributes import CONTRACT_COLUMNS, run, summary
-from pipeline.analyses.base import AnalysisContext
+from pipeline.aggregate.analysis import AnalysisContext
 from pipeline.config import load_config
 from pipeline.plan import sample_id, trajectory_id
 

@@ -80,7 +80,7 @@ def test_marks_match_the_failure_points(demo):
     from pipeline.aggregate.metrics import failure_points
     from pipeline.aggregate.run import load_output_config
     from pipeline.analyses import strips
-    from pipeline.analyses.base import AnalysisContext
+    from pipeline.aggregate.analysis import AnalysisContext
     from pipeline.io.store import OutputStore
 
     report = demo / "report"

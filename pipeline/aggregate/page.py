@@ -1,7 +1,7 @@
 """The report's ``index.html``: sections of every analysis under one table of contents.
 
 Role: page assembly only.  Each analysis returns an HTML section
-(:class:`pipeline.analyses.base.AnalysisResult`); this module puts them on one page,
+(:class:`pipeline.aggregate.analysis.AnalysisResult`); this module puts them on one page,
 gives every ``<h2>``/``<h3>`` an anchor and lists them in a table of contents, and adds
 the page's CSS and a few lines of inline JavaScript (sortable tables).  The page is
 self-contained: no CDN, no external font, relative links only, so it works offline and

@@ -79,7 +79,8 @@ def _csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False, lineterminator="\n").encode("utf-8")
 
 
-def _png_bytes(fig: Figure) -> bytes:
+def png_bytes(fig: Figure) -> bytes:
+    """A figure as PNG bytes (110 dpi)."""
     FigureCanvasAgg(fig)  # attach the Agg canvas explicitly: no dependency on the pyplot backend
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -87,8 +88,8 @@ def _png_bytes(fig: Figure) -> bytes:
 
 
 # --------------------------------------------------------------------------- plots
-def _colours(classifiers: Sequence[str]) -> dict[str, Any]:
-    # One colour per classifier shared by every plot, so the legends agree.
+def colours_of(classifiers: Sequence[str]) -> dict[str, Any]:
+    """One colour per name, shared by every plot of a report so that the legends agree."""
     from matplotlib import colormaps
 
     n = len(classifiers)
@@ -137,7 +138,7 @@ def _plot_accuracy_drop(metrics: Metrics) -> Figure:
     message = _empty_message(metrics)
     if message:
         return _no_data_figure(title, message)
-    colours = _colours(metrics.classifiers)
+    colours = colours_of(metrics.classifiers)
     fig = Figure(figsize=(7.5 + 1.6 * math.ceil(len(metrics.classifiers) / 16), 4.5), layout="constrained")
     ax = fig.add_subplot()
     for _, row in metrics.summary.iterrows():
@@ -159,7 +160,7 @@ def _plot_fp_cumulative(metrics: Metrics) -> Figure:
     message = _empty_message(metrics)
     if message:
         return _no_data_figure(title, message)
-    colours = _colours(metrics.classifiers)
+    colours = colours_of(metrics.classifiers)
     table = metrics.failure_point_table
     fig = Figure(figsize=(7.5 + 1.6 * math.ceil(len(metrics.classifiers) / 16), 4.5), layout="constrained")
     ax = fig.add_subplot()
@@ -186,7 +187,7 @@ def _plot_fp_distribution(metrics: Metrics) -> Figure:
     message = _empty_message(metrics)
     if message:
         return _no_data_figure(title, message)
-    colours = _colours(metrics.classifiers)
+    colours = colours_of(metrics.classifiers)
     table = metrics.failure_point_table
     shifts = [s for s in metrics.shifts if (table["shift"] == s).any()]
     ncols = min(3, len(shifts))
@@ -225,7 +226,7 @@ def _plot_shift_realisation(metrics: Metrics) -> Figure:
     """Fig. 3 of CNS-Bench per shift: DINOv2 similarity to scale 0 and CLIP shift gain vs scale."""
     table = metrics.shift_realisation
     shifts = sorted(str(s) for s in pd.unique(table["shift"]))
-    colours = _colours(shifts)
+    colours = colours_of(shifts)
     fig = Figure(figsize=(11.0 + 1.6 * math.ceil(len(shifts) / 16), 4.2), layout="constrained")
     ax_dino, ax_clip = fig.subplots(1, 2)
     for shift in shifts:
@@ -370,13 +371,13 @@ def cns_files(
     plot_files: list[str] = []
     if plots:
         for base, draw in zip(PLOT_FILES, (_plot_accuracy_drop, _plot_fp_cumulative, _plot_fp_distribution)):
-            files[name(base)] = _png_bytes(draw(metrics))
+            files[name(base)] = png_bytes(draw(metrics))
             plot_files.append(name(base))
     if has_realisation(metrics):
         if not suffix:
             files[REALISATION_CSV] = _csv_bytes(metrics.shift_realisation)
         if plots:
-            files[name(REALISATION_PLOT)] = _png_bytes(_plot_shift_realisation(metrics))
+            files[name(REALISATION_PLOT)] = png_bytes(_plot_shift_realisation(metrics))
             plot_files.append(name(REALISATION_PLOT))
     return files, plot_files
 

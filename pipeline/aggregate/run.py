@@ -96,7 +96,7 @@ def aggregate_output(
 ) -> str:
     """Run the build's analyses on every sound committed shard and write ``report/``; returns its index path.
 
-    Each analysis returns files and an HTML section (:mod:`pipeline.analyses.base`); they
+    Each analysis returns files and an HTML section (:mod:`pipeline.aggregate.analysis`); they
     are written atomically, ``metrics.json`` collects their JSON, and ``index.html`` is
     written last, so its presence means the report is complete.  Damaged shards are left
     out, named (``echo``, else the log) and listed at the top of the page.
@@ -133,8 +133,8 @@ def render_report(
     import json
 
     from pipeline.aggregate.images import ImageReader
-    from pipeline.aggregate.report import _png_bytes, page_html
-    from pipeline.analyses.base import AnalysisContext
+    from pipeline.aggregate.report import png_bytes, page_html
+    from pipeline.aggregate.analysis import AnalysisContext
     from pipeline.registry import ANALYSES
 
     doc: dict = {"title": title, "config_hash": digest}
@@ -150,7 +150,7 @@ def render_report(
         for tname, table in result.tables.items():
             files[f"{tname}.csv"] = table.to_csv(index=False).encode("utf-8")
         for fname, fig in result.figures.items():
-            files[f"{fname}.png"] = _png_bytes(fig)
+            files[f"{fname}.png"] = png_bytes(fig)
         if name == "cns":
             doc.update(result.json)  # the CNS metrics stay at the top level of metrics.json
         elif result.json:

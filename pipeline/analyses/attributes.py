@@ -33,7 +33,7 @@ import math
 
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 from pipeline.families.object_edit import RELEASE_ONLY, without_level
 
 CONTRACT_COLUMNS = ["classifier", "attribute", "level", "accuracy", "accuracy_drop"]

@@ -36,7 +36,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 
 ALEXNET_FILE = Path(__file__).resolve().parents[1] / "data" / "imagenet_c_alexnet.json"
 SEVERITIES = (1.0, 2.0, 3.0, 4.0, 5.0)

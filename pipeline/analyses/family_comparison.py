@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 
 MEASURES = ("mean_accuracy_drop", "accuracy_drop_max", "fp_relative", "failed_share")
 COLUMNS = [

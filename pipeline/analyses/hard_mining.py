@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult, read_images
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult, read_images
 
 log = logging.getLogger(__name__)
 

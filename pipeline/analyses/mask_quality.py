@@ -13,7 +13,7 @@ import math
 
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 
 COLUMNS = [
     "class_id", "class_name", "seed", "mask_kind", "mask_area", "mask_components", "mask_main_share",

@@ -14,7 +14,7 @@ import json
 
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 
 
 def run(ctx: AnalysisContext) -> AnalysisResult:

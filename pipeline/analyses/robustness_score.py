@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult, read_images
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult, read_images
 
 ORIGINAL = "original"  # the scale-0 images, as a scenario of the tables
 # The eight scenarios of the published Table 2 (its column order), as scenario names here.

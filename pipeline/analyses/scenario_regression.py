@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 from pipeline.analyses.robustness_score import (
     ORIGINAL,
     _originals,

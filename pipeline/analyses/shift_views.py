@@ -25,16 +25,16 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipeline.aggregate.metrics import ALL_SHIFTS, Metrics
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 from pipeline.plan import scale_tag
 
 
 def accuracy_small_multiples(metrics: Metrics) -> Figure:
-    from pipeline.aggregate.report import _colours
+    from pipeline.aggregate.report import colours_of
 
     acc = metrics.accuracy
     shifts = [s for s in metrics.shifts if (acc["shift"] == s).any()] or ["(no data)"]
-    colours = _colours(metrics.classifiers)
+    colours = colours_of(metrics.classifiers)
     ncols = min(4, len(shifts))
     nrows = math.ceil(len(shifts) / ncols)
     fig = Figure(figsize=(3.4 * ncols + 0.4, 2.9 * nrows + 0.9), layout="constrained")

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult, read_images
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult, read_images
 from pipeline.plan.schema import SCORE_COLUMNS
 
 STRIPS_CSV_COLUMNS = ["shift", "row", "trajectory_id", "complete", "classifier", "failure_point"]
@@ -214,7 +214,7 @@ class _Sheet(NamedTuple):
 
 
 def run(ctx: AnalysisContext) -> AnalysisResult:
-    from pipeline.aggregate.report import _colours
+    from pipeline.aggregate.report import colours_of
     from pipeline.analyses.cns import group_metrics
 
     spec = ctx.config.aggregate.strips
@@ -232,7 +232,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     sheets: list[_Sheet] = []
     for group, metrics in group_metrics(ctx):
         classifiers = list(metrics.classifiers) or [c.name for c in ctx.config.classifiers]
-        colours = {c: _hex(v) for c, v in _colours(classifiers).items()}
+        colours = {c: _hex(v) for c, v in colours_of(classifiers).items()}
         sections.append(_legend(classifiers, colours))
         fps = metrics.failure_points
         samples = ctx.samples_of(group).copy()

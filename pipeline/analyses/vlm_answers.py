@@ -16,7 +16,7 @@ import html
 
 import pandas as pd
 
-from pipeline.analyses.base import AnalysisContext, AnalysisResult
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 
 COLUMNS = ["classifier", "shift", "scale", "n", "n_true", "n_false", "n_excluded", "accuracy"]
 

@@ -1,12 +1,13 @@
-"""The contract of an analysis and the context it reads.
+"""The contract of an analysis (the plug-ins of ``pipeline/analyses/``) and the context it reads.
 
 An analysis is a function ``run(ctx: AnalysisContext) -> AnalysisResult``.  It reads the
 output's tables (``ctx.samples``: one row per image, ``ctx.predictions``: one row per
 (image, classifier)) and the config, and returns tables (written as ``report/<name>.csv``),
 figures (``report/<name>.png``), other files (``report/<name>``), JSON merged into
 ``report/metrics.json`` under the analysis' name, and an HTML section of ``index.html``.
-Analyses never write themselves: the aggregation driver writes what they return, so
-every analysis works the same on local disk and object storage.
+Analyses never write themselves: the aggregation driver (:func:`pipeline.aggregate.run.render_report`)
+writes what they return, so every analysis works the same on local disk and object storage.  The
+driver finds an analysis through ``pipeline.registry.ANALYSES``, never by importing it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass
 class AnalysisContext:
     config: "BuildConfig"
-    samples: "pd.DataFrame"  # pipeline.plan.schema.SAMPLES columns (+ ``params`` JSON strings)
-    predictions: "pd.DataFrame"  # pipeline.plan.schema.PREDICTIONS columns
+    samples: "pd.DataFrame"  # pipeline.io.tables.SAMPLES columns (+ ``params`` JSON strings)
+    predictions: "pd.DataFrame"  # pipeline.io.tables.PREDICTIONS columns
     options: dict[str, Any] = field(default_factory=dict)  # this analysis' entry in aggregate.analyses
     config_hash: str | None = None
     # Read-only access to the output for analyses that need image bytes (e.g. image strips):
