@@ -171,7 +171,8 @@ def compare_outputs(
 ) -> str:
     """Check the outputs, write the comparison report into ``dest``; returns its index URL."""
     from pipeline.aggregate.images import ImageReader
-    from pipeline.aggregate.run import analysis_plan, render_report
+    from pipeline.aggregate.run import render_report
+    from pipeline.plan.analyses import analysis_plan
     from pipeline.runtime.progress import Progress
 
     from pipeline.io.ownership import claim_compare_output, write_compare_marker

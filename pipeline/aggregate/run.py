@@ -16,6 +16,7 @@ import pyarrow as pa
 from pipeline.config import BuildConfig, parse_config
 from pipeline.io.store import OutputStore
 from pipeline.io.tables import PREDICTIONS, SAMPLES, read_shard_tables
+from pipeline.plan.analyses import analysis_plan
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +31,6 @@ def load_output_config(store: OutputStore) -> BuildConfig:
     if data is None:
         raise FileNotFoundError(f"{store.url('config.json')} not found: is {store.uri} a cnsbench build output?")
     return parse_config(data["config"], source=store.url("config.json"))
-
-
-def analysis_plan(cfg: BuildConfig) -> list[tuple[str, dict]]:
-    """(analysis key, options): the configured ones, then those the build's families add."""
-    from pipeline.registry import FAMILIES, REPORT_ANALYSES
-
-    plan = list(cfg.aggregate.analysis_entries())
-    names = {name for name, _ in plan}
-    for name in REPORT_ANALYSES:
-        if name not in names:
-            plan.append((name, {}))
-            names.add(name)
-    for group in cfg.family_groups():
-        for name in FAMILIES.get(group.kind).analyses:
-            if name not in names:
-                plan.append((name, {}))
-                names.add(name)
-    return plan
 
 
 def load_sound_tables(

@@ -126,7 +126,7 @@ def analysis_option_problems(cfg: BuildConfig) -> list[str]:
     """Unknown analyses, and what an analysis module's ``check_options(options, cfg)`` finds wrong."""
     import importlib
 
-    from pipeline.aggregate.run import analysis_plan
+    from pipeline.plan.analyses import analysis_plan
     from pipeline.registry import ANALYSES
 
     problems = []

@@ -3,7 +3,7 @@
 Role: the driver of ``cnsbench train-sliders`` (:mod:`pipeline.cli.train_sliders`).  The
 pairs are :class:`~pipeline.train.sliders.SliderJob` rows handed to the same executors as
 a build (:mod:`pipeline.executors`) through the train stage
-(:mod:`pipeline.stages.train`), whose workers train with
+(:mod:`pipeline.train.stage`), whose workers train with
 :class:`~pipeline.train.sliders.SliderTrainer`.  A pair whose slider file and metadata
 JSON exist is skipped, so running again resumes.
 """
@@ -103,7 +103,7 @@ def train_sliders(
 
     if todo:
         from pipeline.executors import get_executor
-        from pipeline.stages.train import JOB, train_chain
+        from pipeline.train.stage import JOB, train_chain
 
         def on_row(row: dict[str, Any]) -> None:
             job = SliderJob(**json.loads(row["job"]))
