@@ -1,61 +1,171 @@
-"""The shape of the code: no import cycles, modules small enough to read, executors alone branch on the runner.
+"""The shape of the code: packages in layers with no loop, public interfaces between modules,
+modules small enough to read, executors alone branch on the runner, a map that names real files.
 
 Read from the source files with :mod:`ast` (nothing is imported), so the checks are fast
 and hold for modules that need heavy dependencies.  Every import statement counts, wherever
 it stands (module level, inside a function, under ``if TYPE_CHECKING:``): that is how a
 reader and the structure tools see a module's dependencies.
+
+The layers are declared once, in ``docs/architecture.md`` (the block under "## Layers"):
+a package may import only from its own package or a lower layer.  Each check is a function
+of a source tree, so the tests at the end run it on small synthetic trees and show that it
+can fail.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
+from typing import NamedTuple
 
-PKG = Path(__file__).resolve().parents[1] / "pipeline"
-MAX_LINES = 700
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "pipeline"
+DOC = ROOT / "docs" / "architecture.md"
+MAX_LINES = 600
 
 
-def _modules() -> dict[str, Path]:
+class Import(NamedTuple):
+    module: str  # the importing module
+    line: int
+    target: str  # the pipeline module it names (the longest known prefix)
+    names: tuple[str, ...]  # the names a ``from`` import takes from the target
+
+
+def modules(pkg: Path = PKG) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file below ``pkg`` (a package is its ``__init__``)."""
     mods = {}
-    for path in sorted(PKG.rglob("*.py")):
-        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    for path in sorted(pkg.rglob("*.py")):
+        parts = list(path.relative_to(pkg.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         mods[".".join(parts)] = path
     return mods
 
 
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """pipeline modules imported anywhere in the module: every Import/ImportFrom node of its tree."""
+def _resolve(target: str, known: set[str] | dict[str, Path]) -> str:
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def imports_of(name: str, path: Path, known: set[str] | dict[str, Path]) -> list[Import]:
+    """Every import of a known module anywhere in the file: each Import/ImportFrom node of its tree."""
     tree = ast.parse(path.read_text())
-    found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: list[Import] = []
     for node in ast.walk(tree):
-        targets: list[str] = []
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            for alias in node.names:
+                if (t := _resolve(alias.name, known)) and t != name:
+                    found.append(Import(name, node.lineno, t, ()))
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
-        for t in targets:
-            while t and t not in known:
-                t = t.rpartition(".")[0]
-            if t and t != name:
-                found.add(t)
+            plain = []
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in known:  # ``from pipeline.io import fs``: the module fs itself
+                    if sub != name:
+                        found.append(Import(name, node.lineno, sub, ()))
+                else:
+                    plain.append(alias.name)
+            if plain and (t := _resolve(base, known)) and t != name:
+                found.append(Import(name, node.lineno, t, tuple(plain)))
     return found
 
 
-def test_no_import_cycles_inside_pipeline():
-    mods = _modules()
-    graph = {name: _imports(name, path, set(mods)) for name, path in mods.items()}
-    # A package's __init__ importing its own submodules is not a cycle users can hit.
-    for name in graph:
-        graph[name] = {d for d in graph[name] if not d.startswith(name + ".")}
+def all_imports(pkg: Path = PKG) -> list[Import]:
+    mods = modules(pkg)
+    return [imp for name, path in mods.items() for imp in imports_of(name, path, mods)]
+
+
+def unit(module: str) -> str:
+    """The layered unit of a module: its top-level package under the root, or the root module itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def declared_layers(doc: Path = DOC) -> list[list[str]]:
+    """The layers of the doc's "## Layers" block, bottom first; each a list of units.
+
+    The block is the first fenced block after the heading, top layer first, one layer a
+    line: ``units  description`` (units separated by ", ", two spaces before the text).
+    """
+    text = doc.read_text()
+    section = text.split("\n## Layers", 1)[1]
+    block = section.split("```", 2)[1]
+    layers = []
+    for line in block.splitlines()[1:]:
+        if line.strip():
+            head = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+            layers.append([u.strip() for u in head.split(",")])
+    return layers[::-1]
+
+
+def layer_violations(pkg: Path = PKG, layers: list[list[str]] | None = None) -> list[str]:
+    """Imports of a unit in a higher layer, and units no layer declares."""
+    layers = declared_layers() if layers is None else layers
+    rank = {u: i for i, layer in enumerate(layers) for u in layer}
+    root = pkg.name
+    units = {unit(m) for m in modules(pkg) if m != root}
+    problems = [f"{root}.{u} is in no layer of docs/architecture.md" for u in sorted(units - set(rank))]
+    for imp in all_imports(pkg):
+        a, b = unit(imp.module), unit(imp.target)
+        if imp.target == root or a == b or a not in rank or b not in rank:
+            continue
+        if rank[b] > rank[a]:
+            problems.append(f"{imp.module}:{imp.line} imports {imp.target} ({b} is above {a})")
+    return problems
+
+
+def package_loops(pkg: Path = PKG) -> list[list[str]]:
+    """Groups of units that import each other, directly or round a loop (strongly connected)."""
+    root = pkg.name
+    graph: dict[str, set[str]] = {}
+    for imp in all_imports(pkg):
+        a, b = unit(imp.module), unit(imp.target)
+        if imp.target != root and a != b:
+            graph.setdefault(a, set()).add(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+    counter = itertools.count()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = next(counter)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            group.append(v)
+            if len(group) > 1:
+                loops.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return loops
+
+
+def module_cycles(pkg: Path = PKG) -> list[list[str]]:
+    """Import cycles between modules (a package's ``__init__`` importing its own submodules excepted)."""
+    graph: dict[str, set[str]] = {m: set() for m in modules(pkg)}
+    for imp in all_imports(pkg):
+        if not imp.target.startswith(imp.module + "."):
+            graph[imp.module].add(imp.target)
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[list[str]] = []
@@ -74,12 +184,112 @@ def test_no_import_cycles_inside_pipeline():
     for node in sorted(graph):
         if node not in state:
             visit(node)
+    return cycles
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(pkg: Path = PKG, also: tuple[Path, ...] = ()) -> list[str]:
+    """Underscore names a module takes from another module: ``from m import _x``, or ``m._x``
+    on a module it imported.  ``also``: more trees (e.g. ``bench/``) whose imports of ``pkg`` count."""
+    mods = modules(pkg)
+    files = dict(mods)
+    for tree in also:
+        files.update(modules(tree))
+    problems = []
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        bound: dict[str, str] = {}  # local name -> the pipeline module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in mods and alias.asname:
+                        bound[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in mods:
+                        bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        for imp in imports_of(name, path, mods):
+            for n in imp.names:
+                if _private(n):
+                    problems.append(f"{name}:{imp.line} imports {imp.target}.{n}")
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute) and _private(node.attr)
+                and isinstance(node.value, ast.Name) and bound.get(node.value.id, name) != name
+            ):
+                problems.append(f"{name}:{node.lineno} uses {bound[node.value.id]}.{node.attr}")
+    return problems
+
+
+def long_modules(pkg: Path = PKG, limit: int = MAX_LINES) -> dict[str, int]:
+    return {
+        str(p.relative_to(pkg.parent)): n
+        for p in sorted(pkg.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > limit
+    }
+
+
+PATH = re.compile(r"\b((?:pipeline|tests|bench|docs|configs|deploy|docker|scripts)/[\w./{},*-]*\w)")
+
+
+def missing_doc_paths(doc: Path = DOC, root: Path = ROOT) -> list[str]:
+    """Paths the doc names (``a/{b,c}.py`` stands for two) that are not in the tree."""
+    missing = []
+    for match in PATH.findall(doc.read_text()):
+        head, brace, rest = match.partition("{")
+        names = [match]
+        if brace:
+            inner, _, tail = rest.partition("}")
+            names = [head + part + tail for part in inner.split(",")]
+        for rel in names:
+            if "*" in rel:
+                found = any(root.glob(rel))
+            else:
+                found = (root / rel).exists()
+            if not found:
+                missing.append(rel)
+    return missing
+
+
+# -- the tree as it is --------------------------------------------------------------------
+
+
+def test_packages_import_only_their_own_layer_or_lower():
+    problems = layer_violations()
+    assert not problems, "imports against the layers of docs/architecture.md:\n" + "\n".join(problems)
+
+
+def test_no_loop_between_packages():
+    loops = package_loops()
+    assert not loops, "packages that import each other: " + "; ".join(" <-> ".join(g) for g in loops)
+
+
+def test_no_import_cycles_between_modules():
+    cycles = module_cycles()
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_no_module_over_700_lines():
-    long = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+def test_no_module_takes_another_modules_private_names():
+    problems = private_imports(also=(ROOT / "bench",))
+    assert not problems, "underscore names used across modules:\n" + "\n".join(problems)
+
+
+def test_no_module_over_600_lines():
+    long = long_modules()
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_every_path_the_architecture_page_names_exists():
+    missing = missing_doc_paths()
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_library_does_not_import_the_bench_or_the_tests():
+    text = "\n".join(p.read_text() for p in PKG.rglob("*.py"))
+    assert not re.search(r"^\s*(from|import) (bench|tests)\b", text, re.M)
 
 
 def test_runner_branches_only_in_the_executors():
@@ -102,32 +312,91 @@ def test_the_web_page_is_static_files_of_the_serve_package():
         assert "<html" not in text.lower() and "<body" not in text.lower(), path
 
 
-def test_the_library_does_not_import_the_cli():
-    mods = _modules()
-    for name, path in mods.items():
-        if name == "pipeline.cli" or name.startswith("pipeline.cli."):
-            continue
-        text = path.read_text()
-        assert not re.search(r"^\s*(from pipeline\.cli\b|from pipeline import cli\b|import pipeline\.cli\b)", text, re.M), name
-
-
-def test_lazy_and_type_checking_imports_count(tmp_path):
-    """The import graph sees an import inside a function and one under ``TYPE_CHECKING``."""
-    path = tmp_path / "m.py"
-    path.write_text(
-        "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from pipeline.config import BuildConfig\n"
-        "def f():\n    from pipeline.io import fs\n    return fs\n"
-    )
-    known = {"pipeline.config", "pipeline.io", "pipeline.io.fs", "pipeline.x"}
-    assert _imports("pipeline.x", path, known) == {"pipeline.config", "pipeline.io", "pipeline.io.fs"}
-
-
 def test_the_split_packages_are_in_the_graph():
     """The config sections and the per-layout source modules are modules the checks above read."""
-    mods = _modules()
+    mods = modules()
     for name in ("pipeline.config", "pipeline.config.base", "pipeline.config.training", "pipeline.sources",
-                 "pipeline.sources.common", "pipeline.sources.detect", "pipeline.sources.cns",
-                 "pipeline.sources.webdataset", "pipeline.sources.folders", "pipeline.stages.load"):
+                 "pipeline.sources.detect", "pipeline.sources.cns", "pipeline.sources.webdataset",
+                 "pipeline.sources.folders", "pipeline.stages.load", "pipeline.plan.schema"):
         assert name in mods, name
     assert not (PKG / "config.py").exists(), "pipeline/config.py and the package pipeline/config/ both exist"
+    assert [u for layer in declared_layers() for u in layer][:2] == ["data", "io"]
+    assert declared_layers()[-1] == ["cli"]
+
+
+# -- each check can fail (synthetic trees) --------------------------------------------------
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for d in [p for p in (tmp_path / "pkg").rglob("*") if p.is_dir()] + [tmp_path / "pkg"]:
+        (d / "__init__.py").touch()
+    return tmp_path / "pkg"
+
+
+def test_an_import_inside_a_function_or_under_type_checking_counts(tmp_path):
+    pkg = _tree(tmp_path, {
+        "low/a.py": "",
+        "high/b.py": "",
+        "low/c.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from pkg.high import b\n"
+            "def f():\n    from pkg.high.b import thing\n    return thing\n"
+        ),
+    })
+    layers = [["low"], ["high"]]
+    assert layer_violations(pkg, layers) == [
+        "pkg.low.c:3 imports pkg.high.b (high is above low)",
+        "pkg.low.c:5 imports pkg.high.b (high is above low)",
+    ]
+    assert layer_violations(pkg, [["high"], ["low"]]) == []
+    assert layer_violations(pkg, [["low"]]) == ["pkg.high is in no layer of docs/architecture.md"]
+
+
+def test_a_loop_between_packages_is_found_even_through_a_third(tmp_path):
+    pkg = _tree(tmp_path, {
+        "a/x.py": "from pkg.b import y\n",
+        "b/y.py": "def f():\n    import pkg.c.z\n",
+        "c/z.py": "from ..a import x\n",
+        "d/w.py": "from pkg.a import x\n",
+    })
+    assert package_loops(pkg) == [["a", "b", "c"]]
+    assert module_cycles(pkg) == [["pkg.a.x", "pkg.b.y", "pkg.c.z", "pkg.a.x"]]
+    (pkg / "c" / "z.py").write_text("")
+    assert package_loops(pkg) == [] and module_cycles(pkg) == []
+
+
+def test_an_underscore_name_from_another_module_is_found(tmp_path):
+    pkg = _tree(tmp_path, {
+        "a/x.py": "def _helper(): pass\ndef helper(): pass\n_y = _helper()\n",
+        "a/y.py": "from pkg.a.x import _helper, helper\n",
+        "b/z.py": "from pkg.a import x\nx._helper()\nx.helper()\nx.__name__\n",
+        "b/w.py": "import pkg.a.x as m\ndef f():\n    return m._y\n",
+    })
+    assert sorted(private_imports(pkg)) == [
+        "pkg.a.y:1 imports pkg.a.x._helper",
+        "pkg.b.w:3 uses pkg.a.x._y",
+        "pkg.b.z:2 uses pkg.a.x._helper",
+    ]
+
+
+def test_a_long_module_is_found(tmp_path):
+    pkg = _tree(tmp_path, {"a/long.py": "x = 1\n" * (MAX_LINES + 1), "a/short.py": "x = 1\n" * MAX_LINES})
+    assert long_modules(pkg) == {"pkg/a/long.py": MAX_LINES + 1}
+
+
+def test_a_path_the_page_names_that_does_not_exist_is_found(tmp_path):
+    (tmp_path / "pipeline" / "io").mkdir(parents=True)
+    for name in ("fs.py", "lease.py"):
+        (tmp_path / "pipeline" / "io" / name).touch()
+    doc = tmp_path / "architecture.md"
+    doc.write_text(
+        "Storage lives in `pipeline/io/fs.py` and pipeline/io/{lease,manifest}.py;\n"
+        "the rest in pipeline/io/*.py and pipeline/gone/.\n"
+        "## Layers\n\n```\ncli  top\nbuild, evaluate  root\nio  bottom\n```\n"
+    )
+    assert missing_doc_paths(doc, tmp_path) == ["pipeline/io/manifest.py", "pipeline/gone"]
+    assert declared_layers(doc) == [["io"], ["build", "evaluate"], ["cli"]]
