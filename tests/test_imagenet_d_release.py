@@ -37,7 +37,8 @@ def make_release(root: Path) -> Path:
             name = hashlib.sha1(f"{kind}/{folder}/{j}".encode()).hexdigest()[:20] + ".png"
             Image.fromarray(rng.integers(0, 255, (128, 128, 3), dtype=np.uint8)).save(d / name)
             words = folder.replace("_", " ")
-            questions.setdefault(kind, []).append(f"{kind}/{folder}/{name}\t{words}\t{words}\tbanana")
+            other = "lemon" if folder == "banana" else "banana"  # the distractor is never the truth
+            questions.setdefault(kind, []).append(f"{kind}/{folder}/{name}\t{words}\t{words}\t{other}")
     (root / "questions").mkdir()
     for kind, lines in questions.items():
         header = "image_dir\tgt_category\ttop1_pred_cate\ttop2_pred_cate"

@@ -120,6 +120,40 @@ def _inside_source(path: str, root: str, location: str, what: str, follow_symlin
         ) from None
 
 
+def leave_out_unencodable(src: "Source", shown: int = 10) -> None:
+    """Drop the trajectories of images whose file names are not UTF-8, with a note naming each one.
+
+    A local file system may hold names that are not valid UTF-8 (Linux stores bytes); Python
+    lists them with surrogate escapes, which the output's Parquet and JSON cannot store.
+    Such an image cannot be named in the output, so it is left out, and the note spells its
+    path as bytes (``b'.../\\xffname.png'``) so the user can find and rename it; the rest of
+    the source is evaluated.
+    """
+    bad: list[str] = []
+    kept = []
+    for row in src.rows:
+        unencodable = [p for p in row["paths"] if not _encodes(p)]
+        bad += unencodable
+        if not unencodable:
+            kept.append(row)
+    if not bad:
+        return
+    src.rows[:] = kept
+    names = ", ".join(repr(os.fsencode(p)) for p in bad[:shown])
+    more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+    src.notes.append(
+        f"left out {len(bad)} image(s) whose file name is not UTF-8 (rename them to evaluate them): {names}{more}"
+    )
+
+
+def _encodes(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _finite_number(value: Any) -> bool:
     import math
 

@@ -7,7 +7,7 @@ import posixpath
 
 from pipeline.labels import LabelSpace
 from pipeline.sources.cns import load_cns
-from pipeline.sources.common import ANNOTATIONS, Source, SourceError, _fs, _tar_paths
+from pipeline.sources.common import ANNOTATIONS, Source, SourceError, _fs, _tar_paths, leave_out_unencodable
 from pipeline.sources.folders import load_folders
 from pipeline.sources.webdataset import load_webdataset
 
@@ -81,6 +81,7 @@ def open_source(
         src = loader(location) if own_labels else loader(location, labels)
     else:
         src = load_folders(location, labels, label_map, follow_symlinks)
+    leave_out_unencodable(src)  # a file name that is not UTF-8: noted, the rest evaluated
     if not src.rows:
         raise SourceError(f"{location}: no images found in this {kind} source")
     return src
