@@ -1,7 +1,10 @@
 """A randomised fault campaign: builds under injected faults must end identical to a clean build.
 
-    python bench/chaos.py --runs 30 --seed 1 --json --runner cluster --s3   # BENCHMARKS.md
+    python bench/chaos.py --runs 30 --seed 1 --json --runner cluster --s3   # the recorded campaign
     python bench/chaos.py --runs 3 --seed 1 --json --runner local   # the short one of the tests
+
+The recorded campaigns: BENCHMARKS.md, "Fault campaigns: 30 randomised faulted builds each, 0
+outputs differing".
 
 ``--runner`` says where the build runs: ``local`` (the in-process executor, in a child
 process forked from the campaign's after its clean build, so that every attempt starts with

@@ -634,9 +634,11 @@ def reproject(args) -> dict:
 def save_efficiency(result: dict, command: str) -> None:
     """The projected efficiencies, for ``cnsbench estimate`` (``pipeline/data/scale_efficiency.json``)."""
     data = {
-        "source": "bench/scale.py's projection (docs/scale.md)",
-        "method": "the pool layout's bound at each GPU count, capped by the driver's, Ray Data's and the "
-                  "writers' CPU-seconds per image measured on the simulated cluster",
+        "source": "bench/scale.py's projection (docs/scale.md, \"Projection (projected_efficiency, "
+                  "pipeline/data/scale_efficiency.json)\")",
+        "method": "projected at real speed, not measured: the pool layout's bound at each GPU count, capped "
+                  "by the driver's, Ray Data's and the writers' CPU-seconds per image measured on the "
+                  "simulated cluster (its one measured efficiency is 'simulated')",
         "command": command,
         "efficiency": result["projected_efficiency"],
         "simulated": {"gpus": result["gpus"], "images": result["images"], "efficiency": result["efficiency"],

@@ -9,7 +9,9 @@ the LoRA window and the scale-0 image are computed once per (class, seed) and sh
 every shift and scale (``pipeline.models.sampler.SliderSampler.generate_group``).
 
 Wall time on N GPUs divides the GPU-seconds by N and by the pipeline's efficiency at N
-GPUs, as measured on a simulated cluster (``data/scale_efficiency.json``, ``docs/scale.md``).
+GPUs, as projected from the pool layout and the CPU costs measured on a simulated cluster
+(``data/scale_efficiency.json``; docs/scale.md, "Projection (`projected_efficiency`,
+`pipeline/data/scale_efficiency.json`)"): a projection, not a measured efficiency.
 The same latency model times the stand-in stages of that simulation (``bench/standins.py``).
 """
 
@@ -166,9 +168,10 @@ class Estimate:
 
 def efficiency_at(n_gpus: int) -> tuple[float, str]:
     """The pipeline's efficiency at ``n_gpus``, interpolated in log(GPUs) between the
-    simulated cluster's measurements and projections (``data/scale_efficiency.json``)."""
+    projections of ``data/scale_efficiency.json`` (``bench/scale.py``: the pool layout, capped by
+    the CPU costs measured on a simulated cluster)."""
     if not (DATA / "scale_efficiency.json").is_file():
-        return 1.0, "no simulated-cluster measurement (pipeline/data/scale_efficiency.json): 1.0 assumed"
+        return 1.0, "no efficiency projection (pipeline/data/scale_efficiency.json): 1.0 assumed"
     data = _load("scale_efficiency.json")
     points = sorted((int(k), float(v)) for k, v in data["efficiency"].items())
     if n_gpus < points[0][0]:
@@ -259,7 +262,7 @@ def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | 
         f"utilisation of that peak measured on an H100 ({util['source']}) and assumed on this GPU: "
         f"UNet {unet_utilisation(1):.3f} (1 image per forward) to {unet_utilisation(gen.branch_batch_size):.3f} "
         f"({gen.branch_batch_size} per forward), VAE decode {util['vae_decode']:.3f}, window steps with the rows' "
-        f"sliders {util.get('slider_window_factor', 1.0):g}x the bare UNet (measured on an H200), "
+        f"sliders {util.get('slider_window_factor', 1.0):g}x the bare UNet (fitted to one H200 run of the sampler), "
         f"classifiers {util['classifier']:.3f}, filter {util['filter']:.3f} (float32, as those stages run; "
         f"measured on an H200 by bench/rehearsal_gpu.py)",
         "model FLOPs per image from pipeline/data/model_flops.json (torch.utils.flop_counter on each model's timm twin); "

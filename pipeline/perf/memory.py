@@ -36,10 +36,11 @@ log = logging.getLogger(__name__)
 
 GB = 1024**3
 # Python, torch and the model libraries of an actor (0.93 GB RSS measured on CPU); on a GPU,
-# about the CUDA context and the allocator's cache (BENCHMARKS.md, classifier groups).
+# about the CUDA context and the allocator's cache (BENCHMARKS.md, "Classifier groups on a GPU:
+# projected vs measured memory").
 RUNTIME_BYTES = 1024**3
 # The writer imports neither torch nor a model library and holds no GPU context: Python, Ray,
-# pyarrow and PIL (209 MB peak RSS in the 768 px rehearsal, docs/rehearsal.md; 677-680 MB
+# pyarrow and PIL (209 MB peak RSS in the 768 px rehearsal, docs/rehearsal.md, "Measured"; 677-680 MB
 # while it still imported torch).  It also holds one shard's rows and the tar made from them
 # (``WRITER_SHARD_COPIES``), counted at the raw RGB size of each image, which PNG and JPEG do
 # not exceed much.
@@ -47,8 +48,9 @@ WRITER_RUNTIME_BYTES = 200 * 1024**2
 WRITER_SHARD_COPIES = 2
 ACTIVATION_FACTOR = 2.0  # tensors alive around the largest module call (residual stream, allocator slack)
 # The UNet and VAE keep more alive around their largest call (norms, skip connections): 2.5x
-# matches the H100 measurements in BENCHMARKS.md (0.143 GiB per UNet sample, 1.34 GiB per
-# decoded 768 px image in bf16; projected 0.124 and 1.41 GiB).
+# is chosen to come near the H100 measurements (BENCHMARKS.md, "Model latencies on an H100: the
+# latency model's calibration": 0.143 GiB per UNet sample, 1.34 GiB per decoded 768 px image
+# in bf16; projected with it 0.124 and 1.41 GiB).
 GENERATE_ACTIVATION_FACTOR = 2.5
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CLASSIFIER_DTYPE = "float32"  # classifiers run in float32 (pipeline.models.classifiers)
