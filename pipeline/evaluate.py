@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from pipeline.sources import release_protocol
+from pipeline.sources.detect import protocol_of
 from pipeline.build import (
     BuildSummary,
     ShardTally,
@@ -92,7 +93,8 @@ def effective_config(
     raw["aggregate"]["analyses"] += [a for a in source.analyses if a not in configured]
     raw["filter"]["enabled"] = bool(use_filter)
     raw["classifiers"] = select_classifiers(cfg, classifiers)
-    release_protocol.apply_to(raw, cfg, source)  # a released layout: its authors' inputs, docs/protocol.md
+    # a released layout: its authors' inputs, docs/protocol.md
+    release_protocol.apply_to(raw, cfg, source, protocol_of(source.kind))
     raw["output"]["image_format"] = source.image_format
     return parse_config(raw, source=f"evaluate config for {source.location}")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config.protocol import IMAGENET_MEAN, IMAGENET_STD, Preprocess, build_transform
-from pipeline.sources.release_protocol import ANALYSIS, ANY_KIND, MODEL, TORCHVISION_EVAL, ReleaseProtocol, apply, protocol_of
+from pipeline.sources.detect import protocol_of
+from pipeline.sources.release_protocol import ANALYSIS, ANY_KIND, MODEL, TORCHVISION_EVAL, ReleaseProtocol, apply
 
 OWN = Preprocess(232, 224, "bicubic", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 CROP_ONLY = Preprocess(256, 224, "bilinear", IMAGENET_MEAN, IMAGENET_STD, shifted_crop_only=True)

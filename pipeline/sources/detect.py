@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib
 import posixpath
+from typing import TYPE_CHECKING
 
 from pipeline.labels import LabelSpace
 from pipeline.sources.cns import load_cns
 from pipeline.sources.common import ANNOTATIONS, Source, SourceError, _fs, _tar_paths, leave_out_unencodable
 from pipeline.sources.folders import load_folders
 from pipeline.sources.webdataset import load_webdataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.sources.release_protocol import ReleaseProtocol
 
 # Released benchmark layouts, each in its own module: (kind, module, detector, loader, brings
 # its own label space).  ``detect_kind`` tries them in this order after the CNS and WebDataset
@@ -85,3 +89,10 @@ def open_source(
     if not src.rows:
         raise SourceError(f"{location}: no images found in this {kind} source")
     return src
+
+
+def protocol_of(kind: str) -> ReleaseProtocol | None:
+    """The ``PROTOCOL`` a released layout's module declares (None for other source kinds)."""
+    if kind not in RELEASED:
+        return None
+    return getattr(importlib.import_module(RELEASED[kind][1]), "PROTOCOL", None)

@@ -45,7 +45,6 @@ classifier's library.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -77,15 +76,6 @@ class ReleaseProtocol:
     def preprocess_for(self, kind: str) -> Preprocess | str | Callable[[Preprocess | None], Preprocess | str] | None:
         """The protocol's transform of a classifier kind (None: the protocol leaves it to the config)."""
         return self.preprocess.get(kind, self.preprocess.get(ANY_KIND))
-
-
-def protocol_of(kind: str) -> ReleaseProtocol | None:
-    """The ``PROTOCOL`` a released layout's module declares (None for other source kinds)."""
-    from pipeline.sources.detect import RELEASED
-
-    if kind not in RELEASED:
-        return None
-    return getattr(importlib.import_module(RELEASED[kind][1]), "PROTOCOL", None)
 
 
 def _as_dict(choice: Preprocess | str | None) -> dict[str, Any] | str | None:
@@ -180,10 +170,10 @@ def apply(
     return out, analysis, warnings
 
 
-def apply_to(raw: dict[str, Any], cfg: Any, source: Any) -> None:
-    """Put the protocol of ``source``'s layout into ``raw`` (a resolved config dict being made
-    the effective config of an evaluation); its warnings join ``source.notes``."""
-    protocol = protocol_of(source.kind)
+def apply_to(raw: dict[str, Any], cfg: Any, source: Any, protocol: ReleaseProtocol | None) -> None:
+    """Put ``protocol`` (that of ``source``'s layout, :func:`pipeline.sources.detect.protocol_of`)
+    into ``raw`` (a resolved config dict being made the effective config of an evaluation); its
+    warnings join ``source.notes``.  None: nothing to apply."""
     if protocol is None:
         return
     explicit = {c.name: set(c.model_fields_set) for c in cfg.classifiers}
