@@ -280,7 +280,8 @@ def test_every_name_pattern_is_matched_whole():
     from pipeline.config.base import SHIFT_NAME
     from pipeline.io.manifest import OWN_FILE, SHARD_NAME, is_own_file, own_file_shard
     from pipeline.serve.review import Review, ReviewError
-    from pipeline.sources.common import SourceError, _check_shift
+    from pipeline.sources.checks import check_shift
+    from pipeline.sources.common import SourceError
 
     assert SHIFT_NAME.fullmatch("painting_style") and not SHIFT_NAME.fullmatch("painting_style\n")
     assert own_file_shard("images/shard-0123456789abcdef.tar") == "shard-0123456789abcdef"
@@ -290,7 +291,7 @@ def test_every_name_pattern_is_matched_whole():
     with pytest.raises(ReviewError, match="must match"):
         Review("/nonexistent").check_set("rules_1\n")
     with pytest.raises(SourceError, match="must match"):
-        _check_shift("snow\n", "annotations_cns.json")
+        check_shift("snow\n", "annotations_cns.json")
 
 
 def test_no_name_check_uses_match_with_a_dollar():

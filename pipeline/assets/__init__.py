@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-import fsspec
-
 from pipeline.config import BuildConfig
+from pipeline.io.files import exists
 from pipeline.assets.hub import local_file_ref, remote_weights_not_cached  # noqa: F401 (hub weights: pipeline.assets.hub)
 from pipeline.models.diffusion import class_token_files, is_local_path, slider_path
 from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
@@ -21,13 +20,6 @@ from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
 class AssetError(FileNotFoundError):
     """One or more files a build needs are missing; the message lists all of them."""
-
-
-def _exists(path: str) -> bool:
-    if "://" in path:
-        fs, p = fsspec.core.url_to_fs(path)
-        return fs.exists(p)
-    return os.path.exists(path)
 
 
 def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] | None = None) -> list[str]:
@@ -58,14 +50,14 @@ def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] 
             ("filter.clip.model_config_file", flt.clip.model_config_file),
             ("filter.dino.checkpoint", flt.dino.checkpoint),
         ):
-            if value and (local_file_ref(value) or key.endswith("model_config_file")) and not _exists(value):
+            if value and (local_file_ref(value) or key.endswith("model_config_file")) and not exists(value):
                 missing.append(f"{key}: {value}")
     for i, clf in enumerate(cfg.classifiers):
         for key in ("checkpoint", "model_config_file"):
             value = getattr(clf, key)
-            if value and (local_file_ref(value) or key == "model_config_file") and not _exists(value):
+            if value and (local_file_ref(value) or key == "model_config_file") and not exists(value):
                 missing.append(f"classifiers[{i}] ({clf.name}).{key}: {value}")
-        if isinstance(clf.label_map, str) and not _exists(clf.label_map):
+        if isinstance(clf.label_map, str) and not exists(clf.label_map):
             missing.append(f"classifiers[{i}] ({clf.name}).label_map: {clf.label_map}")
     return missing
 
@@ -78,7 +70,7 @@ def missing_sliders(cfg: BuildConfig, pairs: Iterable[tuple[int, str]]) -> list[
     missing = []
     for class_id, shift in sorted(set(pairs)):
         p = slider_path(gen, class_id, shift, cfg.benchmark.class_name(class_id))
-        if not _exists(p):
+        if not exists(p):
             missing.append(f"generator.slider_store: missing slider for class {class_id}, shift {shift}: {p}")
     return missing
 

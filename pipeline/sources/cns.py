@@ -6,35 +6,22 @@ import os
 import posixpath
 from collections import defaultdict
 
+from pipeline.io.files import as_location, filesystem
 from pipeline.io.fs import PathEscape, safe_relpath
 from pipeline.io.safejson import loads as safe_loads
 from pipeline.labels import LabelSpace
-from pipeline.sources.common import (
-    _CLASS_FOLDER,
-    ANNOTATIONS,
-    IMAGE_EXTENSIONS,
-    Source,
-    SourceError,
-    _check_class,
-    _check_files_exist,
-    _check_shift,
-    _dominant_format,
-    _finite_number,
-    _fs,
-    _group_rows,
-    _Image,
-    _share_scale0,
-    _url,
-)
+from pipeline.sources.checks import check_class, check_files_exist, check_shift, finite_number
+from pipeline.sources.common import ANNOTATIONS, CLASS_FOLDER, IMAGE_EXTENSIONS, Source, SourceError
+from pipeline.sources.grouping import ImageRef, dominant_format, group_rows, share_scale0
 
 
 def load_cns(location: str, labels: LabelSpace, follow_symlinks: bool = False) -> Source:
     """The published CNS-Bench layout (see the module docstring)."""
-    fs, path = _fs(location)
+    fs, path = filesystem(location)
     ann_path = path if fs.isfile(path) else posixpath.join(path, ANNOTATIONS)
-    ann = _url(fs, ann_path, location)
+    ann = as_location(fs, ann_path, location)
     root_dir = posixpath.dirname(ann_path)
-    root = _url(fs, root_dir, location)
+    root = as_location(fs, root_dir, location)
     if not fs.exists(ann_path):
         raise SourceError(f"{ann}: not found")
     with fs.open(ann_path, "rb") as fh:
@@ -50,11 +37,11 @@ def load_cns(location: str, labels: LabelSpace, follow_symlinks: bool = False) -
         raise SourceError(f"{ann}: key 'images' must be a list of image entries, got {type(images).__name__}")
     declared: set[int] | None = None
     if "scales" in data:
-        if not isinstance(data["scales"], list) or not all(_finite_number(s) for s in data["scales"]):
+        if not isinstance(data["scales"], list) or not all(finite_number(s) for s in data["scales"]):
             raise SourceError(f"{ann}: key 'scales' must be a list of numbers, got {data['scales']!r}")
         declared = {round(float(s) * 1000) for s in data["scales"]}
 
-    groups: dict[tuple[str, int, int], dict[float, _Image]] = defaultdict(dict)
+    groups: dict[tuple[str, int, int], dict[float, ImageRef]] = defaultdict(dict)
     names: dict[int, str] = {}
     types = {"image": str, "seed": int, "scale": (int, float), "shift": str, "class": int}
     for i, entry in enumerate(images):
@@ -67,7 +54,7 @@ def load_cns(location: str, labels: LabelSpace, follow_symlinks: bool = False) -
             if isinstance(entry[key], bool) or not isinstance(entry[key], typ):
                 raise SourceError(f"{where}: {key!r} has the wrong type: {entry[key]!r}")
         rel, shift, seed = entry["image"], entry["shift"], entry["seed"]
-        if not _finite_number(entry["scale"]):
+        if not finite_number(entry["scale"]):
             raise SourceError(f"{where}: 'scale' must be a finite number, got {entry['scale']!r}")
         scale = float(entry["scale"])
         try:  # the image must lie inside the source: no absolute paths, no '..' above it
@@ -80,14 +67,14 @@ def load_cns(location: str, labels: LabelSpace, follow_symlinks: bool = False) -
             raise SourceError(f"{where}: image path {rel!r} must look like '<shift>/<NNN_class name>/<file>'")
         if parts[0] != shift:
             raise SourceError(f"{where}: image {rel!r} lies in folder {parts[0]!r} but its shift is {shift!r}")
-        m = _CLASS_FOLDER.fullmatch(parts[-2])
+        m = CLASS_FOLDER.fullmatch(parts[-2])
         if not m:
             raise SourceError(f"{where}: class folder {parts[-2]!r} must start with the ImageNet class index")
         class_id = int(m.group(1))
         if class_id != entry["class"]:
             raise SourceError(f"{where}: class folder {parts[-2]!r} says class {class_id}, the entry says {entry['class']}")
-        _check_class(class_id, labels, where)
-        _check_shift(shift, where)
+        check_class(class_id, labels, where)
+        check_shift(shift, where)
         if seed < 0:
             raise SourceError(f"{where}: seed must be >= 0, got {seed}")
         if declared is not None and round(scale * 1000) not in declared:
@@ -97,14 +84,14 @@ def load_cns(location: str, labels: LabelSpace, follow_symlinks: bool = False) -
         if scale in group:
             raise SourceError(f"{where}: a second image for ({shift}, class {class_id}, seed {seed}, scale {scale})")
         ext = IMAGE_EXTENSIONS.get(os.path.splitext(rel)[1].lower(), "")
-        group[scale] = _Image(full, fmt=ext)
+        group[scale] = ImageRef(full, fmt=ext)
         names.setdefault(class_id, (m.group(2) or "").strip() or labels.name(class_id))
 
     notes = []
-    borrowed = _share_scale0(groups)
+    borrowed = share_scale0(groups)
     if borrowed:
         notes.append(f"{borrowed} trajectories use the scale-0 image of another shift of their (class, seed)")
-    rows = _group_rows(groups, names)
-    _check_files_exist(rows, ann)
-    fmt = _dominant_format(im.fmt for g in groups.values() for im in g.values())
+    rows = group_rows(groups, names)
+    check_files_exist(rows, ann)
+    fmt = dominant_format(im.fmt for g in groups.values() for im in g.values())
     return Source("cns", root, rows, fmt, notes)

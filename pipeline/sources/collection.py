@@ -68,16 +68,16 @@ class CollectionSource(ImageSource):
         self._index = self.index(self.config)
 
     def load(self, ctx: UnitContext) -> BaseImage:
-        import fsspec
         from PIL import Image
 
+        from pipeline.io.files import filesystem
         from pipeline.models.sampler import resize
 
         try:
             path, offset, size, rel = self._index[ctx.class_id][ctx.seed]
         except KeyError:
             raise ValueError(f"source {self.config.source.path}: no image {ctx.seed} for class {ctx.class_id}") from None
-        fs, p = fsspec.core.url_to_fs(path)
+        fs, p = filesystem(path)
         data = fs.cat_file(p) if offset < 0 else fs.cat_file(p, start=offset, end=offset + size)
         image = Image.open(io.BytesIO(data)).convert("RGB")
         image = resize(image, self.config.generator.image_size)

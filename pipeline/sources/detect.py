@@ -6,11 +6,13 @@ import importlib
 import posixpath
 from typing import TYPE_CHECKING
 
+from pipeline.io.files import filesystem
 from pipeline.labels import LabelSpace
+from pipeline.sources.checks import leave_out_unencodable
 from pipeline.sources.cns import load_cns
-from pipeline.sources.common import ANNOTATIONS, Source, SourceError, _fs, _tar_paths, leave_out_unencodable
+from pipeline.sources.common import ANNOTATIONS, Source, SourceError
 from pipeline.sources.folders import load_folders
-from pipeline.sources.webdataset import load_webdataset
+from pipeline.sources.webdataset import load_webdataset, tar_paths
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.sources.release_protocol import ReleaseProtocol
@@ -32,7 +34,7 @@ SOURCE_KINDS = ("cns", "webdataset", *RELEASED, "folders")
 def detect_kind(location: str) -> str:
     """The source kind of what ``location`` contains: ``cns``, ``webdataset``, a released layout
     (:data:`RELEASED_LAYOUTS`) or ``folders`` (SourceError when none fits)."""
-    fs, root = _fs(location)
+    fs, root = filesystem(location)
     if not fs.exists(root):
         raise SourceError(f"source not found: {location}")
     if fs.isfile(root):
@@ -43,7 +45,7 @@ def detect_kind(location: str) -> str:
         raise SourceError(f"{location}: a source is a directory (or an {ANNOTATIONS} file)")
     if fs.exists(posixpath.join(root, ANNOTATIONS)):
         return "cns"
-    if _tar_paths(fs, root):
+    if tar_paths(fs, root):
         return "webdataset"
     for kind, module, detect, _load, _labels in RELEASED_LAYOUTS:
         if getattr(importlib.import_module(module), detect)(fs, root):

@@ -8,27 +8,16 @@ from collections import defaultdict
 
 import fsspec
 
+from pipeline.io.files import as_location, filesystem, is_local
 from pipeline.io.safejson import loads as safe_loads
 from pipeline.labels import LabelSpace
-from pipeline.sources.common import (
-    _CLASS_FOLDER,
-    IMAGE_EXTENSIONS,
-    NO_SHIFT,
-    Source,
-    SourceError,
-    _check_class,
-    _dominant_format,
-    _fs,
-    _group_rows,
-    _Image,
-    _inside_source,
-    _is_local,
-    _url,
-)
+from pipeline.sources.checks import check_class, inside_source
+from pipeline.sources.common import CLASS_FOLDER, IMAGE_EXTENSIONS, NO_SHIFT, Source, SourceError
+from pipeline.sources.grouping import ImageRef, dominant_format, group_rows
 
 
 def _read_label_map(path: str, labels: LabelSpace) -> dict[str, int]:
-    if _is_local(path) and os.path.isdir(path):
+    if is_local(path) and os.path.isdir(path):
         raise SourceError(f"label map {path}: is a directory, not a JSON file")
     try:
         with fsspec.open(path, "rb") as fh:
@@ -43,13 +32,15 @@ def _read_label_map(path: str, labels: LabelSpace) -> dict[str, int]:
     for folder, value in data.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise SourceError(f"label map {path}: class id of folder {folder!r} must be an integer, got {value!r}")
-        _check_class(value, labels, f"label map {path}: folder {folder!r}")
+        check_class(value, labels, f"label map {path}: folder {folder!r}")
         out[str(folder)] = value
     return out
 
 
-def _folder_class(folder: str, labels: LabelSpace) -> int | None:
-    m = _CLASS_FOLDER.fullmatch(folder)
+def folder_class(folder: str, labels: LabelSpace) -> int | None:
+    """The class id a folder name stands for: its leading index (``022_bald eagle``), else the label space's
+    name for it; None when it is neither."""
+    m = CLASS_FOLDER.fullmatch(folder)
     if m:
         return int(m.group(1))
     try:
@@ -62,7 +53,7 @@ def load_folders(
     location: str, labels: LabelSpace, label_map: str | None = None, follow_symlinks: bool = False
 ) -> Source:
     """``root/<class folder>/<image>``, one single-image trajectory per file (see the module docstring)."""
-    fs, root = _fs(location)
+    fs, root = filesystem(location)
     if not fs.isdir(root):
         raise SourceError(f"{location}: not a directory (class-folder sources are a folder of class folders)")
     folders = sorted(p for p in fs.ls(root, detail=False) if fs.isdir(p) and not posixpath.basename(p).startswith("."))
@@ -79,26 +70,26 @@ def load_folders(
         if not images:
             continue
         for p in [folder, *images]:
-            _inside_source(p, root, location, f"{location}: folder {name!r}", follow_symlinks)
+            inside_source(p, root, location, f"{location}: folder {name!r}", follow_symlinks)
         if mapping is not None:
             class_id = mapping.get(name)
         else:
-            class_id = _folder_class(name, labels)
+            class_id = folder_class(name, labels)
         if class_id is None:
             unresolved.append(name)
             continue
-        _check_class(class_id, labels, f"{location}: folder {name!r}")
+        check_class(class_id, labels, f"{location}: folder {name!r}")
         files_by_class[class_id] += [(name, p) for p in images]
     if unresolved:
         shown = ", ".join(repr(n) for n in unresolved[:10])
         how = f"add them to the label map {label_map}" if label_map else "pass --label-map {folder: class id}"
         raise SourceError(f"{location}: no class id for {len(unresolved)} folder(s) ({shown}); {how}")
-    groups: dict[tuple[str, int, int], dict[float, _Image]] = {}
+    groups: dict[tuple[str, int, int], dict[float, ImageRef]] = {}
     formats = []
     for class_id, files in files_by_class.items():
         for seed, (_, p) in enumerate(sorted(files)):
             fmt = IMAGE_EXTENSIONS[os.path.splitext(p)[1].lower()]
-            groups[(NO_SHIFT, class_id, seed)] = {0.0: _Image(_url(fs, p, location), fmt=fmt)}
+            groups[(NO_SHIFT, class_id, seed)] = {0.0: ImageRef(as_location(fs, p, location), fmt=fmt)}
             formats.append(fmt)
     names = {c: labels.name(c) for c in files_by_class}
-    return Source("folders", location, _group_rows(groups, names), _dominant_format(formats))
+    return Source("folders", location, group_rows(groups, names), dominant_format(formats))

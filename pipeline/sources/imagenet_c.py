@@ -65,24 +65,17 @@ def looks_like(fs, root: str) -> bool:
 
 def load_imagenet_c(location: str, labels: LabelSpace):
     """Index an ImageNet-C layout into pointer rows (see the module docstring)."""
+    from pipeline.io.files import as_location, filesystem
     from pipeline.labels.imagenet import wnid_index
-    from pipeline.sources.common import (
-        IMAGE_EXTENSIONS,
-        Source,
-        SourceError,
-        _dominant_format,
-        _fs,
-        _group_rows,
-        _Image,
-        _url,
-    )
+    from pipeline.sources.common import IMAGE_EXTENSIONS, Source, SourceError
+    from pipeline.sources.grouping import ImageRef, dominant_format, group_rows
 
     if len(labels) != 1000:
         raise SourceError(
             f"{location}: an ImageNet-C layout is labelled with ImageNet WordNet ids, but the config's label "
             f"space {labels.key!r} has {len(labels)} classes; use benchmark.labels: imagenet"
         )
-    fs, root = _fs(location)
+    fs, root = filesystem(location)
     known = set(_corruptions())
     files: dict[tuple[str, float, int], dict[str, str]] = defaultdict(dict)  # (shift, scale, class) -> stem -> path
     notes, formats, unknown_wnids, other = [], [], set(), []
@@ -99,7 +92,7 @@ def load_imagenet_c(location: str, labels: LabelSpace):
             for f in sorted(fs.ls(wdir, detail=False)):
                 stem, ext = os.path.splitext(posixpath.basename(f))
                 if ext.lower() in IMAGE_EXTENSIONS:
-                    files[(shift, scale, class_id)][stem] = _url(fs, f, location)
+                    files[(shift, scale, class_id)][stem] = as_location(fs, f, location)
                     formats.append(IMAGE_EXTENSIONS[ext.lower()])
 
     for top in sorted(fs.ls(root, detail=False)):
@@ -130,21 +123,21 @@ def load_imagenet_c(location: str, labels: LabelSpace):
         stems[class_id] |= set(by_stem)
     seed_of = {c: {s: i for i, s in enumerate(sorted(v))} for c, v in stems.items()}
     clean = {(c, stem): p for (shift, _, c), by in files.items() if shift == CLEAN for stem, p in by.items()}
-    groups: dict[tuple[str, int, int], dict[float, _Image]] = defaultdict(dict)
+    groups: dict[tuple[str, int, int], dict[float, ImageRef]] = defaultdict(dict)
     for (shift, scale, class_id), by_stem in files.items():
         if shift == CLEAN:
             continue
         for stem, path in by_stem.items():
             seed = seed_of[class_id][stem]
-            groups[(shift, class_id, seed)][scale] = _Image(path)
+            groups[(shift, class_id, seed)][scale] = ImageRef(path)
             if (class_id, stem) in clean:
-                groups[(shift, class_id, seed)][0.0] = _Image(clean[(class_id, stem)])
+                groups[(shift, class_id, seed)][0.0] = ImageRef(clean[(class_id, stem)])
     if not clean:
         notes.append(
             "no clean/ folder: trajectories start at severity 1 (corruption errors and mCE only; "
             "put the clean images at clean/<wnid>/ for accuracy drops and relative mCE)"
         )
     names = {c: labels.name(c) for c in {k[1] for k in groups}}
-    src = Source("imagenet_c", location, _group_rows(groups, names), _dominant_format(formats), notes)
+    src = Source("imagenet_c", location, group_rows(groups, names), dominant_format(formats), notes)
     src.analyses = ["corruption_error"]
     return src

@@ -66,18 +66,11 @@ def looks_like(fs: Any, root: str) -> bool:
 
 def load_imagenet_d(location: str):
     """Index the released layout at ``location`` into a :class:`pipeline.sources.Source`."""
-    from pipeline.sources.common import (
-        IMAGE_EXTENSIONS,
-        Source,
-        SourceError,
-        _dominant_format,
-        _fs,
-        _group_rows,
-        _Image,
-        _url,
-    )
+    from pipeline.io.files import as_location, filesystem
+    from pipeline.sources.common import IMAGE_EXTENSIONS, Source, SourceError
+    from pipeline.sources.grouping import ImageRef, dominant_format, group_rows
 
-    fs, top = _fs(location)
+    fs, top = filesystem(location)
     if not fs.isdir(top):
         raise SourceError(f"{location}: not a directory")
     root = image_root(fs, top) or top
@@ -103,7 +96,7 @@ def load_imagenet_d(location: str):
             )
             for seed, path in enumerate(files):
                 fmt = IMAGE_EXTENSIONS[os.path.splitext(path)[1].lower()]
-                groups[(kind, class_id, seed)] = {0.0: _Image(_url(fs, path, location), fmt=fmt)}
+                groups[(kind, class_id, seed)] = {0.0: ImageRef(as_location(fs, path, location), fmt=fmt)}
                 formats.append(fmt)
     if unknown:
         shown = ", ".join(repr(n) for n in unknown[:10])
@@ -112,8 +105,8 @@ def load_imagenet_d(location: str):
             "the release's folder names are listed in pipeline/data/imagenet_d/classes.json"
         )
     names = {c: labels.name(c) for _, c, _ in groups}
-    rows = _group_rows(groups, names)
+    rows = group_rows(groups, names)
     from pipeline.sources.imagenet_d_questions import attach_questions
 
     note = attach_questions(fs, root if fs.isdir(posixpath.join(root, "questions")) else top, rows)
-    return Source("imagenet_d", location, rows, _dominant_format(formats), labels=LABELS, notes=[note] if note else [])
+    return Source("imagenet_d", location, rows, dominant_format(formats), labels=LABELS, notes=[note] if note else [])

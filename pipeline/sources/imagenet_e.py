@@ -157,11 +157,11 @@ def _read_levels(fs: Any, root: str, where: str) -> dict[str, tuple[str, float |
 
 def _class_of(folder: str, labels: LabelSpace) -> int | None:
     from pipeline.labels.imagenet import wnid_index
-    from pipeline.sources.folders import _folder_class
+    from pipeline.sources.folders import folder_class
 
     if _WNID.fullmatch(folder):
         return wnid_index(folder)
-    return _folder_class(folder, labels)
+    return folder_class(folder, labels)
 
 
 def looks_like(fs: Any, root: str) -> bool:
@@ -177,20 +177,12 @@ def load_imagenet_e(location: str, labels: LabelSpace):
     """The released ImageNet-E layout (see the module docstring) as pointer rows."""
     from pipeline.config import SHIFT_NAME
     from pipeline.families.object_edit import NO_LEVEL, without_level
-    from pipeline.sources.common import (
-        IMAGE_EXTENSIONS,
-        Source,
-        SourceError,
-        _check_class,
-        _dominant_format,
-        _fs,
-        _group_rows,
-        _Image,
-        _share_scale0,
-        _url,
-    )
+    from pipeline.io.files import as_location, filesystem
+    from pipeline.sources.checks import check_class
+    from pipeline.sources.common import IMAGE_EXTENSIONS, Source, SourceError
+    from pipeline.sources.grouping import ImageRef, dominant_format, group_rows, share_scale0
 
-    fs, root = _fs(location)
+    fs, root = filesystem(location)
     overrides = _read_levels(fs, root, location)
     sets = sorted(p for p in fs.ls(root, detail=False) if fs.isdir(p) and not posixpath.basename(p).startswith("."))
     found: dict[str, tuple[str, float]] = {}
@@ -239,7 +231,7 @@ def load_imagenet_e(location: str, labels: LabelSpace):
             if class_id is None:
                 unresolved.add(cname)
                 continue
-            _check_class(class_id, labels, f"{location}: class folder {cname!r}")
+            check_class(class_id, labels, f"{location}: class folder {cname!r}")
             for f in sorted(fs.ls(cdir, detail=False)):
                 stem, ext = os.path.splitext(posixpath.basename(f))
                 if ext.lower() in IMAGE_EXTENSIONS:
@@ -257,7 +249,7 @@ def load_imagenet_e(location: str, labels: LabelSpace):
     for path, (attribute, level) in found.items():
         for class_id, stem, f in files[path]:
             fmt = IMAGE_EXTENSIONS[os.path.splitext(f)[1].lower()]
-            image = _Image(_url(fs, f, location), fmt=fmt)
+            image = ImageRef(as_location(fs, f, location), fmt=fmt)
             formats.append(fmt)
             seed = seed_of[(class_id, stem)]
             if attribute == "none":
@@ -271,7 +263,7 @@ def load_imagenet_e(location: str, labels: LabelSpace):
     for (attribute, class_id, seed), group in groups.items():
         if (class_id, seed) in originals_by_unit:
             group[0.0] = originals_by_unit[(class_id, seed)]
-    _share_scale0(groups)
+    share_scale0(groups)
     lonely = sum(1 for g in groups.values() if 0.0 not in g)
     def shown(attribute: str, level: float) -> str:
         return f"{attribute} (no level)" if attribute in no_level else f"{attribute}@{level:g}"
@@ -280,5 +272,5 @@ def load_imagenet_e(location: str, labels: LabelSpace):
     if lonely:
         notes.append(f"{lonely} edited image(s) have no original in the originals set (no level 0)")
     names = {c: labels.name(c) for c in stems}
-    rows = _group_rows(dict(groups), names)
-    return Source("imagenet_e", location, rows, _dominant_format(formats), notes, analyses=["attributes"])
+    rows = group_rows(dict(groups), names)
+    return Source("imagenet_e", location, rows, dominant_format(formats), notes, analyses=["attributes"])

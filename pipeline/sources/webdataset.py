@@ -7,27 +7,13 @@ import tarfile
 from collections import defaultdict
 from typing import Any
 
+from pipeline.io.files import as_location, filesystem, is_local
 from pipeline.io.fs import PathEscape, safe_relpath
 from pipeline.io.safejson import loads as safe_loads
 from pipeline.labels import LabelSpace
-from pipeline.sources.common import (
-    IMAGE_EXTENSIONS,
-    NO_SHIFT,
-    Source,
-    SourceError,
-    _check_class,
-    _check_shift,
-    _dominant_format,
-    _finite_number,
-    _fs,
-    _group_rows,
-    _Image,
-    _inside_source,
-    _is_local,
-    _share_scale0,
-    _tar_paths,
-    _url,
-)
+from pipeline.sources.checks import check_class, check_shift, finite_number, inside_source
+from pipeline.sources.common import IMAGE_EXTENSIONS, NO_SHIFT, Source, SourceError
+from pipeline.sources.grouping import ImageRef, dominant_format, group_rows, share_scale0
 
 
 def _scan_tar(fs: Any, path: str, source: str, read_json: bool) -> dict[str, dict[str, Any]]:
@@ -68,10 +54,10 @@ def _image_member(members: dict[str, Any]) -> tuple[str, tuple[int, int]] | None
 
 def load_webdataset(location: str, labels: LabelSpace, follow_symlinks: bool = False) -> Source:
     """WebDataset tars, with coordinates from committed ``samples`` Parquet or member JSON."""
-    fs, root = _fs(location)
-    tars = _tar_paths(fs, root)
+    fs, root = filesystem(location)
+    tars = tar_paths(fs, root)
     for tar in tars:
-        _inside_source(tar, root, location, f"{location}: shard", follow_symlinks)
+        inside_source(tar, root, location, f"{location}: shard", follow_symlinks)
     if not tars:
         raise SourceError(f"{location}: no WebDataset shards (*.tar) in {location} or its images/ folder")
     samples = None
@@ -90,16 +76,16 @@ def load_webdataset(location: str, labels: LabelSpace, follow_symlinks: bool = F
 def _webdataset_from_samples(
     fs: Any, location: str, root: str, samples: Any, labels: LabelSpace, follow_symlinks: bool = False
 ) -> Source:
-    groups: dict[tuple[str, int, int], dict[float, _Image]] = defaultdict(dict)
+    groups: dict[tuple[str, int, int], dict[float, ImageRef]] = defaultdict(dict)
     names: dict[int, str] = {}
     formats = []
     for shard_rel, part in samples.groupby("shard", sort=True):
         try:  # the samples table names its shard; it must be a file of this source
-            safe_relpath(root if _is_local(location) else location, shard_rel, f"{location}: samples 'shard'", follow_symlinks)
+            safe_relpath(root if is_local(location) else location, shard_rel, f"{location}: samples 'shard'", follow_symlinks)
         except PathEscape as err:
             raise SourceError(str(err)) from None
         tar_path = posixpath.join(root, posixpath.normpath(str(shard_rel)))
-        tar_url = _url(fs, tar_path, location)
+        tar_url = as_location(fs, tar_path, location)
         index = _scan_tar(fs, tar_path, tar_url, read_json=False)
         for row in part.itertuples(index=False):
             where = f"{tar_url}: sample {row.sample_id}"
@@ -108,17 +94,17 @@ def _webdataset_from_samples(
                 raise SourceError(f"{where}: no image member {row.key!r}.png/.jpg in the shard")
             ext, (offset, size) = found
             class_id, seed, shift = int(row.class_id), int(row.seed), str(row.shift)
-            _check_class(class_id, labels, where)
-            _check_shift(shift, where)
+            check_class(class_id, labels, where)
+            check_shift(shift, where)
             scale = round(float(row.scale) * 1000) / 1000
             group = groups[(shift, class_id, seed)]
             if scale in group:
                 raise SourceError(f"{where}: a second image for ({shift}, class {class_id}, seed {seed}, scale {scale})")
-            group[scale] = _Image(tar_url, offset, size, IMAGE_EXTENSIONS.get("." + ext, ext))
+            group[scale] = ImageRef(tar_url, offset, size, IMAGE_EXTENSIONS.get("." + ext, ext))
             name = row.class_name
             names.setdefault(class_id, name if isinstance(name, str) and name else labels.name(class_id))
             formats.append(IMAGE_EXTENSIONS.get("." + ext, ext))
-    return Source("webdataset", location, _group_rows(groups, names), _dominant_format(formats))
+    return Source("webdataset", location, group_rows(groups, names), dominant_format(formats))
 
 
 def _json_label(meta: dict[str, Any]) -> Any:
@@ -129,12 +115,12 @@ def _json_label(meta: dict[str, Any]) -> Any:
 
 
 def _webdataset_from_json(fs: Any, location: str, tars: list[str], labels: LabelSpace) -> Source:
-    groups: dict[tuple[str, int, int], dict[float, _Image]] = defaultdict(dict)
+    groups: dict[tuple[str, int, int], dict[float, ImageRef]] = defaultdict(dict)
     names: dict[int, str] = {}
     formats = []
     next_seed: dict[int, int] = defaultdict(int)  # per-class running index for members without a seed
     for tar_path in tars:
-        tar_url = _url(fs, tar_path, location)
+        tar_url = as_location(fs, tar_path, location)
         for key, members in _scan_tar(fs, tar_path, tar_url, read_json=True).items():
             where = f"{tar_url}: member {key!r}"
             found = _image_member(members)
@@ -152,7 +138,7 @@ def _webdataset_from_json(fs: Any, location: str, tars: list[str], labels: Label
             if not isinstance(shift, str):
                 raise SourceError(f"{where}.json: 'shift' must be a string, got {shift!r}")
             scale = meta.get("scale", 0.0)
-            if not _finite_number(scale):
+            if not finite_number(scale):
                 raise SourceError(f"{where}.json: 'scale' must be a finite number, got {scale!r}")
             seed = meta.get("seed")
             if seed is None:
@@ -160,20 +146,34 @@ def _webdataset_from_json(fs: Any, location: str, tars: list[str], labels: Label
                 next_seed[label] += 1
             if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
                 raise SourceError(f"{where}.json: 'seed' must be an integer >= 0, got {seed!r}")
-            _check_class(label, labels, where)
-            _check_shift(shift, where)
+            check_class(label, labels, where)
+            check_shift(shift, where)
             scale = round(float(scale) * 1000) / 1000
             group = groups[(shift, label, seed)]
             if scale in group:
                 raise SourceError(f"{where}: a second image for ({shift}, class {label}, seed {seed}, scale {scale})")
             ext, (offset, size) = found
             fmt = IMAGE_EXTENSIONS.get("." + ext, ext)
-            group[scale] = _Image(tar_url, offset, size, fmt)
+            group[scale] = ImageRef(tar_url, offset, size, fmt)
             formats.append(fmt)
             name = meta.get("class_name")
             names.setdefault(label, name if isinstance(name, str) and name else labels.name(label))
     notes = []
-    borrowed = _share_scale0(groups)
+    borrowed = share_scale0(groups)
     if borrowed:
         notes.append(f"{borrowed} trajectories use the scale-0 image of another shift of their (class, seed)")
-    return Source("webdataset", location, _group_rows(groups, names), _dominant_format(formats), notes)
+    return Source("webdataset", location, group_rows(groups, names), dominant_format(formats), notes)
+
+
+def tar_paths(fs: Any, root: str) -> list[str]:
+    """The WebDataset shards (``*.tar``) in ``root``/images or ``root``, sorted; temporary files left out."""
+    for base in (posixpath.join(root, "images"), root):
+        if fs.isdir(base):
+            tars = sorted(
+                p
+                for p in fs.ls(base, detail=False)
+                if p.endswith(".tar") and not posixpath.basename(p).startswith(".tmp-")
+            )
+            if tars:
+                return tars
+    return []

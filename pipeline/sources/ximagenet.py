@@ -187,20 +187,12 @@ def is_ximagenet(fs: Any, root: str) -> bool:
 
 def load_ximagenet(location: str, labels: LabelSpace):
     """Index a released XIMAGENET-12 tree into pointer rows (see the module docstring)."""
-    from pipeline.sources.common import (
-        IMAGE_EXTENSIONS,
-        Source,
-        SourceError,
-        _check_class,
-        _check_shift,
-        _dominant_format,
-        _fs,
-        _group_rows,
-        _Image,
-        _url,
-    )
+    from pipeline.io.files import as_location, filesystem
+    from pipeline.sources.checks import check_class, check_shift
+    from pipeline.sources.common import IMAGE_EXTENSIONS, Source, SourceError
+    from pipeline.sources.grouping import ImageRef, dominant_format, group_rows
 
-    fs, root = _fs(location)
+    fs, root = filesystem(location)
     subs = sorted(p for p in fs.ls(root, detail=False) if fs.isdir(p) and not posixpath.basename(p).startswith("."))
     by_name = {normalise(posixpath.basename(p.rstrip("/"))): p for p in subs}
     orig_name = next((n for n in ORIGINAL_FOLDERS if n in by_name), None)
@@ -219,7 +211,7 @@ def load_ximagenet(location: str, labels: LabelSpace):
                     f"{location}: class folder {cname!r} in {posixpath.basename(folder)!r} is neither one of the 12 "
                     f"XIMAGENET-12 WordNet ids ({', '.join(sorted(XIMAGENET_CLASSES))}) nor an ImageNet index"
                 )
-            _check_class(cid, labels, f"{location}: folder {cname!r}")
+            check_class(cid, labels, f"{location}: folder {cname!r}")
             for p in sorted(fs.ls(cdir, detail=False)):
                 if os.path.splitext(p)[1].lower() in IMAGE_EXTENSIONS:
                     out[cid].setdefault(image_key(p), p)
@@ -233,7 +225,7 @@ def load_ximagenet(location: str, labels: LabelSpace):
         if name == orig_name or is_mask_folder(name):
             continue
         scenario = scenario_name(name)
-        _check_shift(scenario, f"{location}: scenario folder {posixpath.basename(folder)!r}")
+        check_shift(scenario, f"{location}: scenario folder {posixpath.basename(folder)!r}")
         scenarios.append(scenario)
         for cid, files in images_of(folder).items():
             for key, path in files.items():
@@ -244,8 +236,8 @@ def load_ximagenet(location: str, labels: LabelSpace):
                 fmt = IMAGE_EXTENSIONS[os.path.splitext(path)[1].lower()]
                 ofmt = IMAGE_EXTENSIONS[os.path.splitext(opath)[1].lower()]
                 groups[(scenario, cid, seeds[cid][key])] = {
-                    0.0: _Image(_url(fs, opath, location), fmt=ofmt),
-                    1.0: _Image(_url(fs, path, location), fmt=fmt),
+                    0.0: ImageRef(as_location(fs, opath, location), fmt=ofmt),
+                    1.0: ImageRef(as_location(fs, path, location), fmt=fmt),
                 }
                 formats += [fmt, ofmt]
     if len(set(scenarios)) != len(scenarios):
@@ -254,7 +246,7 @@ def load_ximagenet(location: str, labels: LabelSpace):
     notes = [f"{unmatched} scenario image(s) without an original of the same id were skipped"] if unmatched else []
     notes += _mask_notes(fs, root, originals)
     twelve = labels.key in ("imagenet", "ximagenet12")  # the 12-way accuracy needs ImageNet-1k ids
-    return Source("ximagenet", location, _group_rows(groups, names), _dominant_format(formats), notes,
+    return Source("ximagenet", location, group_rows(groups, names), dominant_format(formats), notes,
                   analyses=["robustness_score", "scenario_regression"],
                   labels="ximagenet12" if twelve else None, labels_unless_set=twelve)
 

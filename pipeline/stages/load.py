@@ -6,8 +6,8 @@ import io
 import logging
 from typing import Any
 
+from pipeline.io.files import filesystem
 from pipeline.plan import schema
-from pipeline.sources.common import _fs
 from pipeline.stages.base import Stage, encode_image
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class LoadStage(Stage):
         pass  # nothing to load; fsspec caches its filesystem instances itself
 
     def _read(self, path: str, offset: int, size: int) -> bytes:
-        fs, p = _fs(path)
+        fs, p = filesystem(path)
         if offset < 0:
             return fs.cat_file(p)
         data = fs.cat_file(p, start=offset, end=offset + size)

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec
+from pipeline.io.files import exists, is_local, local_path, write_atomic
 from pipeline.models import diffusion
 from pipeline.models.lora import lora_key, save_slider_file, target_modules
 from pipeline.runtime.progress import Progress
@@ -331,43 +332,15 @@ def missing_training_assets(cfg: BuildConfig) -> list[str]:
     return missing
 
 
-def _fs(path: str):
-    import fsspec
-
-    return fsspec.core.url_to_fs(path)
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def _exists(path: str) -> bool:
-    fs, p = _fs(path)
-    return fs.exists(p)
-
-
 def is_done(job: SliderJob) -> bool:
     """A slider counts as trained once its file and its metadata JSON (written last) exist."""
-    return _exists(job.path) and _exists(job.meta_path)
-
-
-def _write_bytes_atomic(path: str, data: bytes) -> None:
-    if _is_local(path):
-        local = path[len("file://") :] if path.startswith("file://") else path
-        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        tmp = f"{local}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, local)
-    else:  # an object-store PUT is atomic: readers see the old object or the whole new one
-        fs, p = _fs(path)
-        fs.pipe_file(p, data)
+    return exists(job.path) and exists(job.meta_path)
 
 
 def write_slider(state: dict[str, "torch.Tensor"], path: str, header: dict[str, str] | None = None) -> None:
     """Write a slider file atomically: locally via ``save_slider_file``, else as one object PUT."""
-    if _is_local(path):
-        save_slider_file(state, path[len("file://") :] if path.startswith("file://") else path, metadata=header)
+    if is_local(path):
+        save_slider_file(state, local_path(path), metadata=header)
         return
     import io
 
@@ -382,7 +355,7 @@ def write_slider(state: dict[str, "torch.Tensor"], path: str, header: dict[str, 
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
-    _write_bytes_atomic(path, data)
+    write_atomic(path, data)
 
 
 def _unet_weight_files(unet_dir: Path) -> list[Path]:
@@ -540,5 +513,5 @@ class SliderTrainer:
         header = {k: str(meta[k]) for k in ("class_id", "shift", "rank", "alpha", "targets", "method", "base_model")}
         write_slider(state, job.path, header)
         # Written after the weights: its presence says the slider file is complete.
-        _write_bytes_atomic(job.meta_path, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+        write_atomic(job.meta_path, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
         return {"job": job.to_dict(), "final_loss": meta["final_loss"], "seconds": seconds, "path": job.path}
