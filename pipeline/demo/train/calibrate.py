@@ -10,7 +10,7 @@ import torch
 
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
-from pipeline.demo.train.common import CALIBRATION, Ctx, _quantize, _seed
+from pipeline.demo.train.common import CALIBRATION, Ctx, quantize, seeded
 
 
 # --------------------------------------------------------------------------- calibration
@@ -29,7 +29,7 @@ def stage_calibrate(ctx: Ctx) -> dict[str, Any]:
 
     x, y, tr, te = ctx.data
     c = CALIBRATION
-    gen = _seed(80)
+    gen = seeded(80)
     flt = OOCFilter(filter_spec(ctx), "cpu")
     # Held-out references: `per_class` test digits per class.
     refs = torch.cat([te[y[te] == k][: c["per_class"]] for k in range(10)])
@@ -42,7 +42,7 @@ def stage_calibrate(ctx: Ctx) -> dict[str, Any]:
         for shift in W.SHIFTS:
             # In-class trajectory: the digit at rising strengths of the shift.
             imgs = [W.apply_shift(x[i : i + 1], shift, s) for s in strengths]
-            items.append((W.to_pil(_quantize(torch.cat(imgs))), strengths, name, shift))
+            items.append((W.to_pil(quantize(torch.cat(imgs))), strengths, name, shift))
             kinds.append("in")
             # Out-of-class, scored against this digit's class prompts and scale-0 image:
             # another class's held-out digit, and a blend in which another digit dominates
@@ -54,7 +54,7 @@ def stage_calibrate(ctx: Ctx) -> dict[str, Any]:
             other = W.apply_shift(x[j : j + 1], shift, s)
             blend = W.apply_shift((1 - a) * x[i : i + 1] + a * x[j : j + 1], shift, s)
             for img in (other, blend):
-                items.append((W.to_pil(_quantize(torch.cat([x[i : i + 1], img]))), [0.0, 1.0], name, shift))
+                items.append((W.to_pil(quantize(torch.cat([x[i : i + 1], img]))), [0.0, 1.0], name, shift))
                 kinds.append("ooc")
     scored = []
     for lo in range(0, len(items), 64):

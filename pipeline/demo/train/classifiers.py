@@ -13,19 +13,19 @@ from pipeline.demo import world_models as M
 from pipeline.demo.train.common import (
     CLASSIFIER_SETTINGS,
     Ctx,
-    _cosine_lr,
-    _half_state,
-    _quantize,
-    _seed,
-    _translate,
+    cosine_lr,
+    half_state,
+    quantize,
+    seeded,
+    translate,
 )
 
 
 # --------------------------------------------------------------------------- classifiers
 def stage_classifiers(ctx: Ctx) -> dict[str, Any]:
     x, y, tr, te = ctx.data
-    gen = _seed(10)
-    xtr = W.to_rgb(_quantize(x[tr]))
+    gen = seeded(10)
+    xtr = W.to_rgb(quantize(x[tr]))
     ytr = y[tr]
     norm = lambda t: (t - 0.5) / 0.5  # noqa: E731  (TIMM_OVERLAY mean/std)
     out = ctx.out / "classifiers"
@@ -61,14 +61,14 @@ def stage_classifiers(ctx: Ctx) -> dict[str, Any]:
             for lo in range(0, n - s["batch"] + 1, s["batch"]):
                 idx = perm[lo : lo + s["batch"]]
                 for g in opt.param_groups:
-                    g["lr"] = s["lr"] * _cosine_lr(step, steps, warmup=20, floor=0.02)
-                loss = F.cross_entropy(net(norm(_translate(xtr[idx], gen))), ytr[idx])
+                    g["lr"] = s["lr"] * cosine_lr(step, steps, warmup=20, floor=0.02)
+                loss = F.cross_entropy(net(norm(translate(xtr[idx], gen))), ytr[idx])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 step += 1
         net.eval()
-        torch.save(_half_state(net), out / f"{kind}.pth")
+        torch.save(half_state(net), out / f"{kind}.pth")
         record[f"{kind}_train_loss"] = float(loss)
 
     # Held-out accuracy through the pipeline's own classifier loaders (PIL in, as in a build).

@@ -14,10 +14,10 @@ from pipeline.demo.train.classifiers import pipeline_classifiers
 from pipeline.demo.train.common import (
     CLIP_SETTINGS,
     Ctx,
-    _cosine_lr,
-    _half_state,
-    _quantize,
-    _seed,
+    cosine_lr,
+    half_state,
+    quantize,
+    seeded,
 )
 
 # --------------------------------------------------------------------------- clip
@@ -30,9 +30,9 @@ def stage_clip(ctx: Ctx) -> dict[str, Any]:
 
     x, y, tr, te = ctx.data
     s = CLIP_SETTINGS
-    gen = _seed(50)
+    gen = seeded(50)
     v = W.make_variants(x[tr], y[tr], s["copies_per_shift"], seed=51)
-    imgs = (W.to_rgb(_quantize(v.images)) - OPENAI_MEAN) / OPENAI_STD
+    imgs = (W.to_rgb(quantize(v.images)) - OPENAI_MEAN) / OPENAI_STD
     tokenizer = open_clip.get_tokenizer("ViT-B-32")  # the shared BPE tokenizer, context 77
     # Caption table: per (class, shift state) the clean and the shift templates.
     table: dict[tuple[int, int, int], int] = {}
@@ -58,7 +58,7 @@ def stage_clip(ctx: Ctx) -> dict[str, Any]:
     model.train()
     for step in range(s["steps"]):
         for g in opt.param_groups:
-            g["lr"] = s["lr"] * _cosine_lr(step, s["steps"], warmup=50, floor=0.05)
+            g["lr"] = s["lr"] * cosine_lr(step, s["steps"], warmup=50, floor=0.05)
         idx = torch.randint(0, len(imgs), (s["batch"],), generator=gen)
         labels, shifts = v.labels[idx], v.shift[idx]
         use_class = (torch.rand(len(idx), generator=gen) < s["class_caption_share"]) | (shifts < 0)
@@ -93,7 +93,7 @@ def stage_clip(ctx: Ctx) -> dict[str, Any]:
     out = ctx.out / "clip"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{M.CLIP_NAME}.json").write_text(json.dumps(M.CLIP_CFG, indent=2))
-    torch.save(_half_state(model), out / f"{M.CLIP_NAME}.pt")
+    torch.save(half_state(model), out / f"{M.CLIP_NAME}.pt")
     record = {"final_loss": float(loss), "logit_scale": float(model.logit_scale.exp())}
     record["zero_shot_accuracy"] = clip_zero_shot(ctx)
     ctx.log(f"clip: {record}")
@@ -115,7 +115,7 @@ def clip_zero_shot(ctx: Ctx) -> dict[str, float]:
     for shift in (None,) + W.SHIFTS:
         for strength in ((0.0,) if shift is None else (0.5, 1.0)):
             imgs = W.apply_shift(x[te], shift, strength)
-            pred = clf.predict(W.to_pil(_quantize(imgs))).argmax(dim=1)
+            pred = clf.predict(W.to_pil(quantize(imgs))).argmax(dim=1)
             out[f"{shift or 'clean'}@{strength}"] = round(float((pred == y[te]).float().mean()), 4)
     return out
 

@@ -79,24 +79,26 @@ class Ctx:
         return {s: json.loads((self.work / f"{s}.json").read_text()) for s in STAGES if self.done(s)}
 
 
-def _seed(seed: int) -> torch.Generator:
+def seeded(seed: int) -> torch.Generator:
+    """Seed torch's global generator and return a fresh generator seeded alike (each stage starts from its own seed)."""
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
 
 
-def _quantize(x: torch.Tensor) -> torch.Tensor:
+def quantize(x: torch.Tensor) -> torch.Tensor:
     """[0, 1] -> the 8-bit levels a PNG holds (what the pipeline's models see)."""
     return (x.clamp(0, 1) * 255).round() / 255
 
 
-def _cosine_lr(step: int, total: int, warmup: int = 0, floor: float = 0.1) -> float:
+def cosine_lr(step: int, total: int, warmup: int = 0, floor: float = 0.1) -> float:
+    """The learning-rate factor at ``step``: linear warm-up, then a cosine decay to ``floor``."""
     if step < warmup:
         return (step + 1) / warmup
     p = (step - warmup) / max(1, total - warmup)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
 
 
-def _translate(x: torch.Tensor, gen: torch.Generator, max_px: int = 2) -> torch.Tensor:
+def translate(x: torch.Tensor, gen: torch.Generator, max_px: int = 2) -> torch.Tensor:
     """Random integer translations of up to ``max_px`` (zero fill)."""
     n, _, h, w = x.shape
     pad = F.pad(x, (max_px,) * 4)
@@ -105,7 +107,8 @@ def _translate(x: torch.Tensor, gen: torch.Generator, max_px: int = 2) -> torch.
     return torch.stack([pad[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
 
 
-def _half_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def half_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the module's state with its floating-point tensors in float16 (the shipped weights)."""
     return {k: (v.detach().half() if v.is_floating_point() else v.detach()).clone() for k, v in module.state_dict().items()}
 
 

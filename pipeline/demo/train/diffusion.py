@@ -16,9 +16,9 @@ from pipeline.demo.train.common import (
     DIFFUSION_SETTINGS,
     GENERATION,
     Ctx,
-    _cosine_lr,
-    _quantize,
-    _seed,
+    cosine_lr,
+    quantize,
+    seeded,
 )
 
 
@@ -64,14 +64,16 @@ class CaptionBank:
         return torch.where(drop, torch.full_like(idx, self.empty), idx)
 
 
-def _encode_latents(vae, images01: torch.Tensor) -> torch.Tensor:
-    data = W.to_rgb(_quantize(images01)) * 2 - 1
+def encode_latents(vae, images01: torch.Tensor) -> torch.Tensor:
+    """The VAE's scaled latent means of [0, 1] images (quantised to 8 bits first), 256 at a time."""
+    data = W.to_rgb(quantize(images01)) * 2 - 1
     with torch.no_grad():
         lat = torch.cat([vae.encode(data[i : i + 256]).latent_dist.mean for i in range(0, len(data), 256)])
     return lat * vae.config.scaling_factor
 
 
-def _diffusion_batch(sched, latents: torch.Tensor, gen: torch.Generator):
+def diffusion_batch(sched, latents: torch.Tensor, gen: torch.Generator):
+    """(noisy latents, timesteps, v-prediction target) of one training batch."""
     noise = torch.randn(latents.shape, generator=gen)
     t = torch.randint(0, sched.config.num_train_timesteps, (len(latents),), generator=gen)
     noisy = sched.add_noise(latents, noise, t)
@@ -86,11 +88,11 @@ def stage_diffusion(ctx: Ctx) -> dict[str, Any]:
 
     x, y, tr, te = ctx.data
     s = DIFFUSION_SETTINGS
-    gen = _seed(30)
+    gen = seeded(30)
     tokenizer = _tokenizer(ctx)
     vae = AutoencoderKL.from_pretrained(ctx.work / "vae").eval()
     v = W.make_variants(x[tr], y[tr], s["copies_per_shift"], seed=31)
-    latents = _encode_latents(vae, v.images)
+    latents = encode_latents(vae, v.images)
     clean = torch.nonzero(v.shift < 0).flatten()
     shifted = torch.nonzero(v.shift >= 0).flatten()
     bank = CaptionBank(tokenizer, list(W.DIGIT_NAMES))
@@ -106,7 +108,7 @@ def stage_diffusion(ctx: Ctx) -> dict[str, Any]:
     text.train()
     losses = []
     for step in range(s["steps"]):
-        f = _cosine_lr(step, s["steps"], warmup=s["warmup"], floor=0.1)
+        f = cosine_lr(step, s["steps"], warmup=s["warmup"], floor=0.1)
         for g, lr in zip(opt.param_groups, base_lrs):
             g["lr"] = lr * f
         n_clean = int(round(s["batch"] * s["clean_share"]))
@@ -115,7 +117,7 @@ def stage_diffusion(ctx: Ctx) -> dict[str, Any]:
             shifted[torch.randint(0, len(shifted), (s["batch"] - n_clean,), generator=gen)],
         ])
         cap = bank.index(v.labels[idx], v.shift[idx], gen, s["uncond_prob"])
-        noisy, t, target = _diffusion_batch(sched, latents[idx], gen)
+        noisy, t, target = diffusion_batch(sched, latents[idx], gen)
         hidden = text(bank.ids[cap])[0]
         pred = unet(noisy, t, encoder_hidden_states=hidden).sample
         loss = F.mse_loss(pred, target)
@@ -187,7 +189,7 @@ def sample_digits(pipe, prompts: list[str], seeds: list[int], guidance: float | 
             height=M.RESOLUTION, width=M.RESOLUTION, generator=gens, output_type="pt",
         )
         images.append(out.images.float().mean(dim=1, keepdim=True))
-    return _quantize(torch.cat(images))
+    return quantize(torch.cat(images))
 
 
 def generated_accuracy(ctx: Ctx, use_tokens: bool, per_class: int = 6) -> dict[str, float]:

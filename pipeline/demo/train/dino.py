@@ -13,10 +13,10 @@ from pipeline.demo import world_models as M
 from pipeline.demo.train.common import (
     DINO_SETTINGS,
     Ctx,
-    _cosine_lr,
-    _half_state,
-    _quantize,
-    _seed,
+    cosine_lr,
+    half_state,
+    quantize,
+    seeded,
 )
 
 
@@ -40,18 +40,18 @@ def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def stage_dino(ctx: Ctx) -> dict[str, Any]:
     x, y, tr, te = ctx.data
     s = DINO_SETTINGS
-    gen = _seed(60)
+    gen = seeded(60)
     v = W.make_variants(x[tr], y[tr], 1, seed=61)
     model = M.make_dino()
     dim = M.DINO_KWARGS["embed_dim"]
     head = torch.nn.Sequential(torch.nn.Linear(dim, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
     params = list(model.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=s["lr"], weight_decay=s["weight_decay"])
-    norm = lambda t: (W.to_rgb(_quantize(t)) - 0.5) / 0.5  # noqa: E731  (TIMM_OVERLAY mean/std)
+    norm = lambda t: (W.to_rgb(quantize(t)) - 0.5) / 0.5  # noqa: E731  (TIMM_OVERLAY mean/std)
     model.train()
     for step in range(s["steps"]):
         for g in opt.param_groups:
-            g["lr"] = s["lr"] * _cosine_lr(step, s["steps"], warmup=50, floor=0.05)
+            g["lr"] = s["lr"] * cosine_lr(step, s["steps"], warmup=50, floor=0.05)
         idx = torch.randint(0, len(v.images), (s["batch"],), generator=gen)
         a, b = _augment(v.images[idx], gen), _augment(v.images[idx], gen)
         z = F.normalize(head(model.forward_features(norm(torch.cat([a, b])))[:, 0]), dim=-1)
@@ -68,7 +68,7 @@ def stage_dino(ctx: Ctx) -> dict[str, Any]:
     model.eval()
     out = ctx.out / "dino"
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(_half_state(model), out / "dino.pth")
+    torch.save(half_state(model), out / "dino.pth")
     record = {"final_loss": float(loss), "knn_accuracy": dino_knn(ctx)}
     ctx.log(f"dino: {record}")
     return record

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.demo import world_data as W
 from pipeline.demo.train.classifiers import evaluate_classifiers
-from pipeline.demo.train.common import Ctx, _seed
+from pipeline.demo.train.common import Ctx, seeded
 from pipeline.demo.train.diffusion import generated_accuracy
 from pipeline.demo.train.sliders import slider_config
 
@@ -20,7 +20,7 @@ def stage_evaluate(ctx: Ctx) -> dict[str, Any]:
     from pipeline.config import BenchmarkSpec
     from pipeline.models.sampler import create_sampler
 
-    _seed(90)
+    seeded(90)
     record: dict[str, Any] = {
         "generated_accuracy_class_words": generated_accuracy(ctx, use_tokens=False),
         "generated_accuracy_tokens": generated_accuracy(ctx, use_tokens=True),

@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
-from pipeline.demo.train.common import GENERATION, SLIDER_SETTINGS, Ctx, _seed
+from pipeline.demo.train.common import GENERATION, SLIDER_SETTINGS, Ctx, seeded
 
 
 # --------------------------------------------------------------------------- sliders
@@ -30,7 +30,7 @@ def slider_config(ctx: Ctx, classes: list[int] | None = None):
 def stage_sliders(ctx: Ctx) -> dict[str, Any]:
     from pipeline.train.run import train_sliders
 
-    _seed(70)
+    seeded(70)
     cfg = slider_config(ctx)
     summary = train_sliders(cfg, str(ctx.out / "sliders"), runner="local", echo=ctx.log)
     if summary.failed:

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.demo import world_data as W
-from pipeline.demo.train.common import TOKEN_SETTINGS, Ctx, _seed
+from pipeline.demo.train.common import TOKEN_SETTINGS, Ctx, seeded
 from pipeline.demo.train.diffusion import (
     CaptionBank,
-    _diffusion_batch,
-    _encode_latents,
+    diffusion_batch,
+    encode_latents,
     load_sd,
 )
 
@@ -25,7 +25,7 @@ def stage_tokens(ctx: Ctx) -> dict[str, Any]:
 
     x, y, tr, te = ctx.data
     s = TOKEN_SETTINGS
-    gen = _seed(40)
+    gen = seeded(40)
     pipe = load_sd(ctx)
     tokenizer, text, unet = pipe.tokenizer, pipe.text_encoder, pipe.unet
     for m in (text, unet, pipe.vae):
@@ -48,7 +48,7 @@ def stage_tokens(ctx: Ctx) -> dict[str, Any]:
     frozen[new_ids] = 0
     bank = CaptionBank(tokenizer, tokens)
     v = W.make_variants(x[tr], y[tr], 1, seed=41)
-    latents = _encode_latents(pipe.vae, v.images)
+    latents = encode_latents(pipe.vae, v.images)
     sched = DDIMScheduler.from_config(pipe.scheduler.config)
     opt = torch.optim.Adam([emb.weight], lr=s["lr"])
     losses = []
@@ -56,7 +56,7 @@ def stage_tokens(ctx: Ctx) -> dict[str, Any]:
         idx = torch.randint(0, len(latents), (s["batch"],), generator=gen)
         cap = bank.index(v.labels[idx], v.shift[idx], gen, 0.0)
         hidden = text(bank.ids[cap])[0]
-        noisy, t, target = _diffusion_batch(sched, latents[idx], gen)
+        noisy, t, target = diffusion_batch(sched, latents[idx], gen)
         loss = F.mse_loss(unet(noisy, t, encoder_hidden_states=hidden).sample, target)
         opt.zero_grad()
         loss.backward()
