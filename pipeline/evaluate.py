@@ -50,6 +50,7 @@ from pipeline.executors import StageSpec, get_executor
 from pipeline.io.lease import Lease
 from pipeline.io.store import OutputStore
 from pipeline.sources import Source
+from pipeline.sources.imagenet_d_questions import check_distractor_sources
 from pipeline.stages.load import LoadStage
 
 
@@ -96,6 +97,7 @@ def effective_config(
     # a released layout: its authors' inputs, docs/protocol.md
     release_protocol.apply_to(raw, cfg, source, protocol_of(source.kind))
     raw["output"]["image_format"] = source.image_format
+    check_distractor_sources(raw["classifiers"], source.rows, source.location)  # vlms: questions or a classifier
     return parse_config(raw, source=f"evaluate config for {source.location}")
 
 

@@ -2,7 +2,8 @@
 
 The vlm is a tiny random LLaVA built here; its generation is replaced by answers chosen
 from each prompt's options, so the test knows every verdict: the distractor must be the
-file's (top-1, or top-2 when the top-1 is the truth), the scoring ImageNet-D's.
+file's (top-1, or top-2 when the top-1 is the truth), the scoring ImageNet-D's, the prompt
+wrapped in the original's llava_v1 conversation; an image without a question is not asked.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # image (kind/folder/file), gt, top1, top2 -> the distractor the rule picks
 QUESTIONS = [
-    ("background/banana/banana_0.jpg", "banana", "apple", "banana", "apple"),
+    ("background/banana/banana_0.jpg", "banana", "orange", "banana", "orange"),
     ("background/banana/banana_1.jpg", "banana", "banana", "lemon", "lemon"),
     ("background/pen/pen_0.jpg", "pen", "can opener", "pen", "can opener"),
     ("background/chair/chair_0.jpg", "chair", "chair", "bench", "bench"),
@@ -52,13 +53,13 @@ def vlm_config(tmp_path):
     from pipeline.demo.tiny_vlm import build_tiny_llava
 
     ensure_tiny_assets()
-    model = build_tiny_llava(tmp_path / "llava", [IMAGENET_D_PROMPT, "banana apple lemon pen can opener chair bench"])
+    model = build_tiny_llava(tmp_path / "llava", [IMAGENET_D_PROMPT, "banana orange lemon pen can opener chair bench"])
     raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text().replace("../assets", str(REPO / "assets")))
     clip = next(c for c in raw["classifiers"] if c["kind"] == "open_clip_zeroshot")
     raw["classifiers"] = [
         {"name": "llava", "kind": "vlm", "model": str(model),
-         "protocol": {"kind": "two_choice", "distractors": clip["name"], "max_new_tokens": 2}},
-        clip,  # listed after the vlm: the stage still runs it first
+         "protocol": {"kind": "two_choice", "distractors": "questions", "max_new_tokens": 2}},
+        clip,  # a ranking classifier beside it; the vlm's distractors come from the release
     ]
     path = tmp_path / "vlm.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -70,7 +71,7 @@ def test_evaluate_release_questions_with_a_vlm(tmp_path, vlm_config, monkeypatch
 
     prompts: list[str] = []
 
-    by_options = {"banana, apple": "banana_0", "banana, lemon": "banana_1", "pen, can opener": "pen_0",
+    by_options = {"banana, orange": "banana_0", "banana, lemon": "banana_1", "pen, can opener": "pen_0",
                   "chair, bench": "chair_0"}
 
     def fake_generate(self, images, chat_prompts, seeds):
@@ -90,6 +91,9 @@ def test_evaluate_release_questions_with_a_vlm(tmp_path, vlm_config, monkeypatch
     asked = {re.search(r"list: (.*)\. ASSISTANT:", p).group(1) for p in prompts}
     assert {f"{gt}, {d}" for _, gt, _, _, d in QUESTIONS} <= asked
     assert all(IMAGENET_D_PROMPT.split("{")[0] in p for p in prompts)
+    assert len(prompts) == len(QUESTIONS)  # the image without a question is not asked
+    assert all(p.startswith("A chat between a curious human and an artificial intelligence assistant. ") and
+               " USER: <image>\nWhat is the main object" in p for p in prompts)  # the original's llava_v1 wrapper
 
     samples = pd.read_parquet(out / "samples")
     preds = pd.read_parquet(out / "predictions")
@@ -104,8 +108,8 @@ def test_evaluate_release_questions_with_a_vlm(tmp_path, vlm_config, monkeypatch
         d = q["top1_pred_cate"] if q["top1_pred_cate"] != q["gt_category"] else q["top2_pred_cate"]
         verdicts[by_options[f"{q['gt_category']}, {d}"]] = r
     assert set(verdicts) == set(ANSWERS)
-    unasked = v[v["params"].isna()].iloc[0]  # no question in the file: the distractor from CLIP's ranking
-    assert unasked["answer"] == "I do not know" and unasked["excluded"]
+    unasked = v[v["params"].isna()].iloc[0]  # no question in the file: not asked, excluded
+    assert pd.isna(unasked["answer"]) and unasked["excluded"] and unasked["top1"] == -1
     for stem, r in verdicts.items():
         expected = ANSWERS[stem][1]
         assert bool(r["excluded"]) == (expected == "BOTH")
@@ -126,4 +130,7 @@ def test_evaluate_release_questions_with_a_vlm(tmp_path, vlm_config, monkeypatch
     cfg = json.loads((out / "config.json").read_text())["config"]
     proto = next(c for c in cfg["classifiers"] if c["name"] == "llava")["protocol"]
     assert proto["prompt"] == IMAGENET_D_PROMPT and proto["temperature"] == 0.2  # recorded, resolved
+    assert proto["top_k"] == 50 and proto["distractors"] == "questions"
+    llava = next(c for c in cfg["classifiers"] if c["name"] == "llava")
+    assert llava["prompt_template"] == "original" and llava["dtype"] == "float16"  # ImageNet-D's protocol
     assert "vlm" in (out / "report" / "index.html").read_text().lower()

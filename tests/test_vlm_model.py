@@ -134,7 +134,7 @@ def test_pool_runs_the_distractor_source_first(vlm):
 def test_greedy_at_temperature_zero_and_a_released_question(tiny_llava):
     from pipeline.models.vlm import VLMClassifier
 
-    clf = VLMClassifier(_spec(tiny_llava, temperature=0.0), "cpu", label_space(DIGITS))
+    clf = VLMClassifier(_spec(tiny_llava, temperature=0.0, distractors="questions"), "cpu", label_space(DIGITS))
     images = _images(2)
     q = '{"question": {"file": "background", "gt_category": "one", "top1_pred_cate": "one", "top2_pred_cate": "five"}}'
     a = clf.answer(images, [1, 1], ["x", "y"], [q, q], {})

@@ -80,11 +80,11 @@ def test_two_choice_distractor_rule_and_prompt():
     assert both.excluded and both.correct is None and both.chosen == -1
 
 
-def test_two_choice_released_question_wins():
-    p = build_protocol(resolve_protocol({"kind": "two_choice", "distractors": "clip"}))
+def test_two_choice_takes_the_released_question_from_questions():
+    p = build_protocol(resolve_protocol({"kind": "two_choice", "distractors": "questions"}))
     names = ["pen", "can opener", "plate"]
     released = {"gt_category": "pen", "top1_pred_cate": "pen", "top2_pred_cate": "can opener"}
-    q = p.ask(0, names, "s", ranked=[2, 1], released=released)
+    q = p.ask(0, names, "s", ranked=[2, 1], released=released)  # a ranking is not the source: ignored
     assert q.option_names == ("pen", "can opener") and q.options == (0, 1)
     assert p.score(q, "a can opener").verdict == FALSE
     released = {"gt_category": "pen", "top1_pred_cate": "plate", "top2_pred_cate": "pen"}
@@ -130,7 +130,7 @@ def test_open_answers_match_class_names_and_synonyms():
     [
         ({"kind": "five_choice"}, "protocol.kind"),
         ({"kind": "two_choice"}, "protocol.distractors"),
-        ({"kind": "two_choice", "distractors": "labels"}, "protocol.distractors"),
+        ({"kind": "two_choice", "distractors": "classifier:"}, "protocol.distractors"),
         ({"kind": "two_choice", "distractors": "clip", "prompt": "Which?"}, "protocol.prompt"),
         ({"kind": "multiple_choice", "k": 1}, "protocol.k"),
         ({"kind": "open", "distractors": "clip"}, "protocol"),

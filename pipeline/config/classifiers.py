@@ -11,6 +11,10 @@ from pipeline.config.filter import Preprocessing
 from pipeline.io import bounds
 
 
+# How a vlm's question is wrapped (``prompt_template``): LLaVA's llava_v1 conversation, or the checkpoint's template.
+PROMPT_TEMPLATES = ("original", "model")
+
+
 class ClassifierSpec(Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.\-]+$", description="unique display name")
     kind: str = Field("timm", description="registry key: timm | open_clip_zeroshot | torchscript | torch_hub | vlm")
@@ -28,19 +32,34 @@ class ClassifierSpec(Strict):
     protocol: dict[str, Any] | None = Field(
         None, description="vlm: how the model is asked and scored (kind two_choice | multiple_choice | open, ...)"
     )
-    dtype: str | None = Field(None, description="vlm: weights dtype float32 | float16 | bfloat16 (default float32)")
+    dtype: str | None = Field(
+        None, description="vlm: weights dtype float32 | float16 | bfloat16 (default float32; float16 under ImageNet-D's protocol)"
+    )
+    prompt_template: str | None = Field(
+        None,
+        description="vlm: how the question is wrapped: 'original' (LLaVA's llava_v1 conversation, as ImageNet-D's "
+        "eval_imagenet_d.py; the default under its protocol) or 'model' (the checkpoint's chat template; the default)",
+    )
 
     @model_validator(mode="after")
     def _vlm(self) -> "ClassifierSpec":
         from pipeline.config.vqa import resolve_protocol
 
         if self.kind == "vlm":
-            # Defaults filled in, so config.json records the prompt and every parameter.
+            # Defaults filled in, so config.json records the prompt and every parameter.  They are
+            # written through __dict__ (not "set" by the config): a released layout's protocol
+            # still fills them with its own (pipeline.sources.release_protocol).
             self.__dict__["protocol"] = resolve_protocol(self.protocol, "protocol")
             if self.dtype not in (None, "float32", "float16", "bfloat16"):
                 raise ValueError(f"dtype: must be float32, float16 or bfloat16, got {self.dtype!r}")
-        elif self.protocol is not None or self.dtype is not None:
-            raise ValueError(f"protocol / dtype: only a classifier of kind vlm takes them (kind is {self.kind!r})")
+            if self.prompt_template not in (None, *PROMPT_TEMPLATES):
+                raise ValueError(f"prompt_template: must be 'original' or 'model', got {self.prompt_template!r}")
+            self.__dict__["dtype"] = self.dtype or "float32"
+            self.__dict__["prompt_template"] = self.prompt_template or "model"
+        elif self.protocol is not None or self.dtype is not None or self.prompt_template is not None:
+            raise ValueError(
+                f"protocol / dtype / prompt_template: only a classifier of kind vlm takes them (kind is {self.kind!r})"
+            )
         return self
 
     @field_validator("templates")

@@ -8,12 +8,17 @@ imports no model library.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.registry import VQA_PROTOCOLS
 
+# Distractor sources, explicit (``distractors``): the release's questions, a classifier's ranking, random.
 DISTRACTOR_FILE = "questions"  # ``distractors: questions``: the released questions/*.csv only
+RANDOM = "random"  # ``distractors: random``: drawn from the label space, seeded by the sample id
+CLASSIFIER = "classifier:"  # ``distractors: classifier:NAME``: that classifier's ranking
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a classifier name (ClassifierSpec.name)
 
 
 class ProtocolError(ValueError):
@@ -43,13 +48,7 @@ def resolve_protocol(raw: dict[str, Any] | None, where: str = "protocol") -> dic
     _check(not unknown, where, f"unknown keys {unknown} for protocol {kind}; allowed: {sorted(cls.defaults)}")
     params = {"kind": kind, **cls.defaults, **{k: v for k, v in raw.items() if k != "kind"}}
     if "distractors" in cls.defaults:
-        d = params["distractors"]
-        _check(isinstance(d, str) and bool(d), f"{where}.distractors",
-               f"protocol {kind} needs a distractor source: a classifier of the pool (e.g. a CLIP zero-shot one)"
-               f"{', ' + repr(DISTRACTOR_FILE) + ' (the release questions/*.csv)' if kind == 'two_choice' else ''}"
-               f"{', or ' + repr('labels') + ' (at random from the label space)' if kind == 'multiple_choice' else ''}")
-        _check(not (kind == "two_choice" and d == "labels"), f"{where}.distractors",
-               "two_choice takes the distractor from a classifier's ranking or the release's questions, not 'labels'")
+        params["distractors"] = explicit_distractors(params["distractors"], kind, f"{where}.distractors")
     if "{options}" in cls.defaults["prompt"]:
         _check("{options}" in str(params["prompt"]), f"{where}.prompt", "must contain '{options}'")
     if "order" in params:
@@ -57,7 +56,11 @@ def resolve_protocol(raw: dict[str, Any] | None, where: str = "protocol") -> dic
     if "k" in params:
         _check(isinstance(params["k"], int) and params["k"] >= 2, f"{where}.k", f"must be an integer >= 2, got {params['k']!r}")
     t = params["temperature"]
-    _check(isinstance(t, (int, float)) and t >= 0, f"{where}.temperature", f"must be >= 0, got {t!r}")
+    _check(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0, f"{where}.temperature",
+           f"must be >= 0, got {t!r}")
+    k = params["top_k"]
+    _check(isinstance(k, int) and not isinstance(k, bool) and k >= 0, f"{where}.top_k",
+           f"must be an integer >= 0 (0: no top-k), got {k!r}")
     n = params["max_new_tokens"]
     _check(isinstance(n, int) and n >= 1, f"{where}.max_new_tokens", f"must be an integer >= 1, got {n!r}")
     syn = params["synonyms"]
@@ -66,10 +69,31 @@ def resolve_protocol(raw: dict[str, Any] | None, where: str = "protocol") -> dic
     return params
 
 
+def explicit_distractors(value: Any, kind: str, where: str = "protocol.distractors") -> str:
+    """A ``distractors`` value in its explicit form: ``questions`` (two_choice only),
+    ``classifier:NAME`` or ``random``.  A bare classifier name becomes ``classifier:NAME`` and
+    ``labels`` becomes ``random``; anything else is a ProtocolError naming ``where``."""
+    choices = (f"{DISTRACTOR_FILE!r} (the release's questions/*.csv), " if kind == "two_choice" else "") + (
+        f"'{CLASSIFIER}NAME' (a ranking classifier of the pool, e.g. a CLIP zero-shot one) or {RANDOM!r}"
+    )
+    _check(isinstance(value, str) and bool(value), where, f"protocol {kind} needs a distractor source: {choices}")
+    if value == DISTRACTOR_FILE:
+        _check(kind == "two_choice", where, f"{DISTRACTOR_FILE!r} is two_choice's only; {kind} takes {choices}")
+        return value
+    if value in (RANDOM, "labels"):
+        return RANDOM
+    name = value[len(CLASSIFIER):] if value.startswith(CLASSIFIER) else value
+    _check(bool(_NAME.match(name)), where, f"{value!r} names no classifier; use {choices}")
+    return CLASSIFIER + name
+
+
 def distractor_classifier(params: dict[str, Any]) -> str | None:
-    """The pool classifier whose ranking the protocol draws distractors from (None: file or labels)."""
+    """The pool classifier whose ranking the protocol draws distractors from (None: file or random)."""
     d = params.get("distractors")
-    return None if d in (None, DISTRACTOR_FILE, "labels") else str(d)
+    if d in (None, DISTRACTOR_FILE, RANDOM, "labels"):
+        return None
+    d = str(d)
+    return d[len(CLASSIFIER):] if d.startswith(CLASSIFIER) else d
 
 
 def check_distractor_sources(classifiers: Sequence[Any], describe: Callable[[int, Any], str] | None = None) -> None:
@@ -84,8 +108,8 @@ def check_distractor_sources(classifiers: Sequence[Any], describe: Callable[[int
         where = describe(i, c) if describe else f"classifiers[{i}] ({c.name})"
         if src not in kinds:
             raise ProtocolError(
-                f"{where}.protocol.distractors: {src!r} is not a classifier of the pool ({', '.join(kinds)}) "
-                f"nor {DISTRACTOR_FILE!r} / 'labels'"
+                f"{where}.protocol.distractors: {src!r} is not a classifier of the pool ({', '.join(kinds)}); "
+                f"the sources are {DISTRACTOR_FILE!r}, '{CLASSIFIER}NAME' and {RANDOM!r}"
             )
         if kinds[src] == "vlm":
             raise ProtocolError(f"{where}.protocol.distractors: {src!r} is a vlm; the distractors need a ranking classifier")

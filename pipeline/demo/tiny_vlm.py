@@ -48,7 +48,8 @@ def make_tokenizer(vocabulary: Iterable[str]):
     from transformers import PreTrainedTokenizerFast
 
     words = words_of([*vocabulary, ", . : ?"])  # option lists are comma-separated
-    vocab = {t: i for i, t in enumerate([*SPECIALS, "user", "assistant", *words])}
+    roles = ["user", "assistant"]  # the chat template's; a vocabulary holding them keeps one id each
+    vocab = {t: i for i, t in enumerate([*SPECIALS, *roles, *(w for w in words if w not in roles)])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Sequence(

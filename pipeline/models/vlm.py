@@ -6,14 +6,19 @@ LLaVA-NeXT, Qwen2-VL, ...) from ``model`` (a local directory or a hub id), in ``
 It runs in the classify stage's actor pool next to every other classifier, after the
 classifier its protocol draws distractors from (:mod:`pipeline.models.vqa_protocols`).
 
-Per image the protocol writes a question; the prompt goes through the processor's chat
-template as one user turn of an image and the question's text; the batch is generated
-together (left padding) in chunks of :data:`GENERATE_CHUNK`.  Sampling is per image:
-:class:`SeededSampling` draws each token from the tempered distribution with a generator
-seeded by the sample id and the step, so an image's answer does not depend on the run,
-the batch it falls in, or its neighbours (temperature 0: greedy).  The answer is scored
-by the protocol; the classifier's prediction is the class the answer names (-1 when the
-answer is excluded), ``p_true`` 1 / 0 (NaN when excluded).
+Per image the protocol writes a question, wrapped per ``prompt_template``: ``model``, the
+processor's chat template as one user turn of an image and the question's text; ``original``,
+LLaVA's ``llava_v1`` conversation as ImageNet-D's ``eval_imagenet_d.py`` builds it
+(:func:`llava_v1_prompt`: its system prompt, ``USER: <image>\n{question} ASSISTANT:``).  The
+batch is generated together (left padding) in chunks of :data:`GENERATE_CHUNK`.  Sampling
+is per image: :class:`SeededSampling` draws each token from the distribution transformers
+samples from (temperature, then top-k: :func:`sampling_probs`) with a generator seeded by
+the sample id and the step, so an image's answer does not depend on the run, the batch it
+falls in, or its neighbours (temperature 0: greedy).  The answer is scored by the
+protocol; the classifier's prediction is the class the answer names (-1 when the answer is
+excluded), ``p_true`` 1 / 0 (NaN when excluded).  An image the protocol cannot ask (no
+released question under ``distractors: questions``) is not generated for: it is excluded
+as ``UNASKED`` with a null answer, and the rest of the batch goes on.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace, label_space
 from pipeline.models.vqa_protocols import (
+    UNASKED,
     Question,
     Scored,
     build_protocol,
@@ -36,8 +42,38 @@ from pipeline.models.vqa_protocols import (
 )
 
 GENERATE_CHUNK = 32  # images per generate() call
+# LLaVA's conv_llava_v1 (llava/conversation.py), the conversation eval_imagenet_d.py picks for
+# "llava-v1.5-*" checkpoints: system prompt, roles, separators sep " " and sep2 "</s>".
+LLAVA_V1_SYSTEM = (
+    "A chat between a curious human and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the human's questions."
+)
+LLAVA_V1_ROLES = ("USER", "ASSISTANT")
+LLAVA_V1_SEP = " "
+IMAGE_TOKEN = "<image>"  # llava.constants.DEFAULT_IMAGE_TOKEN
+# Text tokens of a prompt beside the image's, for the generation cache of the memory projection:
+# the llava_v1 wrapper and the two-choice question are about 75 LLaMA tokens.
+PROMPT_TEXT_TOKENS = 128
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _STEP_PRIME = 1_000_003
+
+
+def llava_v1_prompt(question: str, image_token: str = IMAGE_TOKEN) -> str:
+    """The prompt of ``eval_imagenet_d.py``: ``conv_llava_v1`` with one user turn
+    ``DEFAULT_IMAGE_TOKEN + '\\n' + question`` and an empty assistant turn, as ``get_prompt``
+    (separator style TWO) writes it: ``system + " " + "USER: " + turn + " " + "ASSISTANT:"``."""
+    user, assistant = LLAVA_V1_ROLES
+    return f"{LLAVA_V1_SYSTEM}{LLAVA_V1_SEP}{user}: {image_token}\n{question}{LLAVA_V1_SEP}{assistant}:"
+
+
+def sampling_probs(scores: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """The next-token distribution transformers samples from with ``do_sample=True``: the scores
+    divided by the temperature, all but the ``top_k`` highest (ties kept) removed (0: none), softmax."""
+    logits = scores.float() / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.softmax(logits, dim=-1)
 
 
 class SeededSampling:
@@ -46,12 +82,14 @@ class SeededSampling:
     It returns scores that are -inf except at the drawn token, so ``generate`` run greedy
     (``do_sample=False``) emits exactly the draws.  Row ``i`` at step ``t`` uses the seed
     ``seeds[i] + t * 1_000_003``: independent of the batch, reproducible across runs.
+    Draws follow :func:`sampling_probs` (temperature, then top-k, as transformers' warpers).
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float, prompt_len: int) -> None:
+    def __init__(self, seeds: Sequence[int], temperature: float, prompt_len: int, top_k: int = 0) -> None:
         self.seeds = [int(s) for s in seeds]
         self.temperature = float(temperature)
         self.prompt_len = prompt_len
+        self.top_k = int(top_k)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         step = input_ids.shape[1] - self.prompt_len
@@ -59,7 +97,7 @@ class SeededSampling:
         if self.temperature <= 0:
             picks = logits.argmax(dim=-1)
         else:
-            probs = torch.softmax(logits / self.temperature, dim=-1)
+            probs = sampling_probs(logits, self.temperature, self.top_k)
             picks = torch.empty(len(self.seeds), dtype=torch.long)
             for i, seed in enumerate(self.seeds):
                 g = torch.Generator().manual_seed((seed + step * _STEP_PRIME) % (2**63))
@@ -76,7 +114,7 @@ class VLMOutputs:
     top1: list[int]
     top5: list[list[int]]
     p_true: list[float]
-    answers: list[str]
+    answers: list[str | None]  # None: not asked (UNASKED)
     scored: list[Scored]
 
     @property
@@ -105,6 +143,7 @@ class VLMClassifier:
         self.where = f"classifiers[{spec.name}]"
         self.protocol = build_protocol(dict(spec.protocol or {}))
         self.distractor_source = distractor_classifier(self.protocol.params)
+        self.prompt_template = spec.prompt_template or "model"
         dtype = _DTYPES[spec.dtype or "float32"]
         try:
             self.processor = AutoProcessor.from_pretrained(spec.model)
@@ -124,17 +163,40 @@ class VLMClassifier:
         return self.spec.name
 
     @staticmethod
-    def footprint(spec: ClassifierSpec, images: int) -> tuple[int, int]:
-        """(parameters, activation bytes) for :mod:`pipeline.perf.memory`: the model built on the meta
-        device from its config (no weights read); activations not estimated (0)."""
+    def footprint(spec: ClassifierSpec, images: int) -> tuple[int, int, int]:
+        """(parameters, activation bytes, cache bytes) for :mod:`pipeline.perf.memory`, at ``images``
+        per batch (generated in chunks of at most :data:`GENERATE_CHUNK`): the model built on the
+        meta device from its config (no weights read); activations: the largest MLP's input and
+        output over the prompt (prefill); the generation cache (keys and values of every layer for
+        the prompt and ``max_new_tokens``), in the weights' dtype.  Bytes per value follow
+        ``spec.dtype``; the weights' bytes are counted by the caller from the parameters."""
         from transformers import AutoConfig, AutoModelForImageTextToText
 
+        config = AutoConfig.from_pretrained(spec.model)
         with torch.device("meta"):
-            model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(spec.model))
-        return sum(p.numel() for p in model.parameters()), 0
+            model = AutoModelForImageTextToText.from_config(config)
+        params = sum(p.numel() for p in model.parameters())
+        text = getattr(config, "text_config", config)
+        vision = getattr(config, "vision_config", None)
+        heads = int(text.num_attention_heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        kv_dim = int(getattr(text, "num_key_value_heads", None) or heads) * head_dim
+        image_tokens = (int(vision.image_size) // int(vision.patch_size)) ** 2 if vision is not None else 0
+        prompt = image_tokens + PROMPT_TEXT_TOKENS
+        batch = max(1, min(images, GENERATE_CHUNK))
+        width = torch.tensor([], dtype=_DTYPES[spec.dtype or "float32"]).element_size()
+        new_tokens = int(dict(spec.protocol or {}).get("max_new_tokens", 512))
+        cache = int(text.num_hidden_layers) * 2 * batch * (prompt + new_tokens) * kv_dim * width
+        mlp = int(getattr(text, "intermediate_size", 4 * text.hidden_size))
+        prefill = batch * prompt * (int(text.hidden_size) + mlp) * width
+        return params, prefill, cache
 
     def chat_prompt(self, question: Question) -> str:
-        """The question as the model's chat template writes one user turn (image, then text)."""
+        """The text the processor receives for one image: the question wrapped per ``prompt_template``
+        (``original``: :func:`llava_v1_prompt` with the processor's image token; ``model``: the
+        checkpoint's chat template, one user turn of the image, then the question's text)."""
+        if self.prompt_template == "original":
+            return llava_v1_prompt(question.prompt, getattr(self.processor, "image_token", None) or IMAGE_TOKEN)
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question.prompt}]}]
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
@@ -156,7 +218,9 @@ class VLMClassifier:
                 **batch,
                 do_sample=False,
                 max_new_tokens=self.protocol.max_new_tokens,
-                logits_processor=[SeededSampling(seeds[lo:hi], self.protocol.temperature, n_prompt)],
+                logits_processor=[
+                    SeededSampling(seeds[lo:hi], self.protocol.temperature, n_prompt, self.protocol.top_k)
+                ],
                 pad_token_id=self.tokenizer.pad_token_id,
             )
             answers.extend(self.tokenizer.batch_decode(out[:, n_prompt:], skip_special_tokens=True))
@@ -183,9 +247,14 @@ class VLMClassifier:
             self.protocol.ask(t, self.names, sid, ranked=ranked[i] if ranked else None, released=released[i])
             for i, (t, sid) in enumerate(zip(truth, sample_ids))
         ]
-        seeds = [sample_seed(sid, f"{self.name}/") for sid in sample_ids]
-        answers = self.generate(images, [self.chat_prompt(q) for q in questions], seeds)
-        scored = [self.protocol.score(q, a) for q, a in zip(questions, answers)]
+        asked = [i for i, q in enumerate(questions) if q is not None]  # the others: UNASKED, not generated
+        seeds = [sample_seed(sample_ids[i], f"{self.name}/") for i in asked]
+        texts = self.generate([images[i] for i in asked], [self.chat_prompt(questions[i]) for i in asked],
+                              seeds) if asked else []
+        answers: list[str | None] = [None] * len(questions)
+        for i, text in zip(asked, texts):
+            answers[i] = text
+        scored = [Scored(UNASKED, -1) if q is None else self.protocol.score(q, a) for q, a in zip(questions, answers)]
         top1 = [s.chosen for s in scored]
         p_true = [float("nan") if s.excluded else float(s.verdict == "TRUE") for s in scored]
         return VLMOutputs(top1, [[c] for c in top1], p_true, answers, scored)

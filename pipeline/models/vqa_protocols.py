@@ -11,16 +11,28 @@ Three protocols (``pipeline.registry.VQA_PROTOCOLS``), chosen per classifier by 
 
 ``two_choice``       ImageNet-D's VQA protocol (``LLaVA/llava/serve/eval_imagenet_d.py`` and
                      ``LLaVA/compute_accuracy.py`` of chenshuang-zhang/imagenet_d): the
-                     distractor is the distractor classifier's top-1 prediction, or its top-2
-                     when the top-1 is the true class; the prompt offers the true class first,
-                     then the distractor; sampling at temperature 0.2; an option is named when
-                     its name or one of its synonyms (:data:`IMAGENET_D_SYNONYMS`) occurs in the
-                     lower-cased answer; pen / can opener and plate / drying rack for plates,
-                     where one name contains the other, are decided by the longer name.
-``multiple_choice``  k options: the truth and k-1 distractors from the distractor
-                     classifier's ranking (then the label space) or from the label space
-                     alone, in an order seeded by the sample id.
+                     distractor is the release's (``questions``: CLIP's top-1 guess, or its
+                     top-2 when the top-1 is the true class), a classifier's of the pool by
+                     the same rule, or a random class; the prompt offers the true class
+                     first, then the distractor; sampling at temperature 0.2, top-k 50; an
+                     option is named when its name or one of its synonyms
+                     (:data:`IMAGENET_D_SYNONYMS`) occurs in the lower-cased answer (a
+                     substring, as the original); pen / can opener and plate / drying rack
+                     for plates, where one name contains the other, are decided by the
+                     longer name.
+``multiple_choice``  k options: the truth and k-1 distractors from a classifier's ranking
+                     (then the label space) or from the label space alone, in an order
+                     seeded by the sample id.
 ``open``             a free answer, matched to every class name and its synonyms.
+
+The last two match names as whole words (an optional plural ``s`` / ``es``): "An open
+laptop." names "laptop", not "pen".
+
+Distractor sources (``distractors``), explicit: ``questions`` (the release's
+``questions/*.csv``; an image without a question is not asked and is excluded as
+:data:`UNASKED`), ``classifier:NAME`` (a ranking classifier of the pool) or ``random``
+(seeded by the sample id).  A bare classifier name is read as ``classifier:NAME`` and
+``labels`` as ``random``; the resolved config records the explicit form.
 
 Nothing here imports torch; a config's protocol entry is filled in and checked at parse time by
 :func:`pipeline.config.vqa.resolve_protocol`.
@@ -30,12 +42,15 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.config.vqa import (  # noqa: F401 (the entry's checks, at parse time: pipeline.config.vqa)
+    CLASSIFIER,
     DISTRACTOR_FILE,
+    RANDOM,
     ProtocolError,
     check_distractor_sources,
     distractor_classifier,
@@ -86,7 +101,9 @@ _DISTRACTOR_FIRST = {("pen", "can opener"), ("plate", "drying rack for plates")}
 _TRUTH_FIRST = {(b, a) for a, b in _DISTRACTOR_FIRST}
 
 TRUE, FALSE, BOTH, NEITHER = "TRUE", "FALSE", "BOTH", "NEITHER"
-EXCLUDED = (BOTH, NEITHER)
+UNASKED = "UNASKED"  # no question could be asked (``questions`` and no released question for the image)
+EXCLUDED = (BOTH, NEITHER, UNASKED)
+TOP_K = 50  # transformers' default top-k, which eval_imagenet_d.py samples with
 
 IMAGENET_D_PROMPT = "What is the main object in this image? Choose from the following list: {options}."
 OPEN_PROMPT = "What is the main object in this image? Answer with its name."
@@ -150,8 +167,9 @@ def two_choice_verdict(truth: str, distractor: str, answer: str, table: dict[str
 
 
 def named_among(answer: str, names: Sequence[str], table: dict[str, tuple[str, ...]]) -> list[int]:
-    """Indices of ``names`` the answer names.  Longer names are matched first and their text
-    removed, so a name inside another ("pen" in "can opener") is only named on its own."""
+    """Indices of ``names`` the answer names, each as whole words (an optional plural ``s`` or
+    ``es``): "An open laptop." does not name "pen".  Longer names are matched first and their
+    text removed, so a name inside another ("pen" in "can opener") is only named on its own."""
     text = answer.lower()
     terms = sorted(
         ((term.lower(), i) for i, n in enumerate(names) for term in (n, *synonyms_of(table, n))),
@@ -159,9 +177,12 @@ def named_among(answer: str, names: Sequence[str], table: dict[str, tuple[str, .
     )
     hit: set[int] = set()
     for term, i in terms:
-        if term and term in text:
+        if not term:
+            continue
+        word = re.compile(rf"(?<!\w){re.escape(term)}(?:e?s)?(?!\w)")
+        if word.search(text):
             hit.add(i)
-            text = text.replace(term, "\0")
+            text = word.sub("\0", text)
     return sorted(hit)
 
 
@@ -197,11 +218,17 @@ class Protocol:
         return int(self.params["max_new_tokens"])
 
     @property
+    def top_k(self) -> int:
+        return int(self.params["top_k"])
+
+    @property
     def distractors(self) -> str | None:
         return self.params.get("distractors")
 
     def ask(self, truth: int, names: Sequence[str], sample_id: str, ranked: Sequence[int] | None = None,
-            released: dict[str, Any] | None = None) -> Question:  # pragma: no cover - overridden
+            released: dict[str, Any] | None = None) -> Question | None:  # pragma: no cover - overridden
+        """The question for one image; None when it cannot be asked (``questions`` and no
+        released question for it): the image is then excluded as :data:`UNASKED`."""
         raise NotImplementedError
 
     def score(self, q: Question, answer: str) -> Scored:  # pragma: no cover - overridden
@@ -222,21 +249,27 @@ class TwoChoice(Protocol):
         "distractors": None,
         "order": "original",
         "temperature": 0.2,
+        "top_k": TOP_K,
         "max_new_tokens": 512,
         "synonyms": "imagenet_d",
     }
 
-    def ask(self, truth, names, sample_id, ranked=None, released=None) -> Question:
-        if released is not None:  # the release's question: categories as the file spells them
+    def ask(self, truth, names, sample_id, ranked=None, released=None) -> Question | None:
+        source = self.distractors
+        if source == DISTRACTOR_FILE:
+            if released is None:
+                return None
+            # The release's question: categories as the file spells them, its rule for the distractor.
             truth_name = str(released["gt_category"])
             top1, top2 = str(released["top1_pred_cate"]), str(released["top2_pred_cate"])
             dname = top1 if top1 != truth_name else top2
             lookup = {n.lower(): i for i, n in enumerate(names)}
             distractor = lookup.get(dname.lower(), -1)
         else:
-            if ranked is None:
+            if source != RANDOM and ranked is None:
                 raise ProtocolError(f"two_choice: no ranking from the distractor classifier for {sample_id}")
-            distractor = _pick_distractors(truth, ranked, len(names), 1, random.Random(sample_seed(sample_id)))[0]
+            rng = random.Random(sample_seed(sample_id))
+            distractor = _pick_distractors(truth, ranked if source != RANDOM else None, len(names), 1, rng)[0]
             truth_name, dname = names[truth], names[distractor]
         pair = [(truth, truth_name), (distractor, dname)]
         if self.params["order"] == "shuffled":
@@ -257,16 +290,17 @@ class MultipleChoice(Protocol):
     defaults: ClassVar[dict[str, Any]] = {
         "prompt": IMAGENET_D_PROMPT,
         "k": 4,
-        "distractors": "labels",
+        "distractors": RANDOM,
         "order": "shuffled",
         "temperature": 0.2,
+        "top_k": TOP_K,
         "max_new_tokens": 512,
         "synonyms": "imagenet_d",
     }
 
     def ask(self, truth, names, sample_id, ranked=None, released=None) -> Question:
         rng = random.Random(sample_seed(sample_id))
-        wrong = _pick_distractors(truth, ranked if self.distractors != "labels" else None, len(names),
+        wrong = _pick_distractors(truth, ranked if self.distractors != RANDOM else None, len(names),
                                   int(self.params["k"]) - 1, rng)
         options = [truth, *wrong]
         if self.params["order"] == "shuffled":
@@ -282,7 +316,7 @@ class MultipleChoice(Protocol):
 class Open(Protocol):
     kind = "open"
     defaults: ClassVar[dict[str, Any]] = {
-        "prompt": OPEN_PROMPT, "temperature": 0.2, "max_new_tokens": 512, "synonyms": "imagenet_d",
+        "prompt": OPEN_PROMPT, "temperature": 0.2, "top_k": TOP_K, "max_new_tokens": 512, "synonyms": "imagenet_d",
     }
 
     def ask(self, truth, names, sample_id, ranked=None, released=None) -> Question:

@@ -278,11 +278,13 @@ def _measure(spec_json: str, images: int) -> Footprint:
     try:
         if sizer is None:
             raise LookupError(f"no size estimate for classifier kind {spec.kind!r}")
-        params, activations = sizer(spec, images)
+        sized = sizer(spec, images)
+        params, activations = sized[0], sized[1]
+        cache = sized[2] if len(sized) > 2 else 0  # a vlm's generation cache: its exact size, no factor
     except Exception as err:  # noqa: BLE001 - an unknown size must not stop a build
-        params, activations, note = 0, 0, f"size unknown ({err})"
-    weight = params * DTYPE_BYTES[CLASSIFIER_DTYPE]
-    return Footprint(spec.name, params, weight, int(activations * ACTIVATION_FACTOR), note)
+        params, activations, cache, note = 0, 0, 0, f"size unknown ({err})"
+    weight = params * DTYPE_BYTES[getattr(spec, "dtype", None) or CLASSIFIER_DTYPE]  # a vlm runs in its own dtype
+    return Footprint(spec.name, params, weight, int(activations * ACTIVATION_FACTOR) + int(cache), note)
 
 
 def classifier_footprint(spec: "ClassifierSpec", images: int) -> Footprint:

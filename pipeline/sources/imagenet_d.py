@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeline.labels import imagenet_d
 from pipeline.labels import label_space
+from pipeline.models.vqa_protocols import DISTRACTOR_FILE, IMAGENET_D_PROMPT, TOP_K
 from pipeline.sources.release_protocol import ANY_KIND, MODEL, ReleaseProtocol
 
 LABELS = "imagenet_d"
@@ -28,7 +29,10 @@ DATA = "data"  # an older revision of the release: data/{background,texture,mate
 
 # chenshuang-zhang/imagenet_d: evaluate_imagenet_models.py feeds each torchvision model its
 # own weights.transforms() (utils/models.py); evaluate_vlm.py feeds CLIP clip.load's own
-# preprocess and builds the zero-shot head from the single prompt "A photo of a {c}".
+# preprocess and builds the zero-shot head from the single prompt "A photo of a {c}";
+# LLaVA/llava/serve/eval_imagenet_d.py asks LLaVA-1.5 in its llava_v1 conversation, float16
+# weights (load_pretrained_model's default), sampling at temperature 0.2 with transformers'
+# default top-k 50, at most 512 new tokens, the distractor from questions/*.csv.
 PROTOCOL = ReleaseProtocol(
     name="imagenet_d",
     original="chenshuang-zhang/imagenet_d evaluate_imagenet_models.py, evaluate_vlm.py",
@@ -37,6 +41,11 @@ PROTOCOL = ReleaseProtocol(
     accuracy="ImageNet models: top-1 over ImageNet-1k, correct when any of the class's ImageNet ids; "
     "zero-shot: top-1 over the 113 class names",
     metric="top-1 accuracy per nuisance kind (background, texture, material)",
+    vlm={"prompt_template": "original", "dtype": "float16"},
+    vlm_protocol={
+        "kind": "two_choice", "distractors": DISTRACTOR_FILE, "prompt": IMAGENET_D_PROMPT, "order": "original",
+        "temperature": 0.2, "top_k": TOP_K, "max_new_tokens": 512, "synonyms": "imagenet_d",
+    },
 )
 
 

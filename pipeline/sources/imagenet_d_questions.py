@@ -220,3 +220,32 @@ def has_questions(rows: list[dict[str, Any]]) -> bool:
             if p and "question" in json.loads(p):
                 return True
     return False
+
+
+def check_distractor_sources(classifiers: list[dict[str, Any]], rows: list[dict[str, Any]], location: str) -> None:
+    """Each vlm's distractor source fits the source being evaluated (ConfigError naming the key).
+
+    Naming a classifier (``classifier:NAME``) for ``two_choice`` while the release's questions
+    are present is refused: the release fixes each image's distractor, and taking another
+    silently would not be its protocol.  ``questions`` on a source without any is refused
+    too: no image could be asked.
+    """
+    from pipeline.config import ConfigError
+
+    present = has_questions(rows)
+    for entry in classifiers:
+        protocol = entry.get("protocol") or {}
+        if entry.get("kind") != "vlm" or protocol.get("kind") != "two_choice":
+            continue
+        source = protocol.get("distractors")
+        where = f"classifiers[{entry['name']}].protocol.distractors"
+        if present and isinstance(source, str) and source.startswith("classifier:"):
+            raise ConfigError(
+                f"{where}: {source!r}, but {location} holds the release's questions/*.csv, which fix each "
+                f"image's distractor; set distractors: {DISTRACTOR_SOURCE} (ImageNet-D's protocol) or random"
+            )
+        if not present and source == DISTRACTOR_SOURCE:
+            raise ConfigError(
+                f"{where}: {DISTRACTOR_SOURCE!r}, but {location} has no questions (no {QUESTIONS_DIR}/*.csv "
+                "naming its images); set distractors: classifier:NAME or random"
+            )

@@ -54,6 +54,7 @@ ANALYSIS = "release_protocol"
 ANY_KIND = "*"
 MODEL = "model"
 ZERO_SHOT_KINDS = ("open_clip_zeroshot",)
+VLM_KIND = "vlm"
 
 # torchvision's eval transform of the ImageNet classifiers (``Resize(256)`` bilinear, its
 # default, ``CenterCrop(224)``, ImageNet mean/std): hendrycks' test.py, and
@@ -72,6 +73,10 @@ class ReleaseProtocol:
     metric: str
     templates: tuple[str, ...] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # vlm entries: keys of the entry the protocol fills when unset (``prompt_template``, ``dtype``),
+    # and the resolved ``protocol`` parameters the original used (a differing one is an override).
+    vlm: Mapping[str, Any] = field(default_factory=dict)
+    vlm_protocol: Mapping[str, Any] = field(default_factory=dict)
 
     def preprocess_for(self, kind: str) -> Preprocess | str | Callable[[Preprocess | None], Preprocess | str] | None:
         """The protocol's transform of a classifier kind (None: the protocol leaves it to the config)."""
@@ -113,6 +118,23 @@ def _own_preprocess(entry: dict[str, Any]) -> Preprocess | None:
     return own(spec) if own is not None else None
 
 
+def _apply_vlm(protocol: ReleaseProtocol, entry: dict[str, Any], given: set[str]) -> list[str]:
+    """Fill a vlm entry's unset keys with the protocol's; the overrides, one line each."""
+    changed = []
+    for key, value in protocol.vlm.items():
+        if key not in given:
+            entry[key] = value
+        elif entry.get(key) != value:
+            changed.append(f"{key} {entry.get(key)!r} instead of {value!r}")
+    asked = entry.get("protocol") or {}
+    wanted = dict(protocol.vlm_protocol)
+    if "kind" in wanted and asked.get("kind") != wanted["kind"]:  # another protocol: its keys differ anyway
+        return [*changed, f"protocol.kind {asked.get('kind')!r} instead of {wanted['kind']!r}"]
+    return changed + [
+        f"protocol.{key} {asked.get(key)!r} instead of {value!r}" for key, value in wanted.items() if asked.get(key) != value
+    ]
+
+
 def apply(
     protocol: ReleaseProtocol,
     classifiers: list[dict[str, Any]],
@@ -148,6 +170,8 @@ def apply(
                 entry["templates"] = list(protocol.templates)
             elif list(entry["templates"]) != list(protocol.templates):
                 changed.append(f"templates {entry['templates']!r} instead of {list(protocol.templates)!r}")
+        if kind == VLM_KIND:
+            changed += _apply_vlm(protocol, entry, given)
         if changed:
             overridden[name] = changed
             warnings.append(
@@ -157,6 +181,8 @@ def apply(
         inputs[name] = {"preprocess": entry.get("preprocess")}
         if kind in ZERO_SHOT_KINDS:
             inputs[name]["templates"] = entry.get("templates")
+        if kind == VLM_KIND:
+            inputs[name].update({k: entry.get(k) for k in ("prompt_template", "dtype", "protocol")})
         out.append(entry)
     analysis = {
         "name": ANALYSIS,
