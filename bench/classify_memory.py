@@ -26,12 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def plan(argv: list[str]) -> None:
     from pipeline.cli.options import add_set_argument, load_cli_config
     from pipeline.perf.memory import (
-        _DINOV2_HUB,
-        _DINOV2_TIMM,
         RUNTIME_BYTES,
         classifier_footprints,
         classifier_groups,
         classify_images_per_forward,
+        dinov2_timm_arch,
         group_bytes,
     )
 
@@ -46,8 +45,8 @@ def plan(argv: list[str]) -> None:
         entry = {"name": spec.name, "kind": spec.kind, "weights": f.weight_bytes, "activations": f.activation_bytes}
         if spec.kind == "timm":
             entry["timm"] = spec.model.split(".", 1)[0]
-        elif spec.kind == "torch_hub" and (m := _DINOV2_HUB.match(spec.model.rpartition(":")[2])):
-            entry["timm"] = f"{_DINOV2_TIMM[m.group(1)]}{'_reg4' if m.group(2) else ''}_dinov2"
+        elif spec.kind == "torch_hub" and (dino := dinov2_timm_arch(spec.model.rpartition(":")[2])):
+            entry["timm"] = dino[0]
             entry["kwargs"] = {"img_size": 224}
         elif spec.kind == "open_clip_zeroshot":
             entry["open_clip"] = spec.model

@@ -194,11 +194,3 @@ def _evaluate(
         lease=lease,
     )
 
-
-# --------------------------------------------------------------------------- CLI
-def _source_config(location: str) -> BuildConfig | None:
-    """The config a build output was made with, so ``evaluate BUILD_OUTPUT`` needs no --config."""
-    from pipeline.aggregate.run import load_output_config
-
-    store = OutputStore(location)
-    return load_output_config(store) if store.exists("config.json") else None

@@ -106,10 +106,10 @@ def test_a_reused_pid_does_not_keep_a_dead_holders_lease(tmp_path):
     """Same host, same pid number, another process (pid reuse, another PID namespace): stale."""
     import platform
 
-    from pipeline.io.lease import LeaseInfo, _proc_start
+    from pipeline.io.lease import LeaseInfo, process_start
 
     now = time.time()
-    mine = _proc_start(os.getpid())
+    mine = process_start(os.getpid())
     alive = LeaseInfo(platform.node(), os.getpid(), "build", now, now, "t", mine)
     assert not alive.is_stale(60, now)
     if mine:  # /proc is there: a different start time is a different process

@@ -167,7 +167,8 @@ def _run_probes(jobs: list[tuple], opts: RobustnessOptions) -> list[float]:
 
 
 # --------------------------------------------------------------------------- the analysis
-def _parse(options: dict[str, Any]) -> RobustnessOptions:
+def parse_options(options: dict[str, Any]) -> RobustnessOptions:
+    """The analysis' options checked (ValueError naming the key), defaults filled in."""
     try:
         return RobustnessOptions.model_validate(options)
     except ValidationError as err:
@@ -194,13 +195,13 @@ def scenario_frames(ctx: AnalysisContext, opts: RobustnessOptions) -> tuple[pd.D
     return df, scenarios, strengths
 
 
-def _originals(df: pd.DataFrame) -> pd.DataFrame:
+def originals(df: pd.DataFrame) -> pd.DataFrame:
     """Scale-0 rows, one per (classifier, class, seed): the originals every scenario shares."""
     return df[df["scale"] == 0].drop_duplicates(["classifier", "class_id", "seed"])
 
 
 def run(ctx: AnalysisContext) -> AnalysisResult:
-    opts = _parse(ctx.options)
+    opts = parse_options(ctx.options)
     df, scenarios, strengths = scenario_frames(ctx, opts)
     result = AnalysisResult(title="Robustness score (XIMAGENET-12)")
     classifiers = [c.name for c in ctx.config.classifiers]
@@ -209,7 +210,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         result.html = "<p>No kept images: no robustness score.</p>"
         result.tables["robustness_score"] = pd.DataFrame(columns=["classifier", "score"])
         return result
-    orig = _originals(df)
+    orig = originals(df)
     if opts.scenarios is None and not set(TABLE2_SCENARIOS) & set(scenarios):
         notes.append("None of Table 2's eight scenarios is in this output: the score is over every shift.")
     at = pd.concat([df[(df["shift"] == sc) & (np.isclose(df["scale"], strengths[sc]))] for sc in scenarios])

@@ -20,8 +20,8 @@ import pandas as pd
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 from pipeline.analyses.robustness_score import (
     ORIGINAL,
-    _originals,
-    _parse,
+    originals,
+    parse_options,
     scenario_frames,
 )
 
@@ -37,11 +37,11 @@ def stars(p: float) -> str:
 
 def cell_accuracies(ctx: AnalysisContext) -> pd.DataFrame:
     """Accuracy per (classifier, scenario, class) at the evaluated strength, originals included."""
-    opts = _parse({k: v for k, v in ctx.options.items() if k in ("strength", "scenarios")})
+    opts = parse_options({k: v for k, v in ctx.options.items() if k in ("strength", "scenarios")})
     df, scenarios, strengths = scenario_frames(ctx, opts)
     if df.empty:
         return pd.DataFrame(columns=["classifier", "scenario", "class_name", "accuracy", "n"])
-    orig = _originals(df).assign(shift=ORIGINAL)
+    orig = originals(df).assign(shift=ORIGINAL)
     at = pd.concat([df[(df["shift"] == sc) & np.isclose(df["scale"], strengths[sc])] for sc in scenarios] + [orig])
     cells = at.groupby(["classifier", "shift", "class_name"])["correct"].agg(["mean", "size"]).reset_index()
     return cells.rename(columns={"shift": "scenario", "mean": "accuracy", "size": "n"})

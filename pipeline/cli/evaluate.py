@@ -7,13 +7,14 @@ from typing import Any
 
 from pipeline.cli.options import add_set_argument, load_cli_config
 from pipeline.config import (
+    BuildConfig,
     ConfigError,
     deep_merge,
     parse_config,
     resolved_dict,
 )
 from pipeline.config.overrides import apply_overrides
-from pipeline.evaluate import _source_config, effective_config, evaluate
+from pipeline.evaluate import effective_config, evaluate
 from pipeline.sources import SOURCE_KINDS, open_source
 
 
@@ -27,7 +28,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.config:
         cfg = load_cli_config(args, overrides)
     else:
-        cfg = _source_config(args.source)
+        cfg = output_config(args.source)
         if cfg is None:
             raise ConfigError("evaluate: pass --config CONFIG (it supplies the classifiers, filter and resources)")
         if overrides or args.sets:
@@ -73,3 +74,12 @@ def register(subparsers: Any) -> None:
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     s.set_defaults(func=run_cli)
+
+
+def output_config(location: str) -> BuildConfig | None:
+    """The config a build output was made with, so ``evaluate BUILD_OUTPUT`` needs no --config."""
+    from pipeline.aggregate.run import load_output_config
+    from pipeline.io.store import OutputStore
+
+    store = OutputStore(location)
+    return load_output_config(store) if store.exists("config.json") else None

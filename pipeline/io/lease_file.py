@@ -79,9 +79,9 @@ class LeaseInfo:
             return None
         if not _pid_alive(self.pid):
             return False
-        if not self.proc_start or not _proc_start(os.getpid()):
+        if not self.proc_start or not process_start(os.getpid()):
             return None  # the start time is not known: the heartbeat decides
-        return _proc_start(self.pid) == self.proc_start
+        return process_start(self.pid) == self.proc_start
 
     def stale_reason(self, timeout: float, now: float | None = None) -> str | None:
         """Why the next writer may take the lease over, or None while its holder counts as alive."""
@@ -131,7 +131,7 @@ def parse_lease(data: bytes | str, where: str) -> LeaseInfo:
     )
 
 
-def _proc_start(pid: int) -> str:
+def process_start(pid: int) -> str:
     """The start time (clock ticks since boot) of process ``pid``, '' where /proc is not there."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:

@@ -9,6 +9,7 @@ are read, so a half-written shard never enters a table.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -106,3 +107,10 @@ def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -
     """Predictions of committed shards, only of ``classifiers`` when given."""
     preds = _read_tables(store, "predictions", PREDICTIONS)
     return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
+
+
+def parquet_bytes(rows: list[dict[str, Any]], sch: pa.Schema) -> bytes:
+    """``rows`` as one Parquet file of schema ``sch`` (zstd), the bytes a shard's table file holds."""
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=sch), buf, compression="zstd")
+    return buf.getvalue()

@@ -161,14 +161,23 @@ _DINOV2_HUB = re.compile(r"dinov2_vit([sblg])14(_reg)?(_lc)?")  # matched whole 
 _DINOV2_TIMM = {"s": "vit_small_patch14", "b": "vit_base_patch14", "l": "vit_large_patch14", "g": "vit_giant_patch14"}
 
 
-def _torch_hub_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
-    entry = spec.model.rpartition(":")[2]
+def dinov2_timm_arch(entry: str) -> tuple[str, bool] | None:
+    """(the timm architecture, whether it has the ``_lc`` linear head) of a DINOv2 torch-hub
+    entry point such as ``dinov2_vitb14_reg_lc``; None for any other entry."""
     m = _DINOV2_HUB.fullmatch(entry)
     if not m:
+        return None
+    return f"{_DINOV2_TIMM[m.group(1)]}{'_reg4' if m.group(2) else ''}_dinov2", bool(m.group(3))
+
+
+def _torch_hub_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
+    entry = spec.model.rpartition(":")[2]
+    found = dinov2_timm_arch(entry)
+    if found is None:
         raise LookupError(f"no size known for torch hub entry {entry!r}")
-    arch = f"{_DINOV2_TIMM[m.group(1)]}{'_reg4' if m.group(2) else ''}_dinov2"
+    arch, linear_head = found
     model = _timm_meta(arch, {"img_size": 224})
-    head = (2 * model.embed_dim + 1) * 1000 if m.group(3) else 0
+    head = (2 * model.embed_dim + 1) * 1000 if linear_head else 0
     return _params(model) + head, meta_forward_peak(model, (1, 3, 224, 224)) * images
 
 

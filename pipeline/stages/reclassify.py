@@ -25,10 +25,11 @@ import pyarrow.parquet as pq
 
 from pipeline.plan import schema
 from pipeline.io.store import OutputStore
+from pipeline.io.tables import parquet_bytes
 from pipeline.io.webdataset import iter_tar
 from pipeline.stages.base import Stage
 from pipeline.stages.classify import ClassifyStage, group_stages
-from pipeline.stages.write import _parquet_bytes, commit_manifest, prediction_rows
+from pipeline.stages.write import commit_manifest, prediction_rows
 
 # Input rows: one committed shard and the classifiers it lacks.
 RECLASSIFY = pa.schema([("shard", pa.string()), ("classifiers", pa.list_(pa.string()))])
@@ -204,7 +205,7 @@ class ReclassifyStage(Stage):
         tag = hashlib.sha256(",".join(sorted(names)).encode()).hexdigest()[:8]
         rel = f"predictions/{shard}.{tag}.parquet"
         files = dict(manifest.files)
-        files[rel] = store.write_bytes(rel, _parquet_bytes(preds, schema.PREDICTIONS))
+        files[rel] = store.write_bytes(rel, parquet_bytes(preds, schema.PREDICTIONS))
         manifest.files = files
         manifest.classifiers = have + [n for n in ordered if n not in have]
         commit_manifest(store, manifest, self.lease_token)

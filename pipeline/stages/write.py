@@ -9,19 +9,18 @@ shard lands on the same file names.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.runtime import faults
 
 from pipeline.plan import schema
 from pipeline.io.lease import check_holder
 from pipeline.io.store import OutputStore, ShardManifest
+from pipeline.io.tables import parquet_bytes
 from pipeline.io.webdataset import build_tar, metadata_json
 from pipeline.stages.base import Stage
 
@@ -29,12 +28,6 @@ from pipeline.stages.base import Stage
 def shard_name(trajectory_ids: list[str]) -> str:
     digest = hashlib.sha256("\n".join(sorted(trajectory_ids)).encode()).hexdigest()[:16]
     return f"shard-{digest}"
-
-
-def _parquet_bytes(rows: list[dict[str, Any]], sch: pa.Schema) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows, schema=sch), buf, compression="zstd")
-    return buf.getvalue()
 
 
 def prediction_rows(row: dict[str, Any], classifiers: list[str]) -> list[dict[str, Any]]:
@@ -161,9 +154,9 @@ class WriteStage(Stage):
         if ok:
             files[tar_rel] = self.store.write_bytes(tar_rel, build_tar(tar_samples))
             rel = f"samples/{name}.parquet"
-            files[rel] = self.store.write_bytes(rel, _parquet_bytes(sample_rows, schema.SAMPLES))
+            files[rel] = self.store.write_bytes(rel, parquet_bytes(sample_rows, schema.SAMPLES))
             rel = f"predictions/{name}.parquet"
-            files[rel] = self.store.write_bytes(rel, _parquet_bytes(pred_rows, schema.PREDICTIONS))
+            files[rel] = self.store.write_bytes(rel, parquet_bytes(pred_rows, schema.PREDICTIONS))
         if failed:
             rel = f"failures/{name}.parquet"
             fail_rows = [
@@ -176,7 +169,7 @@ class WriteStage(Stage):
                 for r in rows
                 if r.get("error")
             ]
-            files[rel] = self.store.write_bytes(rel, _parquet_bytes(fail_rows, schema.FAILURES))
+            files[rel] = self.store.write_bytes(rel, parquet_bytes(fail_rows, schema.FAILURES))
         stats = {
             "unet_evals": float(sum(r["unet_evals"] for r in ok)),
             "gen_seconds": float(sum(r["gen_seconds"] for r in ok)),
