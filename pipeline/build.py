@@ -8,7 +8,6 @@ classes, seeds or shifts computes only the new trajectories.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import platform
 import time
@@ -24,6 +23,7 @@ from pipeline.executors import StageSpec, get_executor
 from pipeline.io.lease_file import LEASE
 from pipeline.io.manifest import quarantine
 from pipeline.io.ownership import ARCHIVE, claim_output
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.shard_check import check_committed, quarantine_shard
 from pipeline.io.store import OutputStore
 
@@ -239,7 +239,7 @@ def write_config(store: OutputStore, cfg: BuildConfig) -> str:
     digest = config_hash(cfg)
     store.write_text(
         "config.json",
-        json.dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__}, indent=1),
+        strict_dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__}, indent=1),
     )
     store.write_text("config.yaml", dump_yaml(cfg))
     return digest
@@ -313,7 +313,7 @@ def finish_run(
     ensure_held(lease)
     store.write_text(
         f"runs/{time.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}{run_name}.json",
-        json.dumps({**asdict(summary), "host": platform.node(), "runner": runner, **(run_info or {})}, indent=1),
+        strict_dumps({**asdict(summary), "host": platform.node(), "runner": runner, **(run_info or {})}, indent=1),
     )
     return summary
 

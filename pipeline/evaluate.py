@@ -22,7 +22,6 @@ shards are skipped, and a second run with settings that would change existing ro
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable
 
@@ -48,6 +47,7 @@ from pipeline.config import (
 )
 from pipeline.executors import StageSpec, get_executor
 from pipeline.io.lease import Lease
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 from pipeline.sources import Source
 from pipeline.sources.imagenet_d_questions import check_distractor_sources
@@ -162,7 +162,7 @@ def _evaluate(
     clean_uncommitted(store, echo)  # files of an interrupted run, stale attempt markers
     ensure_held(lease)
     digest = write_config(store, cfg)
-    store.write_text("source.json", json.dumps(source.describe(), indent=1))
+    store.write_text("source.json", strict_dumps(source.describe(), indent=1))
     total = len(source.rows)
     done_before = total - len(todo)
     echo(

@@ -84,8 +84,12 @@ def tiny_cfg_path(tmp: Path, mutate=None, name: str = "tiny.yaml") -> Path:
     return tiny_config(tmp, mutate, name=name)
 
 
-def synthetic_output(out: Path, cfg_path: Path, per_shard: int = 2) -> Any:
-    """A committed output of the config's whole plan, written by the real write stage."""
+def synthetic_output(out: Path, cfg_path: Path, per_shard: int = 2, correct=None, kept=None) -> Any:
+    """A committed output of the config's whole plan, written by the real write stage.
+
+    By default every classifier is right at the first two scales and wrong from the third on,
+    and every image is kept; ``correct`` / ``kept`` (``f(class_id, seed, shift, scale index)
+    -> bool``) say otherwise."""
     from pipeline import plan
     from pipeline.build import write_config
     from pipeline.config import load_config
@@ -100,6 +104,10 @@ def synthetic_output(out: Path, cfg_path: Path, per_shard: int = 2) -> Any:
     stage = WriteStage(cfg, str(out))
     stage.setup()
     names = [c.name for c in cfg.classifiers]
+
+    def right(unit, shift: str, i: int) -> bool:
+        return i < 2 if correct is None else bool(correct(unit.class_id, unit.seed, shift, i))
+
     rows = []
     for unit in plan.plan_units(cfg):
         for shift in unit.shifts:
@@ -123,11 +131,11 @@ def synthetic_output(out: Path, cfg_path: Path, per_shard: int = 2) -> Any:
                     "dino_image": [0.9] * n,
                     "clip_shift_alignment": [0.1] * n,
                     "n_pass": [4] * n,
-                    "kept": [True] * n,
+                    "kept": [True if kept is None else bool(kept(unit.class_id, unit.seed, shift, i)) for i in range(n)],
                     # right at scale 0, wrong from the third scale on: a real failure point
-                    "pred_top1": [[unit.class_id if i < 2 else 0 for _ in names] for i in range(n)],
+                    "pred_top1": [[unit.class_id if right(unit, shift, i) else 0 for _ in names] for i in range(n)],
                     "pred_top5": [[[unit.class_id, 0, 2, 3, 4] for _ in names] for i in range(n)],
-                    "pred_p_true": [[0.9 if i < 2 else 0.1 for _ in names] for i in range(n)],
+                    "pred_p_true": [[0.9 if right(unit, shift, i) else 0.1 for _ in names] for i in range(n)],
                     "unet_evals": 0.0,
                     "gen_seconds": 0.0,
                     "error": None,

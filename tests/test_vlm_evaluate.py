@@ -122,7 +122,9 @@ def test_evaluate_release_questions_with_a_vlm(tmp_path, vlm_config, monkeypatch
     # report/: TRUE / (TRUE + FALSE) with the excluded count, per shift and scale.
     table = pd.read_csv(out / "report" / "vlm_answers.csv")
     bg = table[(table["classifier"] == "llava") & (table["shift"] == "background")].iloc[0]
-    assert (bg["n_true"], bg["n_false"], bg["n_excluded"]) == (1, 2, 1)
+    assert (bg["n_true"], bg["n_false"], bg["n_excluded"], bg["n_unasked"]) == (1, 2, 1, 0)
+    tx = table[(table["classifier"] == "llava") & (table["shift"] == "texture")].iloc[0]
+    assert (tx["n"], tx["n_excluded"], tx["n_unasked"]) == (1, 1, 1)  # no question: excluded, not asked
     assert bg["accuracy"] == pytest.approx(1 / 3)
     acc = pd.read_csv(out / "report" / "accuracy.csv")
     row = acc[(acc["classifier"] == "llava") & (acc["shift"] == "background")].iloc[0]

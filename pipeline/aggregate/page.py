@@ -157,6 +157,19 @@ def page_html(title: str, config_hash: str | None, sections: list[tuple[str, str
 
 
 # --------------------------------------------------------------------------- tables
+NA = "n/a"  # how the page shows a number that is undefined (NaN, infinite) or missing
+
+
+def float_format(digits: int = 3, spec: str = "f"):
+    """A ``DataFrame.to_html(float_format=...)`` callable: ``digits`` places, :data:`NA` for
+    NaN and infinities (pass ``na_rep=NA`` too, for missing values of other types)."""
+
+    def show(value: float) -> str:
+        return f"{value:.{digits}{spec}}" if math.isfinite(value) else NA
+
+    return show
+
+
 def fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "n/a"
@@ -165,7 +178,7 @@ def fmt(value: Any, digits: int = 4) -> str:
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):
-        return "n/a" if math.isnan(value) else f"{float(value):.{digits}f}"
+        return "n/a" if not math.isfinite(value) else f"{float(value):.{digits}f}"
     return str(value)
 
 
@@ -185,7 +198,7 @@ def ci_table(df: pd.DataFrame, *, sortable: bool = False, digits: int = 4, table
             if lo in df.columns and hi in df.columns:
                 text += f' <span class="ci">[{e(fmt(row[lo], digits))}, {e(fmt(row[hi], digits))}]</span>'
             sort = ""
-            if isinstance(v, (float, np.floating)) and math.isnan(v):
+            if isinstance(v, (float, np.floating)) and not math.isfinite(v):
                 sort = ' data-sort=""'
             cells.append(f"<td{sort}>{text}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import html
 import io
-import json
 import math
 import os
 import tempfile
@@ -49,6 +48,7 @@ from matplotlib.figure import Figure
 
 from pipeline.aggregate.metrics import ALL_SHIFTS, Metrics
 from pipeline.aggregate.page import ci_table
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.plan import scale_tag
 
 PLOT_FILES = ("accuracy_drop.png", "fp_cumulative.png", "fp_distribution.png")
@@ -413,8 +413,8 @@ def write_report(
 
     files, plot_files = cns_files(metrics, plots=plots, per_trajectory=per_trajectory)
     doc = {"title": title, "config_hash": config_hash, **metrics.to_json()}
-    # allow_nan=False: to_json already maps NaN to null; fail loudly if anything slipped through.
-    files["metrics.json"] = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8")
+    # Strict JSON: a non-finite number (undefined on degenerate data) is written as null.
+    files["metrics.json"] = (strict_dumps(doc, indent=2) + "\n").encode("utf-8")
     for name in ("accuracy.csv", "failure_points.csv", "summary.csv", "trajectory_failure_points.csv", "metrics.json"):
         if name in files:
             put(name, files.pop(name))

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.config import BuildConfig, parse_config
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 from pipeline.io.tables import PREDICTIONS, SAMPLES, read_shard_tables
 from pipeline.plan.analyses import analysis_plan
@@ -113,8 +114,6 @@ def render_report(
     """Run the analyses of ``cfg`` on the tables and write their files and ``index.html`` under
     ``folder`` of ``store`` (``""``: its root); ``lead`` sections open the page.  Returns the
     index's URL.  ``progress`` (a :class:`pipeline.runtime.progress.Progress`) counts the analyses."""
-    import json
-
     from pipeline.aggregate.images import ImageReader
     from pipeline.aggregate.report import png_bytes, page_html
     from pipeline.aggregate.analysis import AnalysisContext
@@ -142,7 +141,8 @@ def render_report(
             sections.append((result.title, result.html))
         if progress is not None:
             progress.advance(1)
-    files["metrics.json"] = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8")
+    # Strict JSON: an analysis' non-finite number (undefined on degenerate data) is written as null.
+    files["metrics.json"] = (strict_dumps(doc, indent=2) + "\n").encode("utf-8")
     order = ["accuracy.csv", "failure_points.csv", "summary.csv", "metrics.json"]
     names = [n for n in order if n in files] + [n for n in files if n not in order]
     prefix = f"{folder.strip('/')}/" if folder.strip("/") else ""

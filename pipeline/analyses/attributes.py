@@ -34,6 +34,7 @@ import math
 import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
+from pipeline.aggregate.page import NA, float_format
 from pipeline.families.object_edit import RELEASE_ONLY, without_level
 
 CONTRACT_COLUMNS = ["classifier", "attribute", "level", "accuracy", "accuracy_drop"]
@@ -202,12 +203,12 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.html = (
         "<p>Accuracy per attribute and level (level 0 = the unedited image); the summary's mean drop is over "
         "ImageNet-E's published levels present in this output.</p>"
-        + summ.to_html(index=False, float_format=lambda v: f"{v:.3f}")
-        + wide.to_html(float_format=lambda v: f"{v:.3f}")
+        + summ.to_html(index=False, float_format=float_format(3), na_rep=NA)
+        + wide.to_html(float_format=float_format(3), na_rep=NA)
         + plot
         + (
             "<p>Released sets without a level (a random position or direction per image), not on the level curves "
-            "and not in the published mean:</p>" + release_sets.to_html(index=False, float_format=lambda v: f"{v:.3f}")
+            "and not in the published mean:</p>" + release_sets.to_html(index=False, float_format=float_format(3), na_rep=NA)
             if not release_sets.empty
             else ""
         )

@@ -37,6 +37,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
+from pipeline.aggregate.page import NA, float_format
 
 ALEXNET_FILE = Path(__file__).resolve().parents[1] / "data" / "imagenet_c_alexnet.json"
 SEVERITIES = (1.0, 2.0, 3.0, 4.0, 5.0)
@@ -279,7 +280,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
             if refused
             else ""
         )
-        + show.to_html(float_format=lambda v: f"{v:.3f}", na_rep="–")
+        + show.to_html(float_format=float_format(3), na_rep=NA)
         + ('<p><img src="corruption_accuracy.png" alt="accuracy per corruption and severity"></p>' if "corruption_accuracy" in result.figures else "")
     )
     return result

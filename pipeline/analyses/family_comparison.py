@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
+from pipeline.aggregate.page import NA, float_format
 
 MEASURES = ("mean_accuracy_drop", "accuracy_drop_max", "fp_relative", "failed_share")
 COLUMNS = [
@@ -152,8 +153,8 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         "<p>Per classifier and family: mean accuracy drop over the family's scales and mean failure point "
         "relative to its largest scale (<code>family_comparison.csv</code>); Spearman rank correlation of the "
         "classifiers between families (<code>family_comparison_spearman.csv</code>).</p>"
-        + wide.to_html(float_format=lambda v: f"{v:.3f}", na_rep="–")
-        + corr.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–")
+        + wide.to_html(float_format=float_format(3), na_rep=NA)
+        + corr.to_html(index=False, float_format=float_format(3), na_rep=NA)
         + ('<p><img src="family_comparison.png" alt="classifiers under each family"></p>' if result.figures else "")
     )
     return result

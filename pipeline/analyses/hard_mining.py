@@ -40,6 +40,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult, read_images
+from pipeline.aggregate.page import NA, float_format
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         "exported": exported,
         "transfer": json.loads(transfer.to_json(orient="records")),
     }
-    fmt = {c: "{:.3f}".format for c in ("acc_all", "acc_hard", "acc_random_mean", "acc_random_std", "drop_vs_random")}
+    fmt = {c: float_format(3) for c in ("acc_all", "acc_hard", "acc_random_mean", "acc_random_std", "drop_vs_random")}
     top = shared[shared["level"] == "nuisance"].head(10) if len(shared) else shared
     result.html = (
         f"<p>{rule}: <b>{int(hard.sum())}</b> hard images of {len(cand)} candidates "
@@ -354,8 +355,8 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         + (f"<h3>Hard images (plain reference | nuisance image; first {min(32, len(hard_set))})</h3>"
            '<img src="hard_set.png" alt="hard images">' if sheet else "")
         + "<h3>Transfer (accuracy on all candidates, the hard set, random subsets of its size)</h3>"
-        + transfer.to_html(index=False, formatters=fmt, na_rep="–", border=0)
+        + transfer.to_html(index=False, formatters=fmt, na_rep=NA, border=0)
         + "<h3>Nuisances with the most shared failures</h3>"
-        + (top.to_html(index=False, border=0, float_format="{:.3f}".format) if len(top) else "<p>none</p>")
+        + (top.to_html(index=False, border=0, float_format=float_format(3), na_rep=NA) if len(top) else "<p>none</p>")
     )
     return result

@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
+from pipeline.aggregate.page import NA, float_format
 
 COLUMNS = [
     "class_id", "class_name", "seed", "mask_kind", "mask_area", "mask_components", "mask_main_share",
@@ -65,7 +66,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
             f"<p>Cross-attention masks against the true masks: mean IoU {summary['mean_iou']:.3f}, "
             f"median {summary['median_iou']:.3f}, {100 * summary['share_iou_at_least_0.5']:.0f}% of units at IoU >= 0.5.</p>"
         )
-        lines.append(per_class.to_html())
+        lines.append(per_class.to_html(float_format=float_format(3), na_rep=NA))
     result.html = "\n".join(lines)
     return result
 

@@ -39,6 +39,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult, read_images
+from pipeline.aggregate.page import NA, float_format
 
 ORIGINAL = "original"  # the scale-0 images, as a scenario of the tables
 # The eight scenarios of the published Table 2 (its column order), as scenario names here.
@@ -342,9 +343,9 @@ def _html(table, accuracy, opts, same, ties, notes, figure) -> str:
     parts = [
         f"<p>S = 1 - (var_cross + var_inner); <code>score</code> uses the {opts.variance} variant "
         "(table: divide by n - 1 as the published Table 2; equation: by n as eq. 1-2).</p>",
-        show.to_html(index=False, float_format=lambda v: f"{v:.4f}"),
+        show.to_html(index=False, float_format=float_format(4), na_rep=NA),
         "<p>Accuracy drop mu - C(i) per scenario (trained on originals):</p>",
-        pivot.to_html(float_format=lambda v: f"{v:.3f}"),
+        pivot.to_html(float_format=float_format(3), na_rep=NA),
         "<p>" + ("Clean accuracy ties between classifiers: the score separates what clean accuracy cannot."
                  if ties else f"Ranking by score {'matches' if same else 'differs from'} the ranking by clean accuracy.") + "</p>",
     ]

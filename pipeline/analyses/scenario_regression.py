@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
+from pipeline.aggregate.page import NA, float_format
 from pipeline.analyses.robustness_score import (
     ORIGINAL,
     originals,
@@ -68,8 +69,9 @@ def fit(cells: pd.DataFrame, classifiers: list[str]) -> tuple[pd.DataFrame, dict
         p = float(model.pvalues[name])
         rows.append({"variable": label, "estimate": float(model.params[name]), "std_error": float(model.bse[name]),
                      "p_value": p, "significance": stars(p)})
-    r2 = float(model.rsquared)  # NaN when every cell has the same accuracy (no variance to explain)
-    info = {"r_squared": None if math.isnan(r2) else round(r2, 4), "n_cells": int(len(data)), "formula": model.model.formula}
+    # NaN or -inf when every cell has the same accuracy (no variance to explain): undefined, null.
+    r2 = float(model.rsquared)
+    info = {"r_squared": round(r2, 4) if math.isfinite(r2) else None, "n_cells": int(len(data)), "formula": model.model.formula}
     return pd.DataFrame(rows), info
 
 
@@ -84,6 +86,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.json = info
     result.html = (
         f"<p>OLS <code>{info['formula']}</code> over {info['n_cells']} (classifier, scenario, class) cells, "
-        f"R² = {info['r_squared']}.</p>" + table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
+        f"R² = {NA if info['r_squared'] is None else info['r_squared']}.</p>"
+        + table.to_html(index=False, float_format=float_format(4, "g"), na_rep=NA)
     )
     return result

@@ -2,7 +2,9 @@
 
 A ``vlm`` classifier's answers are scored by its protocol (:mod:`pipeline.models.vqa_protocols`);
 an answer naming several options or none is excluded (``predictions.excluded``, ``correct``
-null) and counts neither way, as in ImageNet-D's ``compute_accuracy.py``.  This analysis
+null) and counts neither way, as in ImageNet-D's ``compute_accuracy.py``; so is an image the
+protocol could not ask (no released question under ``distractors: questions``), whose
+``answer`` is null (``n_unasked``, counted among ``n_excluded``).  This analysis
 reports, per vlm classifier, shift and scale, every image's verdict counts
 (``report/vlm_answers.csv``) and the protocol it was asked with.  The CNS metrics (accuracy,
 failure points) treat a vlm like any classifier on its non-excluded answers; a trajectory
@@ -18,14 +20,15 @@ import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 
-COLUMNS = ["classifier", "shift", "scale", "n", "n_true", "n_false", "n_excluded", "accuracy"]
+COLUMNS = ["classifier", "shift", "scale", "n", "n_true", "n_false", "n_excluded", "n_unasked", "accuracy"]
 
 
 def answer_table(samples: pd.DataFrame, predictions: pd.DataFrame, vlms: list[str]) -> pd.DataFrame:
     """Per (vlm classifier, shift, scale): images, TRUE, FALSE, excluded, TRUE / (TRUE + FALSE)."""
     if "excluded" not in predictions or not vlms or not len(predictions):
         return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
-    p = predictions[predictions["classifier"].isin(vlms)][["sample_id", "classifier", "correct", "excluded"]]
+    keep = ["sample_id", "classifier", "correct", "excluded", *(["answer"] if "answer" in predictions else [])]
+    p = predictions[predictions["classifier"].isin(vlms)][keep]
     rows = p.merge(samples[["sample_id", "shift", "scale"]], on="sample_id", how="inner")
     excluded = rows["excluded"].astype("boolean").fillna(False).astype(bool)
     correct = rows["correct"].astype("boolean")
@@ -33,9 +36,11 @@ def answer_table(samples: pd.DataFrame, predictions: pd.DataFrame, vlms: list[st
         t=(correct.fillna(False) & ~excluded).astype(int),
         f=((~correct.fillna(True)) & ~excluded).astype(int),
         x=excluded.astype(int),
+        u=(excluded & (rows["answer"].isna() if "answer" in rows else False)).astype(int),  # not asked
     )
     g = rows.groupby(["classifier", "shift", "scale"], sort=True).agg(
-        n=("sample_id", "size"), n_true=("t", "sum"), n_false=("f", "sum"), n_excluded=("x", "sum")
+        n=("sample_id", "size"), n_true=("t", "sum"), n_false=("f", "sum"), n_excluded=("x", "sum"),
+        n_unasked=("u", "sum"),
     ).reset_index()
     answered = g["n_true"] + g["n_false"]
     g["accuracy"] = (g["n_true"] / answered.where(answered > 0)).astype(float)

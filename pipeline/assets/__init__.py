@@ -13,7 +13,7 @@ from typing import Iterable
 
 from pipeline.config import BuildConfig
 from pipeline.io.files import exists
-from pipeline.assets.hub import local_file_ref, remote_weights_not_cached  # noqa: F401 (hub weights: pipeline.assets.hub)
+from pipeline.assets.hub import hub_id_problems, local_file_ref, remote_weights_not_cached  # noqa: F401 (hub weights: pipeline.assets.hub)
 from pipeline.models.diffusion import class_token_files, is_local_path, slider_path
 from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
@@ -76,11 +76,12 @@ def missing_sliders(cfg: BuildConfig, pairs: Iterable[tuple[int, str]]) -> list[
 
 
 def check_registry_keys(cfg: BuildConfig) -> list[str]:
-    """Unknown generator/filter/classifier kinds, unknown timm model names, and the
+    """Unknown generator/filter/classifier kinds, unknown timm model names, model references that
+    are neither paths nor hub ids (:func:`pipeline.assets.hub.hub_id_problems`), and the
     combinations the evaluation protocol refuses (:func:`pipeline.config.protocol.problems`)."""
     from pipeline.config.protocol import problems as protocol_problems
 
-    problems = protocol_problems(cfg)
+    problems = protocol_problems(cfg) + hub_id_problems(cfg)
     for reg, key, where in (
         (FAMILIES, cfg.generator.kind, "generator.kind"),
         (FILTERS, cfg.filter.kind, "filter.kind"),

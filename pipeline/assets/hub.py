@@ -7,11 +7,16 @@ in the torch-hub checkpoint directory, torch hub's repositories).  :func:`hub_ar
 lists every one with whether it is cached here; ``cnsbench validate`` reports the missing
 ones and ``cnsbench prefetch`` fetches them through the same libraries, on a node with
 internet, so a build can then run offline (``HF_HUB_OFFLINE=1``).
+
+A model reference that is neither an existing local path nor a well-formed hub id
+(``../../x/y``, ``org/../evil``) is a problem of the config (:func:`hub_id_problems`:
+``validate``, ``prefetch``, ``build`` and ``evaluate`` refuse it), never "cached".
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -42,6 +47,43 @@ class HubArtefact:
         return f"{self.where}: {self.library} {self.ref}"
 
 
+# --------------------------------------------------------------------------- hub ids
+# The Hugging Face hub's rule: ``name`` or ``namespace/name``, each part of letters, digits,
+# ``_ - .`` starting and ending with a letter, digit or ``_``; no ``--`` or ``..``; at most 96 characters.
+_HUB_PART = r"\w(?:[\w.\-]*\w)?"
+HUB_ID = re.compile(rf"(?:{_HUB_PART}/)?{_HUB_PART}")  # matched whole (fullmatch)
+
+
+def is_hub_id(value: str) -> bool:
+    return (
+        isinstance(value, str) and len(value) <= 96 and bool(HUB_ID.fullmatch(value))
+        and "--" not in value and ".." not in value and not value.endswith(".git")
+    )
+
+
+def model_ref_problem(value: str, key: str) -> str | None:
+    """Why ``value`` (the config's ``key``) names no model: None for an existing local path or a hub id."""
+    if isinstance(value, str) and value and os.path.exists(value):
+        return None
+    if is_hub_id(value):
+        return None
+    return (
+        f"{key}: {value!r} is neither an existing local path nor a hub id (name or org/name: letters, digits, "
+        "'_', '-', '.', no '..' or '--'); relative paths are resolved against the config's directory"
+    )
+
+
+def hub_id_problems(cfg: "BuildConfig") -> list[str]:
+    """One line per model reference of the config that is neither a local path nor a hub id."""
+    problems = []
+    for i, clf in enumerate(cfg.classifiers):
+        if clf.kind == "vlm":  # the only kind whose ``model`` is a hub repository or a directory
+            problem = model_ref_problem(clf.model, f"classifiers[{i}].model ({clf.name})")
+            if problem:
+                problems.append(problem)
+    return problems
+
+
 # --------------------------------------------------------------------------- cache checks
 def _hf_cached(repo_id: str, filenames: Iterable[str]) -> bool:
     from huggingface_hub import try_to_load_from_cache
@@ -49,8 +91,8 @@ def _hf_cached(repo_id: str, filenames: Iterable[str]) -> bool:
     for name in filenames:
         try:
             hit = try_to_load_from_cache(repo_id, name)
-        except Exception:  # a malformed id: not something this check can decide
-            return True
+        except Exception:  # a malformed id (hub_id_problems reports it): not in any cache
+            return False
         if isinstance(hit, str):
             return True
     return False
@@ -189,7 +231,7 @@ def hub_artefacts(cfg: "BuildConfig") -> list[HubArtefact]:
             out.append(_timm(where, clf.model))
         elif clf.kind == "open_clip_zeroshot" and clf.checkpoint and not local_file_ref(clf.checkpoint):
             out.append(_open_clip(where, clf.model, clf.checkpoint))
-        elif clf.kind == "vlm" and not os.path.isdir(clf.model) and "/" in clf.model:
+        elif clf.kind == "vlm" and not os.path.exists(clf.model) and is_hub_id(clf.model):
             out.append(_hf_repo(where, "transformers", clf.model))
         elif clf.kind == "torch_hub":
             repo = clf.model.rpartition(":")[0]

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from pipeline.runtime.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (for callers and tests)
 from pipeline.config import ConfigError
+from pipeline.io.access import StorageAccessError, access_error
 from pipeline.io.lease import LeaseLost
 from pipeline.io.retry import StorageError
 from pipeline.runtime.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted(args.command, argv), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except StorageAccessError as err:  # no or refused credentials, a closed endpoint: one line, the URL named
+        print(f"cnsbench {args.command}: error: {err}", file=sys.stderr)
+        return 2
     except LeaseLost as err:  # another writer took the output over: this one stopped committing
         print(f"cnsbench {args.command}: stopped: {err}", file=sys.stderr)
         return 1
@@ -61,8 +65,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
-        print(f"cnsbench {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
+        # An object store's "Forbidden" names no file: say which URL, with which credentials.
+        refused = access_error(err, url_argument(argv)) if err.filename is None else None
+        print(f"cnsbench {args.command}: error: {refused or describe_os_error(err)}", file=sys.stderr)
         return 2
+    except Exception as err:  # a storage client's own credentials error, raised outside OutputStore
+        refused = access_error(err, url_argument(argv))
+        if refused is None:
+            raise
+        print(f"cnsbench {args.command}: error: {refused}", file=sys.stderr)
+        return 2
+
+
+def url_argument(argv: Sequence[str] | None) -> str:
+    """The first URL among the command's arguments ("" when none): what a storage error is about."""
+    return next((a for a in (sys.argv[1:] if argv is None else argv) if "://" in a), "")
 
 
 def describe_os_error(err: OSError) -> str:

@@ -8,9 +8,15 @@ from pipeline.cli.options import add_set_argument, load_cli_config
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.assets.hub import hub_artefacts, offline
+    from pipeline.assets.hub import hub_artefacts, hub_id_problems, offline
 
     cfg = load_cli_config(args)
+    bad = hub_id_problems(cfg)
+    if bad:  # nothing to fetch for a name that is not one
+        print(f"config {args.config}: {len(bad)} problem(s):")
+        for p in bad:
+            print(f"  - {p}")
+        return 2
     artefacts = hub_artefacts(cfg)
     todo = [a for a in artefacts if args.all or not a.cached]
     print(f"config {args.config}: {len(artefacts)} hub artefact(s), {len(todo)} to fetch")

@@ -26,7 +26,6 @@ so, and the other writer's lease is left in place.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -44,6 +43,7 @@ from pipeline.io.lease_file import (
     unreadable,
 )
 from pipeline.io.ownership import claim_output
+from pipeline.io.safejson import dumps as strict_dumps
 
 __all__ = ["LEASE", "Lease", "LeaseHeld", "LeaseInfo", "LeaseLost", "acquire", "check_holder", "hold_lease",
            "lease_status", "read_lease", "timeout_s"]
@@ -124,7 +124,7 @@ class Lease:
         self._thread.start()
 
     def _write(self) -> None:
-        self.store.write_text(LEASE, json.dumps(self.info.to_json(), indent=1))
+        self.store.write_text(LEASE, strict_dumps(self.info.to_json(), indent=1))
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
@@ -183,7 +183,7 @@ def acquire(store: Any, command: str, echo: Callable[[str], None] | None = None)
         msg = f"[cnsbench] warning: taking over the stale lease of {store.uri} ({reason}) from {current.describe()}"
         (echo or log.warning)(msg)
     now = time.time()
-    store.write_text(LEASE, json.dumps(info.to_json(), indent=1))
+    store.write_text(LEASE, strict_dumps(info.to_json(), indent=1))
     info = LeaseInfo(platform.node(), os.getpid(), command, now, now, uuid.uuid4().hex, process_start(os.getpid()))
     time.sleep(SETTLE_S)
     back = None

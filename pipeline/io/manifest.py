@@ -22,7 +22,6 @@ evaluate moves it to ``previous/quarantine/`` (:func:`quarantine`) so its shard 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import posixpath
@@ -31,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pipeline.io.safejson import loads
+from pipeline.io.retry import StorageError
+from pipeline.io.safejson import dumps as strict_dumps, loads
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ShardManifest:
     classifiers: list[str] | None = None  # whose predictions it holds (None: the build config's)
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True, indent=1)
+        return strict_dumps(self.__dict__, sort_keys=True, indent=1)
 
     @staticmethod
     def from_json(text: str | bytes, source: str) -> "ShardManifest":
@@ -218,6 +218,8 @@ def scan_manifests(store: Any) -> ManifestScan:
             parsed.append((mtime, rel, parse_manifest(text, rel)))
         except FileNotFoundError:
             continue  # removed since the listing (a concurrent repair)
+        except StorageError:
+            raise  # the store failed us (out of retries): the manifest may be fine, never quarantine it
         except (ValueError, OSError) as err:
             reason, prefix = str(err), f"malformed manifest {rel}: "
             reason = "malformed manifest: " + reason[len(prefix) :] if reason.startswith(prefix) else reason

@@ -19,13 +19,12 @@ vouches for (:func:`pipeline.io.manifest.is_own_file`); everything else is left 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from pipeline.io.fs import PathKindError, check_writable_dir
 from pipeline.io.lease_file import LEASE, parse_lease
-from pipeline.io.safejson import loads
+from pipeline.io.safejson import dumps as strict_dumps, loads
 
 MARKER = "config.json"
 COMPARE_MARKER = "compare.json"
@@ -151,4 +150,4 @@ def claim_compare_output(store: Any) -> None:
 def write_compare_marker(store: Any, outputs: list[str], labels: list[str]) -> None:
     """Mark ``store`` as a comparison of ours (written before any report file)."""
     doc = {"cnsbench": "compare", "outputs": list(outputs), "labels": list(labels)}
-    store.write_text(COMPARE_MARKER, json.dumps(doc, indent=1))
+    store.write_text(COMPARE_MARKER, strict_dumps(doc, indent=1))

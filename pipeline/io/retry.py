@@ -8,6 +8,9 @@ and seconds) is spent; anything else (a missing file, a permission error, a full
 propagates at once.  A call that still fails raises :class:`StorageError` naming the
 operation and the path, and the stage that called it fails its shard: nothing is half
 committed (a shard's manifest is written last), and the next run redoes the shard.
+Missing or refused credentials are not retried: they raise
+:class:`pipeline.io.access.StorageAccessError` naming the path and where credentials were
+looked for.
 
 The budget is read from the environment so that every Ray worker uses the same:
 ``CNSBENCH_STORAGE_RETRIES`` (attempts after the first, default 6) and
@@ -23,6 +26,8 @@ import os
 import random
 import time
 from typing import Any, Callable, TypeVar
+
+from pipeline.io.access import access_error
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,6 +87,9 @@ def call(op: str, path: str, fn: Callable[[], T], on_retry: Callable[[], Any] | 
         except Exception as err:
             if isinstance(err, StorageError):
                 raise
+            refused = access_error(err, path)
+            if refused is not None:  # no credentials, or refused ones: retrying cannot help
+                raise refused from err
             spent = time.monotonic() - start
             if not is_transient(err):
                 raise

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import fsspec
 
+from pipeline.io.access import check_endpoint
 from pipeline.io.fs import confined_local, normalize_relpath
 from pipeline.io.manifest import (
     MANIFEST_DIR,
@@ -50,6 +51,8 @@ class OutputStore:
         self.uri = uri.rstrip("/") if "://" in uri else uri
         self.fs, self.root = fsspec.core.url_to_fs(self.uri)
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        if not self.local:
+            check_endpoint(self.uri, self.fs)  # a closed endpoint fails now, not after a minute of retries
         # Opening a store creates nothing: readers (status, aggregate, serve) must not make
         # directories; a build claims its output first (pipeline.io.ownership.claim_output).
 

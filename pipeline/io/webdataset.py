@@ -7,9 +7,10 @@ given order, so the same samples always produce byte-identical shards.
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from typing import Any, Iterable, Iterator
+
+from pipeline.io.safejson import dumps as strict_dumps
 
 
 def build_tar(samples: Iterable[tuple[str, dict[str, bytes]]]) -> bytes:
@@ -54,4 +55,4 @@ def iter_tar(data: bytes, source: str = "<tar>") -> Iterator[tuple[str, dict[str
 
 
 def metadata_json(meta: dict[str, Any]) -> bytes:
-    return json.dumps(meta, sort_keys=True).encode("utf-8")
+    return strict_dumps(meta, sort_keys=True).encode("utf-8")
