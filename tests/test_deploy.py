@@ -432,9 +432,9 @@ def test_submit_build_rejects_bad_inputs_before_contacting_a_cluster(tmp_path, m
         jobs.submit_build(repo / "configs/none.yaml", "s3://b/p", bogus, working_dir=repo)
     with pytest.raises(ValueError, match="relative path"):
         jobs.submit_build(repo / "configs/demo.yaml", "runs/out", bogus, working_dir=repo)
-    if jobs.build_accepts("--new-version") is False:  # the build CLI has no such option (yet)
-        with pytest.raises(ValueError, match="new --output"):
-            jobs.submit_build(repo / "configs/demo.yaml", "s3://b/p", bogus, working_dir=repo, new_version=True)
+    with pytest.raises(ValueError, match="new --output"):  # a build command line without --new-version
+        jobs.submit_build(repo / "configs/demo.yaml", "s3://b/p", bogus, working_dir=repo, new_version=True,
+                          accepts=lambda *args: False)
 
 
 def test_config_paths_must_be_uploaded(tmp_path):
@@ -458,10 +458,13 @@ def test_config_paths_must_be_uploaded(tmp_path):
 
 def test_build_accepts_reads_the_build_cli():
     from pipeline.cli import make_parser
+    from pipeline.cli.submit import build_accepts
 
-    make_parser()  # registers the build parser with pipeline.runtime.jobs
-    assert jobs.build_accepts("--output", "s3://b/p") is True
-    assert jobs.build_accepts("--no-such-option") is False
+    args = make_parser().parse_args(["submit", "c.yaml", "--output", "s3://b/p"])
+    assert build_accepts(args.build_parser, "--output", "s3://b/p") is True
+    assert build_accepts(args.build_parser, "--new-version") is True
+    assert build_accepts(args.build_parser, "--no-such-option") is False
+    assert build_accepts(None, "--new-version") is None
 
 
 # =========================================================================== jobs: token

@@ -3,22 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
+import os
 import sys
 from typing import Any
 
 from pipeline.cli.options import add_set_argument, load_cli_config
 from pipeline.runtime.jobs import (
-    _BUILD_PARSER,
-    _add_connection_args,
-    _address,
-    _report,
+    ADDRESS_ENVS,
     job_logs,
     job_status,
     stop_job,
     submit_build,
     wait_job,
 )
+
+
+def _address(args: argparse.Namespace) -> str | None:
+    if args.address:
+        return args.address
+    for env in ADDRESS_ENVS:
+        if os.environ.get(env):
+            return None  # Ray resolves it from the environment
+    raise ValueError("no cluster address: pass --address http://127.0.0.1:8265 or set RAY_API_SERVER_ADDRESS")
+
+
+def _report(err: BaseException) -> int:
+    """Print one line; exit 2 for bad input (a value, a missing or wrong kind of file), else 1."""
+    print(f"cnsbench: error: {err}", file=sys.stderr)
+    bad_input = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    return 2 if isinstance(err, bad_input) else 1
+
+
+def _add_connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--address",
+        metavar="URL",
+        default=None,
+        help="Jobs API (dashboard) URL, e.g. http://127.0.0.1:8265 through `ray dashboard` or "
+        "`kubectl port-forward`; default $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="F",
+        default=None,
+        help="file holding the cluster's Ray auth token (default: $RAY_AUTH_TOKEN, "
+        "$RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token when RAY_AUTH_MODE=token)",
+    )
+
+
+def build_accepts(build_parser: argparse.ArgumentParser | None, *build_args: str) -> bool | None:
+    """Whether this checkout's ``cnsbench build`` (its parser) accepts ``build_args`` (e.g.
+    ``--new-version``); None without a build parser (the cluster will tell)."""
+    if build_parser is None:
+        return None
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            _, unknown = build_parser.parse_known_args(["config.yaml", *build_args])
+    except SystemExit:  # an invalid value for a known option
+        return False
+    return not unknown
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -39,12 +85,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             new_version=args.new_version,
             token_file=args.token_file,
             sets=args.sets,
+            accepts=lambda *build_args: build_accepts(args.build_parser, *build_args),
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a message and exit 1
         return _report(err)
     print(job_id)
     return 0
-
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -53,7 +99,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except Exception as err:  # noqa: BLE001
         return _report(err)
     return 0
-
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -72,7 +117,6 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _cmd_stop(args: argparse.Namespace) -> int:
     try:
         stopped = stop_job(args.job_id, _address(args), token_file=args.token_file)
@@ -80,7 +124,6 @@ def _cmd_stop(args: argparse.Namespace) -> int:
         return _report(err)
     print("stop requested" if stopped else "job was not running")
     return 0
-
 
 
 def _cmd_wait(args: argparse.Namespace) -> int:
@@ -96,8 +139,6 @@ def _cmd_wait(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Register ``submit`` and ``jobs {status,logs,stop,wait}`` on an argparse
     ``subparsers`` object; each parser sets ``func(args) -> int`` (the exit code)."""
-    if "build" in subparsers.choices:
-        _BUILD_PARSER["build"] = subparsers.choices["build"]
     sp = subparsers.add_parser(
         "submit",
         help="submit a build to a Ray cluster (Ray Jobs API); prints the job id",
@@ -118,7 +159,8 @@ def register(subparsers: Any) -> None:
     )
     sp.add_argument("--pip", action="append", metavar="PKG", help="extra pip requirement for the job (repeatable)")
     sp.add_argument("--working-dir", default=None, metavar="DIR", help="directory to upload (default: repo root)")
-    sp.set_defaults(func=_cmd_submit)
+    # The build parser of this command line: which options the checkout's build accepts.
+    sp.set_defaults(func=_cmd_submit, build_parser=subparsers.choices.get("build"))
 
     jp = subparsers.add_parser("jobs", help="status, logs, stop or wait for a submitted build")
     jsub = jp.add_subparsers(dest="jobs_command", metavar="{status,logs,stop,wait}")

@@ -7,14 +7,15 @@ Thin, testable wrappers around :class:`ray.job_submission.JobSubmissionClient`:
   ``.venv`` and ``/runs`` always) and runs
   ``python -m pipeline.cli build <config> --output <uri>`` on the cluster.
 * :func:`job_status`, :func:`job_logs`, :func:`stop_job`, :func:`wait_job` follow it.
-* :mod:`pipeline.cli.submit` registers ``cnsbench submit`` and ``cnsbench jobs ...``.
+* :mod:`pipeline.cli.submit` registers ``cnsbench submit`` and ``cnsbench jobs ...`` (the
+  command line: its options, the cluster address from the environment, the exit codes).
 
 Resuming: a build resumes when the same command is run again on the same
 ``--output``; after a preemption or a lost head node, submit the same config with
 the same output URI again.  A new version of a benchmark goes to a new output URI.
 ``new_version=True`` / ``--new-version`` appends ``--new-version`` to the build
-command and is refused up front while this checkout's ``cnsbench build`` has no
-such option (:func:`build_accepts`).
+command and is refused up front when the caller's ``accepts`` says this checkout's
+``cnsbench build`` has no such option.
 
 Token authentication (Ray 2.60)
 -------------------------------
@@ -42,16 +43,13 @@ The Ray import is deferred to the functions that talk to a cluster so that
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import io
 import os
 import shlex
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from pipeline.io.nested import iter_strings
 
@@ -68,7 +66,7 @@ AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 DEFAULT_TOKEN_PATH = Path("~/.ray/auth_token")
 
 #: Environment variables that Ray lets override an explicit Jobs API address.
-_ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
@@ -210,20 +208,6 @@ def _check_config_paths(cfg: Path, working_dir: Path, excludes: Sequence[str]) -
         )
 
 
-def build_accepts(*build_args: str) -> bool | None:
-    """Whether this checkout's ``cnsbench build`` accepts ``build_args`` (e.g. ``--new-version``);
-    ``None`` when no command line registered its build parser here (the cluster will tell)."""
-    parser = _BUILD_PARSER.get("build")
-    if parser is None:
-        return None
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            _, unknown = parser.parse_known_args(["config.yaml", *build_args])
-    except SystemExit:  # an invalid value for a known option
-        return False
-    return not unknown
-
-
 def _check_output(output_uri: str) -> None:
     if not output_uri:
         raise ValueError("an output URI is required")
@@ -283,7 +267,7 @@ def _explicit_address(address: str | None) -> Iterator[None]:
     if not address:
         yield
         return
-    saved = {k: os.environ.pop(k) for k in _ADDRESS_ENVS if k in os.environ}
+    saved = {k: os.environ.pop(k) for k in ADDRESS_ENVS if k in os.environ}
     try:
         yield
     finally:
@@ -315,6 +299,7 @@ def submit_build(
     new_version: bool = False,
     token_file: str | os.PathLike[str] | None = None,
     sets: Sequence[str] = (),
+    accepts: Callable[..., bool | None] | None = None,
 ) -> str:
     """Submit ``cnsbench build`` as a Ray job; returns the submission id.
 
@@ -327,8 +312,9 @@ def submit_build(
     node, while any request lets Ray place it on a (spot) worker.
 
     Submitting again with the same ``output_uri`` resumes the build.  ``new_version``
-    adds ``--new-version`` to the build command; ``ValueError`` if this checkout's
-    ``cnsbench build`` has no such option (use a new ``output_uri`` then).  Local
+    adds ``--new-version`` to the build command; ``ValueError`` if ``accepts("--new-version")``
+    (whether this checkout's ``cnsbench build`` takes those arguments; None: unknown, the
+    cluster will tell) is False: use a new ``output_uri`` then.  Local
     checks (config inside the working_dir and not excluded, its ``./``/``../`` paths
     uploaded too, output not a relative path) run before the cluster is contacted.
 
@@ -340,7 +326,7 @@ def submit_build(
     runtime_env = build_runtime_env(wd, extra_pip)
     rel = _config_relative(config_path, wd, runtime_env["excludes"])
     _check_output(output_uri)
-    if new_version and build_accepts("--new-version") is False:
+    if new_version and accepts is not None and accepts("--new-version") is False:
         raise ValueError(
             "`cnsbench build` in this checkout has no --new-version option; a build resumes "
             "on the same --output, so use a new --output for a new version"
@@ -419,42 +405,3 @@ def wait_job(
         if left <= 0:
             raise TimeoutError(f"job {job_id} still {status} after {timeout_s:g} s")
         time.sleep(min(poll_s, left))
-
-
-# --------------------------------------------------------------------------- CLI
-def _address(args: argparse.Namespace) -> str | None:
-    if args.address:
-        return args.address
-    for env in _ADDRESS_ENVS:
-        if os.environ.get(env):
-            return None  # Ray resolves it from the environment
-    raise ValueError("no cluster address: pass --address http://127.0.0.1:8265 or set RAY_API_SERVER_ADDRESS")
-
-
-def _report(err: BaseException) -> int:
-    """Print one line; exit 2 for bad input (a value, a missing or wrong kind of file), else 1."""
-    print(f"cnsbench: error: {err}", file=sys.stderr)
-    bad_input = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
-    return 2 if isinstance(err, bad_input) else 1
-
-
-def _add_connection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--address",
-        metavar="URL",
-        default=None,
-        help="Jobs API (dashboard) URL, e.g. http://127.0.0.1:8265 through `ray dashboard` or "
-        "`kubectl port-forward`; default $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS",
-    )
-    p.add_argument(
-        "--token-file",
-        metavar="F",
-        default=None,
-        help="file holding the cluster's Ray auth token (default: $RAY_AUTH_TOKEN, "
-        "$RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token when RAY_AUTH_MODE=token)",
-    )
-
-
-# The ``build`` parser of the command line this module is registered on (see pipeline.cli.submit):
-# submit asks it which options the checkout's build accepts, without importing the CLI.
-_BUILD_PARSER: dict[str, Any] = {}
