@@ -183,8 +183,8 @@ def acquire(store: Any, command: str, echo: Callable[[str], None] | None = None)
         msg = f"[cnsbench] warning: taking over the stale lease of {store.uri} ({reason}) from {current.describe()}"
         (echo or log.warning)(msg)
     now = time.time()
-    store.write_text(LEASE, strict_dumps(info.to_json(), indent=1))
     info = LeaseInfo(platform.node(), os.getpid(), command, now, now, uuid.uuid4().hex, process_start(os.getpid()))
+    store.write_text(LEASE, strict_dumps(info.to_json(), indent=1))
     time.sleep(SETTLE_S)
     back = None
     for _ in range(3):  # an object store may answer the read-back with a stale or cut response
