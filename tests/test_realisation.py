@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.aggregate.metrics import REALISATION_TABLE_COLUMNS, compute_metrics, shift_realisation
+from pipeline.aggregate.metrics import compute_metrics
+from pipeline.aggregate.realisation import REALISATION_TABLE_COLUMNS, shift_realisation
 from pipeline.aggregate.report import write_report
 from pipeline.plan import sample_id, trajectory_id
 from pipeline.plan.schema import PREDICTIONS, SAMPLES

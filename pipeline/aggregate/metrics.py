@@ -11,7 +11,7 @@ Role: the last, pure step of a build.  Given the per-image ``samples`` table
 * the failure-point distribution per scale (:func:`failure_point_table`),
 * one summary row per classifier (:func:`summary_table`),
 * how strongly each shift is realised per scale (:func:`shift_realisation`, Fig. 3 of
-  the paper),
+  the paper; :mod:`pipeline.aggregate.realisation`),
 
 and bundle them with dataset counts in :class:`Metrics` (:func:`compute_metrics`).
 Definitions follow CNS-Bench (REFERENCE.md section 1 "Metrics"); each function's
@@ -39,11 +39,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
+from pipeline.aggregate.frames import (
+    check_scales,
+    empty_frame,
+    jsonable,
+    kept_flags,
+    milli_keys,
+    records,
+    require_columns,
+)
+from pipeline.aggregate.realisation import empty_realisation, shift_realisation
 from pipeline.plan import scale_tag
 
 ALL_SHIFTS = "all"
@@ -56,7 +66,6 @@ FAILURE_POINT_COLUMNS = ["trajectory_id", "shift", "classifier", "failure_point"
 FP_TABLE_COLUMNS = ["classifier", "shift", "scale", "fp_count", "fp_ratio", "fp_ratio_cumulative"]
 KEPT_COLUMNS = ["scale", "n_samples", "n_kept", "kept_share"]
 SUMMARY_TAIL_COLUMNS = ["accuracy_scale0", "fp_avg", "fp_std", "margin_fp_avg", "n_failed", "n_trajectories"]
-REALISATION_TABLE_COLUMNS = ["shift", "scale", "n", "clip_shift_alignment_delta", "dino_similarity"]
 
 _SAMPLE_COLUMNS = ["sample_id", "trajectory_id", "shift", "scale", "kept"]
 _PREDICTION_COLUMNS = ["sample_id", "classifier", "correct"]
@@ -64,7 +73,7 @@ _PREDICTION_COLUMNS = ["sample_id", "classifier", "correct"]
 
 def summary_columns(scales: Sequence[float]) -> list[str]:
     """Column names of :func:`summary_table` for these scales, in order."""
-    tags = [scale_tag(s) for s in _check_scales(scales)]
+    tags = [scale_tag(s) for s in check_scales(scales)]
     return (
         ["classifier"]
         + [f"acc_drop_{t}" for t in tags]
@@ -73,42 +82,7 @@ def summary_columns(scales: Sequence[float]) -> list[str]:
     )
 
 
-# --------------------------------------------------------------------------- helpers
-def _check_scales(scales: Iterable[float]) -> list[float]:
-    values = [float(s) for s in scales]
-    if not values:
-        raise ValueError("scales must not be empty")
-    if 0.0 not in values:
-        raise ValueError(f"scales must include 0 (the reference of every trajectory), got {values}")
-    if sorted(set(values)) != values:
-        raise ValueError(f"scales must be unique and ascending, got {values}")
-    milli = [round(v * 1000) for v in values]
-    if len(set(milli)) != len(milli):
-        raise ValueError(f"scales must differ by at least 0.001, got {values}")
-    return values
-
-
-def _milli(values: pd.Series) -> pd.Series:
-    # Integer key at scale_tag's resolution: exact equality on floats read back from
-    # parquet/CSV is fragile, the rounded thousandth is what the sample ids encode anyway.
-    return (values.astype(float) * 1000).round().astype("int64")
-
-
-def _require(df: pd.DataFrame, columns: list[str], name: str) -> pd.DataFrame:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        if len(df) == 0:
-            # An empty frame built without a schema (pd.DataFrame()) is still "no data".
-            return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-        raise ValueError(f"{name} table lacks columns {missing}; has {list(df.columns)}")
-    return df
-
-
-def _bool(values: pd.Series) -> pd.Series:
-    # Nulls count as False: an image without a keep decision was not kept.
-    return values.astype("boolean").fillna(False).astype(bool)
-
-
+# --------------------------------------------------------------------------- evaluated rows
 @dataclass
 class _Evaluated:
     """Rows (trajectory_id, shift, classifier, scale, correct) of evaluated trajectories."""
@@ -120,14 +94,14 @@ class _Evaluated:
 
 
 def _evaluate(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence[float]) -> _Evaluated:
-    scale_list = _check_scales(scales)
-    samples = _require(samples, _SAMPLE_COLUMNS, "samples")
-    predictions = _require(predictions, _PREDICTION_COLUMNS, "predictions")
+    scale_list = check_scales(scales)
+    samples = require_columns(samples, _SAMPLE_COLUMNS, "samples")
+    predictions = require_columns(predictions, _PREDICTION_COLUMNS, "predictions")
     complete = complete_trajectories(samples, scale_list)
 
     canonical = {round(s * 1000): s for s in scale_list}
     s = samples.loc[samples["trajectory_id"].isin(complete), ["sample_id", "trajectory_id", "shift", "scale"]].copy()
-    s["milli"] = _milli(s["scale"]) if len(s) else pd.Series(dtype="int64")
+    s["milli"] = milli_keys(s["scale"]) if len(s) else pd.Series(dtype="int64")
     s = s[s["milli"].isin(list(canonical))]
     if s["sample_id"].duplicated().any():
         dup = s.loc[s["sample_id"].duplicated(), "sample_id"].iloc[0]
@@ -179,12 +153,12 @@ def complete_trajectories(samples: pd.DataFrame, scales: Sequence[float]) -> set
     the reference's rule "only complete trajectories (all scales kept) are evaluated".
     Samples at scales outside ``scales`` are ignored.
     """
-    scale_list = _check_scales(scales)
-    samples = _require(samples, ["trajectory_id", "scale", "kept"], "samples")
+    scale_list = check_scales(scales)
+    samples = require_columns(samples, ["trajectory_id", "scale", "kept"], "samples")
     if samples.empty:
         return set()
     df = pd.DataFrame(
-        {"trajectory_id": samples["trajectory_id"], "milli": _milli(samples["scale"]), "kept": _bool(samples["kept"])}
+        {"trajectory_id": samples["trajectory_id"], "milli": milli_keys(samples["scale"]), "kept": kept_flags(samples["kept"])}
     )
     df = df[df["milli"].isin([round(s * 1000) for s in scale_list])]
     g = df.groupby("trajectory_id").agg(n_scales=("milli", "nunique"), all_kept=("kept", "all"))
@@ -193,7 +167,7 @@ def complete_trajectories(samples: pd.DataFrame, scales: Sequence[float]) -> set
 
 def _accuracy(ev: _Evaluated) -> pd.DataFrame:
     if ev.rows.empty:
-        return _empty(
+        return empty_frame(
             ACCURACY_COLUMNS,
             {"scale": float, "n": "int64", "accuracy": float, "accuracy_change": float, "accuracy_drop": float},
         )
@@ -247,7 +221,7 @@ def first_failure(scales: Sequence[float], correct: Any) -> np.ndarray:
 
 def _failure_points(ev: _Evaluated) -> pd.DataFrame:
     if ev.rows.empty:
-        return _empty(FAILURE_POINT_COLUMNS, {"failure_point": float})
+        return empty_frame(FAILURE_POINT_COLUMNS, {"failure_point": float})
     traj = ev.rows[["trajectory_id", "shift", "classifier"]].drop_duplicates()
     # Every evaluated (trajectory, classifier) has exactly one row per scale (_evaluate),
     # so the rows form a (pair x scale) matrix of correctness.
@@ -310,7 +284,7 @@ def _fp_table(ev: _Evaluated, fps: pd.DataFrame) -> pd.DataFrame:
                     }
                 )
     if not rows:
-        return _empty(FP_TABLE_COLUMNS, {"scale": float, "fp_count": "int64", "fp_ratio": float, "fp_ratio_cumulative": float})
+        return empty_frame(FP_TABLE_COLUMNS, {"scale": float, "fp_count": "int64", "fp_ratio": float, "fp_ratio_cumulative": float})
     out = pd.DataFrame(rows, columns=FP_TABLE_COLUMNS)
     out["fp_count"] = out["fp_count"].astype("int64")
     return out
@@ -370,7 +344,7 @@ def _summary(ev: _Evaluated, acc: pd.DataFrame, fps: pd.DataFrame, margin_max_sc
     if not rows:
         dtypes = {c: float for c in columns if c != "classifier"}
         dtypes.update(n_failed="int64", n_trajectories="int64")
-        return _empty(columns, dtypes)
+        return empty_frame(columns, dtypes)
     out = pd.DataFrame(rows, columns=columns)
     out[["n_failed", "n_trajectories"]] = out[["n_failed", "n_trajectories"]].astype("int64")
     return out
@@ -408,117 +382,22 @@ def summary_table(
     * ``n_failed``: evaluated trajectories with a failure point; ``n_trajectories``:
       all evaluated trajectories of the classifier (over all shifts).
     """
-    if margin_max_scale < max(_check_scales(scales)):
+    if margin_max_scale < max(check_scales(scales)):
         raise ValueError(f"margin_max_scale ({margin_max_scale}) must be >= the largest scale")
     ev = _evaluate(samples, predictions, scales)
     return _summary(ev, _accuracy(ev), _failure_points(ev), float(margin_max_scale), fp_std_ddof)
 
 
 def _kept_by_scale(samples: pd.DataFrame, scales: list[float]) -> pd.DataFrame:
-    samples = _require(samples, ["scale", "kept"], "samples")
-    milli = _milli(samples["scale"]) if len(samples) else pd.Series(dtype="int64")
-    kept = _bool(samples["kept"]) if len(samples) else pd.Series(dtype=bool)
+    samples = require_columns(samples, ["scale", "kept"], "samples")
+    milli = milli_keys(samples["scale"]) if len(samples) else pd.Series(dtype="int64")
+    kept = kept_flags(samples["kept"]) if len(samples) else pd.Series(dtype=bool)
     rows = []
     for scale in scales:
         at = (milli == round(scale * 1000)).to_numpy()
         n, k = int(at.sum()), int(kept.to_numpy()[at].sum())
         rows.append({"scale": scale, "n_samples": n, "n_kept": k, "kept_share": k / n if n else math.nan})
     return pd.DataFrame(rows, columns=KEPT_COLUMNS).astype({"n_samples": "int64", "n_kept": "int64"})
-
-
-def _empty(columns: list[str], dtypes: dict[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, object)) for c in columns})
-
-
-_REALISATION_DTYPES = {"scale": float, "n": "int64", "clip_shift_alignment_delta": float, "dino_similarity": float}
-
-
-def shift_realisation(samples: pd.DataFrame, scales: Sequence[float], kept_only: bool = False) -> pd.DataFrame:
-    """How strongly each shift is realised at each scale (CNS-Bench Fig. 3).
-
-    Columns ``shift, scale, n, clip_shift_alignment_delta, dino_similarity``, one row per
-    (shift, benchmark scale) that has samples, ordered by shift name then scale:
-
-    * ``n``: number of samples of that shift at that scale (one per trajectory).
-    * ``clip_shift_alignment_delta``: mean over those samples of
-      ``clip_shift_alignment(sample) - clip_shift_alignment(scale-0 sample of the same
-      trajectory)``, i.e. the CLIPScore gain towards ``"a picture in {shift words}"``
-      relative to the unshifted image (0 at scale 0).  Samples whose own or reference
-      value is missing/NaN are left out of the mean.
-    * ``dino_similarity``: mean of the stored ``dino_image`` score, the DINOv2 class-token
-      cosine similarity to the trajectory's scale-0 image (1 at scale 0; with
-      ``filter.dino.softmax_cls`` the cosine of the softmaxed tokens, as the filter
-      computes it).  NaN values are left out.
-
-    A mean over no values is NaN (e.g. an evaluate-only output without ``--filter``).  All
-    samples count, kept by the filter or not (the measure describes the generator, not the
-    filter), unless ``kept_only``.  Scales are matched at 1/1000 like every other metric;
-    samples at other scales are ignored.  Outputs written before the
-    ``clip_shift_alignment`` column existed give NaN deltas.
-    """
-    scale_list = _check_scales(scales)
-    required = ["trajectory_id", "shift", "scale"] + (["kept"] if kept_only else [])
-    missing = [c for c in required if c not in samples.columns]
-    if missing or samples.empty:
-        if missing and len(samples):
-            raise ValueError(f"samples table lacks columns {missing}; has {list(samples.columns)}")
-        return _empty(REALISATION_TABLE_COLUMNS, _REALISATION_DTYPES)
-
-    def score(column: str) -> Any:
-        # Score columns are optional (tables from older outputs or tests may lack them).
-        if column not in samples.columns:
-            return np.nan
-        return pd.to_numeric(samples[column], errors="coerce").astype(float)
-
-    df = pd.DataFrame(
-        {
-            "trajectory_id": samples["trajectory_id"].astype(str),
-            "shift": samples["shift"].astype(str),
-            "milli": _milli(samples["scale"]),
-            "kept": _bool(samples["kept"]) if "kept" in samples.columns else True,
-            "dino": score("dino_image"),
-            "align": score("clip_shift_alignment"),
-        }
-    )
-    canonical = {round(s * 1000): s for s in scale_list}
-    df = df[df["milli"].isin(list(canonical))]
-    if df.duplicated(["trajectory_id", "milli"]).any():
-        row = df.loc[df.duplicated(["trajectory_id", "milli"])].iloc[0]
-        raise ValueError(f"trajectory {row['trajectory_id']!r} has several samples at scale {row['milli'] / 1000}")
-    # The reference is the trajectory's own scale-0 sample, taken before the kept_only
-    # selection: an unkept scale-0 image is still what the shift departs from.
-    ref = df.loc[df["milli"] == 0].set_index("trajectory_id")["align"]
-    df["delta"] = df["align"] - df["trajectory_id"].map(ref).astype(float)
-    if kept_only:
-        df = df[df["kept"]]
-    if df.empty:
-        return _empty(REALISATION_TABLE_COLUMNS, _REALISATION_DTYPES)
-    g = df.groupby(["shift", "milli"], sort=True).agg(
-        n=("trajectory_id", "size"), clip_shift_alignment_delta=("delta", "mean"), dino_similarity=("dino", "mean")
-    )
-    out = g.reset_index()
-    out["scale"] = out["milli"].map(canonical).astype(float)
-    out["n"] = out["n"].astype("int64")
-    return out[REALISATION_TABLE_COLUMNS].reset_index(drop=True)
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types: numpy scalars unwrapped, NaN/inf -> None."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is pd.NA or value is pd.NaT:
-        return None
-    return value
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [_jsonable(dict(zip(df.columns, row))) for row in df.itertuples(index=False, name=None)]
 
 
 # --------------------------------------------------------------------------- bundle
@@ -553,7 +432,7 @@ class Metrics:
     # Per (shift, scale) realisation measures (:func:`shift_realisation`); defaulted so
     # code constructing Metrics without it keeps working.
     shift_realisation: pd.DataFrame = field(
-        default_factory=lambda: _empty(REALISATION_TABLE_COLUMNS, _REALISATION_DTYPES)
+        default_factory=empty_realisation
     )
 
     @property
@@ -570,7 +449,7 @@ class Metrics:
         per-trajectory ``failure_points`` are left out: one row per trajectory and
         classifier is too large for a summary file at full benchmark size.
         """
-        return _jsonable(
+        return jsonable(
             {
                 "scales": self.scales,
                 "scale_tags": [scale_tag(s) for s in self.scales],
@@ -584,11 +463,11 @@ class Metrics:
                     "n_trajectories_total": self.n_trajectories_total,
                     "n_trajectories_complete": self.n_trajectories_complete,
                 },
-                "kept_by_scale": _records(self.kept_by_scale),
-                "summary": _records(self.summary),
-                "accuracy": _records(self.accuracy),
-                "failure_point_table": _records(self.failure_point_table),
-                "shift_realisation": _records(self.shift_realisation),
+                "kept_by_scale": records(self.kept_by_scale),
+                "summary": records(self.summary),
+                "accuracy": records(self.accuracy),
+                "failure_point_table": records(self.failure_point_table),
+                "shift_realisation": records(self.shift_realisation),
             }
         )
 
@@ -606,14 +485,14 @@ def compute_metrics(
     ``margin_max_scale`` below the largest scale, missing columns, duplicated samples or
     predictions, or a shift named ``"all"``.  Empty inputs give empty tables.
     """
-    scale_list = _check_scales(scales)
+    scale_list = check_scales(scales)
     if margin_max_scale < max(scale_list):
         raise ValueError(f"margin_max_scale ({margin_max_scale}) must be >= the largest scale ({max(scale_list)})")
     ev = _evaluate(samples, predictions, scale_list)
     acc = _accuracy(ev)
     fps = _failure_points(ev)
-    samples = _require(samples, _SAMPLE_COLUMNS, "samples")
-    kept = _bool(samples["kept"]) if len(samples) else pd.Series(dtype=bool)
+    samples = require_columns(samples, _SAMPLE_COLUMNS, "samples")
+    kept = kept_flags(samples["kept"]) if len(samples) else pd.Series(dtype=bool)
     return Metrics(
         scales=scale_list,
         margin_max_scale=float(margin_max_scale),

@@ -22,7 +22,7 @@ SCORE_COLUMNS = ("clip_text", "clip_shift_text", "clip_image", "dino_image")
 # Per-image measures stored next to the detector scores but never part of the keep rule:
 # ``clip_shift_alignment`` is the CLIPScore of the image to "a picture in {shift words}",
 # the paper's (Fig. 3) measure of how strongly a shift is realised (see
-# pipeline.aggregate.metrics.shift_realisation).  NaN when the filter did not run.
+# pipeline.aggregate.realisation.shift_realisation).  NaN when the filter did not run.
 REALISATION_COLUMNS = ("clip_shift_alignment",)
 
 SAMPLES = pa.schema(
