@@ -26,18 +26,16 @@ Tables that carry bootstrap intervals (``<metric>_ci_low/_ci_high`` columns, see
 the accuracy-drop and cumulative failure-point plots.
 
 Every file is written to a temporary name in ``report_dir`` and moved into place with
-:func:`os.replace`, so a reader never sees a half-written file; ``index.html`` is written
-last, so its presence means the report is complete.
+:func:`os.replace` (:func:`pipeline.io.files.write_atomic`), so a reader never sees a
+half-written file; ``index.html`` is written last, so its presence means the report is complete.
 """
 
 from __future__ import annotations
 
-import contextlib
 import html
 import io
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,6 +46,7 @@ from matplotlib.figure import Figure
 
 from pipeline.aggregate.metrics import ALL_SHIFTS, Metrics
 from pipeline.aggregate.page import ci_table
+from pipeline.io.files import write_atomic
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.plan import scale_tag
 
@@ -57,23 +56,6 @@ REALISATION_PLOT = "shift_realisation.png"
 
 
 # --------------------------------------------------------------------------- writing
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; a report is meant to be read by others (web server, team).
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def _csv_bytes(df: pd.DataFrame) -> bytes:
     # Default float repr round-trips exactly; NaN becomes an empty field.
     return df.to_csv(index=False, lineterminator="\n").encode("utf-8")
@@ -133,53 +115,59 @@ def _band(ax: Any, x: Sequence[float], row: Any, names: list[str], colour: Any, 
     ax.fill_between(x, low, high, color=colour, alpha=0.15, linewidth=0)
 
 
-def _plot_accuracy_drop(metrics: Metrics) -> Figure:
-    title = "Accuracy drop vs shift scale (mean over shifts)"
+def _per_classifier_plot(metrics: Metrics, title: str, ylabel: str, draw, ylim: tuple[float, float] | None = None) -> Figure:
+    """One panel over the scales, ``draw(ax, colours)`` a line per classifier, the legend outside
+    (or a figure saying why there is no data): the skeleton of the summary plots."""
     message = _empty_message(metrics)
     if message:
         return _no_data_figure(title, message)
     colours = colours_of(metrics.classifiers)
     fig = Figure(figsize=(7.5 + 1.6 * math.ceil(len(metrics.classifiers) / 16), 4.5), layout="constrained")
     ax = fig.add_subplot()
-    for _, row in metrics.summary.iterrows():
-        y = [100.0 * row[f"acc_drop_{scale_tag(s)}"] for s in metrics.scales]
-        ax.plot(metrics.scales, y, marker="o", label=str(row["classifier"]), color=colours[row["classifier"]])
-        _band(ax, metrics.scales, row, [f"acc_drop_{scale_tag(s)}" for s in metrics.scales], colours[row["classifier"]], 100.0)
-    ax.axhline(0.0, color="grey", linewidth=0.8)
+    draw(ax, colours)
     ax.set_xlabel("shift scale")
-    ax.set_ylabel("accuracy drop (percentage points, positive = drop)")
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.set_xticks(metrics.scales)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     _outside_legend(fig, ax, len(metrics.classifiers))
     return fig
+
+
+def _plot_accuracy_drop(metrics: Metrics) -> Figure:
+    def draw(ax, colours) -> None:
+        for _, row in metrics.summary.iterrows():
+            columns = [f"acc_drop_{scale_tag(s)}" for s in metrics.scales]
+            colour = colours[row["classifier"]]
+            ax.plot(metrics.scales, [100.0 * row[c] for c in columns], marker="o", label=str(row["classifier"]), color=colour)
+            _band(ax, metrics.scales, row, columns, colour, 100.0)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+
+    return _per_classifier_plot(
+        metrics, "Accuracy drop vs shift scale (mean over shifts)",
+        "accuracy drop (percentage points, positive = drop)", draw,
+    )
 
 
 def _plot_fp_cumulative(metrics: Metrics) -> Figure:
-    title = "Cumulative failure-point ratio (all shifts)"
-    message = _empty_message(metrics)
-    if message:
-        return _no_data_figure(title, message)
-    colours = colours_of(metrics.classifiers)
     table = metrics.failure_point_table
-    fig = Figure(figsize=(7.5 + 1.6 * math.ceil(len(metrics.classifiers) / 16), 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    for clf in metrics.classifiers:
-        rows = table[(table["classifier"] == clf) & (table["shift"] == ALL_SHIFTS)]
-        ax.plot(rows["scale"], rows["fp_ratio_cumulative"], marker="o", label=clf, color=colours[clf])
-        if "fp_ratio_cumulative_ci_low" in rows.columns:
-            ax.fill_between(
-                rows["scale"], rows["fp_ratio_cumulative_ci_low"], rows["fp_ratio_cumulative_ci_high"],
-                color=colours[clf], alpha=0.15, linewidth=0,
-            )
-    ax.set_xlabel("shift scale")
-    ax.set_ylabel("share of trajectories failed at or before scale")
-    ax.set_ylim(0.0, 1.0)
-    ax.set_xticks(metrics.scales)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    _outside_legend(fig, ax, len(metrics.classifiers))
-    return fig
+
+    def draw(ax, colours) -> None:
+        for clf in metrics.classifiers:
+            rows = table[(table["classifier"] == clf) & (table["shift"] == ALL_SHIFTS)]
+            ax.plot(rows["scale"], rows["fp_ratio_cumulative"], marker="o", label=clf, color=colours[clf])
+            if "fp_ratio_cumulative_ci_low" in rows.columns:
+                ax.fill_between(
+                    rows["scale"], rows["fp_ratio_cumulative_ci_low"], rows["fp_ratio_cumulative_ci_high"],
+                    color=colours[clf], alpha=0.15, linewidth=0,
+                )
+
+    return _per_classifier_plot(
+        metrics, "Cumulative failure-point ratio (all shifts)", "share of trajectories failed at or before scale",
+        draw, ylim=(0.0, 1.0),
+    )
 
 
 def _plot_fp_distribution(metrics: Metrics) -> Figure:
@@ -408,7 +396,7 @@ def write_report(
 
     def put(name: str, data: bytes) -> None:
         path = out_dir / name
-        _atomic_write(path, data)
+        write_atomic(str(path), data)
         written[name] = str(path)
 
     files, plot_files = cns_files(metrics, plots=plots, per_trajectory=per_trajectory)
