@@ -8,11 +8,18 @@ each image one decision:
 ``reject``     unusable (artefacts, ambiguous, several objects) -- no statement about the class
 ``not_class``  the image does not show its class (out of class)
 
-Decisions are stored next to the output in ``review/<set>.json``
-(``{"set", "decisions": {sample_id: {"decision", "time"}}}``), rewritten atomically on
-every change (temporary file, then rename; a single PUT on object stores), so a review
-can stop at any time and resume where it stopped.  After each change two derived files
-are refreshed:
+Decisions are stored next to the output.  Several reviewers (several ``serve``
+processes, on one host or many, on local disk or object storage) may decide at once, and
+no decision may be lost, so each process writes only its own file,
+``review/<set>.writers/<writer>.json`` (``{"set", "writer", "decisions": {sample_id:
+{"decision", "time"}}}``, an undo kept as ``"decision": null``), rewritten atomically
+(temporary file, then rename; a single PUT on object stores) under the process's lock.
+Reading merges every writer's file: per image the latest decision by time wins, an undo
+removes it.  The merged view is written to ``review/<set>.json``
+(``{"set", "decisions": {sample_id: {"decision", "time"}}}``, the file earlier versions
+kept alone and still read as a writer of its own), so a review can stop at any time and
+resume where it stopped.  After each change two derived files are refreshed (and
+refreshed again while another writer's decisions keep arriving):
 
 * ``review/<set>_final.parquet``: the final set = mined ∩ accepted (the set's rows whose
   decision is ``accept``), in the set's order;
@@ -25,20 +32,51 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import platform
 import re
 import threading
 import time
+import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
 
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 from pipeline.plan.schema import SCORE_COLUMNS
 
 DECISIONS = ("accept", "reject", "not_class")
 SET_NAME = re.compile(r"[a-z0-9][a-z0-9_]{0,63}")  # matched whole (fullmatch)
 REVIEW_DIR = "review"
-_LOCK = threading.Lock()  # one writer per process; the file itself is replaced atomically
+_LOCK = threading.Lock()  # one writer per process: its own file is read, changed and replaced under it
+_WRITER: tuple[int, str] | None = None  # (pid, writer id): a forked child gets its own
+_LAST_TIME = 0.0
+_REFRESHES = 5  # derived files recomputed at most this often per decision while others write
+
+
+def writer_id() -> str:
+    """This process's writer name: host, pid and a random part (a restarted server is a new writer)."""
+    global _WRITER
+    if _WRITER is None or _WRITER[0] != os.getpid():
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", platform.node() or "host")[:40]
+        _WRITER = (os.getpid(), f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return _WRITER[1]
+
+
+def _now() -> str:
+    """UTC time with microseconds, strictly increasing within the process (called under _LOCK)."""
+    global _LAST_TIME
+    t = max(time.time(), _LAST_TIME + 1e-6)
+    _LAST_TIME = t
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _order(entry: dict[str, Any]) -> str:
+    """Sort key of a decision's time: ``...:SSZ`` (older files) sorts as ``...:SS.000000Z``."""
+    t = str(entry.get("time") or "")
+    return t[:-1] + ".000000Z" if t.endswith("Z") and "." not in t else t
 
 
 class ReviewError(ValueError):
@@ -88,13 +126,41 @@ class Review:
     def _path(self, name: str) -> str:
         return f"{REVIEW_DIR}/{name}.json"
 
+    def _writers_dir(self, name: str) -> str:
+        return f"{REVIEW_DIR}/{name}.writers"
+
+    def _read_decisions(self, rel: str) -> dict[str, dict[str, Any]]:
+        """The ``decisions`` of one file (empty when it is gone); a file that does not parse is an error naming it."""
+        try:
+            data = json.loads(self.store.read_text(rel))
+        except FileNotFoundError:
+            return {}
+        except ValueError as err:
+            raise ReviewError(f"{self.store.url(rel)} is not a review decisions file: {err}") from None
+        got = data.get("decisions") if isinstance(data, dict) else None
+        if not isinstance(got, dict):
+            raise ReviewError(f"{self.store.url(rel)} has no 'decisions' object")
+        return {str(k): v for k, v in got.items() if isinstance(v, dict)}
+
+    def _merged(self, name: str) -> dict[str, dict[str, Any]]:
+        """Every writer's decisions merged: per image the latest by time; an undo (null) removes it."""
+        latest: dict[str, tuple[tuple[str, str], dict[str, Any]]] = {}
+        sources = [self._path(name)] + self.store.list(self._writers_dir(name), ".json")
+        for rank, rel in enumerate(sources):
+            for sid, entry in self._read_decisions(rel).items():
+                key = (_order(entry), f"{rank:06d}" if rank == 0 else rel)
+                if sid not in latest or key > latest[sid][0]:
+                    latest[sid] = (key, entry)
+        return {
+            sid: {"decision": entry["decision"], "time": entry.get("time")}
+            for sid, (_, entry) in sorted(latest.items())
+            if entry.get("decision") in DECISIONS
+        }
+
     def decisions(self, name: str) -> dict[str, dict[str, Any]]:
         """sample_id -> {"decision", "time"} of the set (empty before the first decision)."""
         self.check_set(name)
-        if not self.store.exists(self._path(name)):
-            return {}
-        data = json.loads(self.store.read_text(self._path(name)))
-        return dict(data.get("decisions", {}))
+        return self._merged(name)
 
     def decide(self, name: str, updates: dict[str, str | None]) -> dict[str, Any]:
         """Record ``{sample_id: decision}`` (None clears one); returns :meth:`progress`.
@@ -112,16 +178,22 @@ class Review:
         if bad:
             raise ReviewError(f"decisions must be one of {', '.join(DECISIONS)} (or null), got {bad}")
         with _LOCK:
-            current = self.decisions(name)
-            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            writer = writer_id()
+            own = f"{self._writers_dir(name)}/{writer}.json"
+            mine = self._read_decisions(own)
+            now = _now()
             for sid, decision in updates.items():
-                if decision is None:
-                    current.pop(sid, None)
-                else:
-                    current[sid] = {"decision": decision, "time": now}
-            doc = {"set": name, "decisions": dict(sorted(current.items()))}
-            self.store.write_text(self._path(name), json.dumps(doc, indent=1))
-            self._derived(name, current)
+                mine[sid] = {"decision": decision, "time": now}  # an undo stays, as null, to outrank older decisions
+            doc = {"set": name, "writer": writer, "decisions": dict(sorted(mine.items()))}
+            self.store.write_text(own, strict_dumps(doc, indent=1))
+            # The merged view and the derived files: written from what every writer has stored,
+            # and again while it keeps changing (another writer decided meanwhile).
+            for _ in range(_REFRESHES):
+                current = self._merged(name)
+                self.store.write_text(self._path(name), strict_dumps({"set": name, "decisions": current}, indent=1))
+                self._derived(name, current)
+                if self._merged(name) == current:
+                    break
         return self.progress(name)
 
     def _derived(self, name: str, decisions: dict[str, dict[str, Any]]) -> None:
