@@ -57,21 +57,14 @@ def _flops(fn) -> float:
 def unet_latency(size: str, resolution: int, dtype_name: str, device: str, iters: int, images: list[int]) -> dict:
     """Seconds per UNet evaluation on a CFG batch of 2 and per VAE decode of one image."""
     import torch
-    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from diffusers import UNet2DConditionModel
 
-    from pipeline.demo.tiny_sd import ARCH
+    from pipeline.demo.tiny_sd import ARCH, sd_vae
 
     arch = ARCH[size]
     dtype = getattr(torch, dtype_name)
     unet = UNet2DConditionModel(in_channels=4, out_channels=4, **arch["unet"]).to(device, dtype).eval()
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",) * len(arch["vae"]["block_out_channels"]),
-        up_block_types=("UpDecoderBlock2D",) * len(arch["vae"]["block_out_channels"]),
-        **arch["vae"],
-    ).to(device, dtype).eval()
+    vae = sd_vae(arch["vae"]).to(device, dtype).eval()
     lat = resolution // 8 if size == "full" else arch["unet"]["sample_size"]
     x = torch.randn(2, 4, lat, lat, device=device, dtype=dtype)
     ctx = torch.randn(2, 77, arch["unet"]["cross_attention_dim"], device=device, dtype=dtype)

@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 SD2_SCHEDULER = dict(
     num_train_timesteps=1000,
@@ -26,18 +27,27 @@ SD2_SCHEDULER = dict(
     prediction_type="v_prediction",
 )
 
+# The demo's small UNet widths and text encoder, shared by the random-weight tiny SD2 below and
+# the world's trained diffusion model (pipeline.demo.world_models), which differ in their block types.
+TINY_UNET: dict[str, Any] = dict(
+    block_out_channels=(32, 64),
+    layers_per_block=1,
+    attention_head_dim=(2, 4),
+    cross_attention_dim=32,
+    norm_num_groups=8,
+    use_linear_projection=True,
+)
+TINY_TEXT: dict[str, Any] = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32
+)
+
 ARCH = {
     "tiny": dict(
         unet=dict(
             sample_size=8,
-            block_out_channels=(32, 64),
-            layers_per_block=1,
             down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
             up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-            attention_head_dim=(2, 4),
-            cross_attention_dim=32,
-            norm_num_groups=8,
-            use_linear_projection=True,
+            **TINY_UNET,
         ),
         vae=dict(
             block_out_channels=(8, 16, 16, 16),
@@ -45,7 +55,7 @@ ARCH = {
             norm_num_groups=8,
             sample_size=64,
         ),
-        text=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32),
+        text=dict(TINY_TEXT),
     ),
     "full": dict(
         unet=dict(
@@ -65,6 +75,38 @@ ARCH = {
         ),
     ),
 }
+
+
+def sd_vae(vae_arch: dict[str, Any]):
+    """An SD-shaped ``AutoencoderKL`` (RGB, 4 latent channels) of ``vae_arch``'s widths and depth."""
+    from diffusers import AutoencoderKL
+
+    n = len(vae_arch["block_out_channels"])
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        **vae_arch,
+    )
+
+
+def sd_text_encoder(tokenizer, text_arch: dict[str, Any]):
+    """A CLIP text encoder of ``text_arch``'s size for ``tokenizer``'s vocabulary (77 positions, gelu)."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    return CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            max_position_embeddings=77,
+            hidden_act="gelu",
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **text_arch,
+        )
+    )
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -107,13 +149,8 @@ def write_clip_tokenizer(out_dir: str | os.PathLike[str], pad_token: str = "!") 
 def build_sd2(out_dir: str | os.PathLike[str], size: str = "tiny", seed: int = 0) -> Path:
     """Write a random-weight SD2-architecture diffusers pipeline to ``out_dir``."""
     import torch
-    from diffusers import (
-        AutoencoderKL,
-        DDIMScheduler,
-        StableDiffusionPipeline,
-        UNet2DConditionModel,
-    )
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTokenizer
 
     arch = ARCH[size]
     torch.manual_seed(seed)
@@ -121,25 +158,8 @@ def build_sd2(out_dir: str | os.PathLike[str], size: str = "tiny", seed: int = 0
     tok_dir = write_clip_tokenizer(out / "_tokenizer_build")
     tokenizer = CLIPTokenizer.from_pretrained(tok_dir)
     unet = UNet2DConditionModel(in_channels=4, out_channels=4, **arch["unet"])
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",) * len(arch["vae"]["block_out_channels"]),
-        up_block_types=("UpDecoderBlock2D",) * len(arch["vae"]["block_out_channels"]),
-        **arch["vae"],
-    )
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            max_position_embeddings=77,
-            hidden_act="gelu",
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            **arch["text"],
-        )
-    )
+    vae = sd_vae(arch["vae"])
+    text_encoder = sd_text_encoder(tokenizer, arch["text"])
     pipe = StableDiffusionPipeline(
         unet=unet,
         vae=vae,

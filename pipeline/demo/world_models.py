@@ -25,39 +25,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.demo.tiny_sd import TINY_TEXT, TINY_UNET, sd_text_encoder, sd_vae
+
 # --------------------------------------------------------------------------- diffusion
 RESOLUTION = 32  # generated size in pixels
 LATENT = 8  # latent side (VAE factor 4)
 
+# The tiny SD2's UNet widths and text encoder (pipeline.demo.tiny_sd), cross-attention in both blocks.
 UNET_CFG: dict[str, Any] = dict(
     sample_size=LATENT,
     in_channels=4,
     out_channels=4,
-    block_out_channels=(32, 64),
-    layers_per_block=1,
     down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
     up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-    attention_head_dim=(2, 4),
-    cross_attention_dim=32,
-    norm_num_groups=8,
-    use_linear_projection=True,
+    **TINY_UNET,
 )
 
-VAE_CFG: dict[str, Any] = dict(
-    in_channels=3,
-    out_channels=3,
-    latent_channels=4,
-    down_block_types=("DownEncoderBlock2D",) * 3,
-    up_block_types=("UpDecoderBlock2D",) * 3,
-    block_out_channels=(16, 32, 32),
-    layers_per_block=1,
-    norm_num_groups=8,
-    sample_size=RESOLUTION,
-)
+VAE_ARCH: dict[str, Any] = dict(block_out_channels=(16, 32, 32), layers_per_block=1, norm_num_groups=8, sample_size=RESOLUTION)
 
-TEXT_CFG: dict[str, Any] = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32
-)
+TEXT_CFG: dict[str, Any] = dict(TINY_TEXT)
 
 
 def make_unet():
@@ -67,25 +53,11 @@ def make_unet():
 
 
 def make_vae():
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(**VAE_CFG)
+    return sd_vae(VAE_ARCH)
 
 
 def make_text_encoder(tokenizer):
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    return CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            max_position_embeddings=77,
-            hidden_act="gelu",
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            **TEXT_CFG,
-        )
-    )
+    return sd_text_encoder(tokenizer, TEXT_CFG)
 
 
 # --------------------------------------------------------------------------- filter models
