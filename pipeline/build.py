@@ -19,6 +19,7 @@ from pipeline import __version__, plan
 from pipeline.plan import schema
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
+from pipeline.config.resources import OUTPUT_CHANGING
 from pipeline.executors import StageSpec, get_executor
 from pipeline.io.lease_file import LEASE
 from pipeline.io.manifest import quarantine
@@ -99,7 +100,10 @@ def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
     def allowed(k: str) -> bool:
-        return k.startswith("resources.") or any(k == e or k.startswith(e + ".") for e in EXTENSIBLE)
+        # A stage's precision changes scores and predictions: shards of two precisions must not mix.
+        if k.startswith("resources."):
+            return k not in OUTPUT_CHANGING
+        return any(k == e or k.startswith(e + ".") for e in EXTENSIBLE)
 
     # Scales are not extensible: they define every trajectory and its failure point.
     return [k for k in keys if not allowed(k)]

@@ -116,10 +116,11 @@ def _stages(cfg: BuildConfig, lease: Lease | None = None) -> list[StageSpec]:
     from pipeline.stages.filter import FilterStage
     from pipeline.stages.write import WriteStage
 
-    res = cfg.resources
+    from pipeline.perf.memory import stage_batch_size
+
     # Load batches the size of the next stage's, so each batch feeds one model forward.
-    nxt = res.filter if cfg.filter.enabled else res.classify
-    chain = [StageSpec(LoadStage, {"fill_filter": not cfg.filter.enabled}, batch_size=nxt.batch_size)]
+    nxt = stage_batch_size(cfg, "filter" if cfg.filter.enabled else "classify")
+    chain = [StageSpec(LoadStage, {"fill_filter": not cfg.filter.enabled}, batch_size=nxt)]
     if cfg.filter.enabled:
         chain.append(StageSpec(FilterStage))
     chain += classify_specs(cfg)

@@ -22,6 +22,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {line}")
     print(f"  classifiers: {', '.join(c.name for c in cfg.classifiers)}")
     print(f"  protocol: {cfg.protocol} (see docs/protocol.md)")
+    precisions = {stage: getattr(cfg.resources, stage).precision for stage in ("filter", "classify")}
+    if set(precisions.values()) != {"float32"}:
+        shown = ", ".join(f"{stage} {value}" for stage, value in precisions.items())
+        print(f"  precision: {shown} (float32 gives the paper's numbers; docs/protocol.md, Precision)")
     problems = check_registry_keys(cfg) + missing_assets(cfg)
     problems += report_hub_artefacts(cfg, command_line(args))
     if problems:  # the projection builds every model's shapes: worth it once the config can run
@@ -69,15 +73,19 @@ def report_hub_artefacts(cfg, config_args: str) -> list[str]:
 
 def report_memory(cfg) -> None:
     """Print each stage actor's projected peak memory (GPU at the config's dtype, and CPU)."""
-    from pipeline.perf.memory import GB, classifier_groups, project_stage_memory
+    from pipeline.perf.memory import GB, auto_batch, classifier_groups, project_stage_memory
 
     gpu, cpu = project_stage_memory(cfg, "cuda"), project_stage_memory(cfg, "cpu")
     groups = classifier_groups(cfg)
-    print(f"  projected memory per actor (weights + peak activations; GPU at {cfg.generator.dtype} / CPU float32):")
+    print(f"  projected memory per actor (weights + peak activations; GPU at {cfg.generator.dtype} / CPU float32; "
+          "filter and classify at their precision):")
     for stage in gpu:
         shown = [f"{v / GB:.2f} GB" if v is not None else "unknown (model config not cached)" for v in (gpu[stage], cpu[stage])]
         note = f", {len(groups)} classifier groups" if stage == "classify" and len(groups) > 1 else ""
         print(f"    {stage:<9} {shown[0]} / {shown[1]}{note}")
+    for stage in ("filter", "classify"):  # batch_size auto: the batch the projection chose
+        if getattr(cfg.resources, stage).batch_size == "auto":
+            print(f"  {auto_batch(cfg, stage).line()}")
 
 
 def register(sub) -> None:

@@ -151,9 +151,14 @@ def resolved_dict(cfg: BuildConfig) -> dict[str, Any]:
 
 
 def config_hash(cfg: BuildConfig) -> str:
-    """Hash of the resolved config (resources excluded: they never change outputs)."""
+    """Hash of the resolved config (resources excluded: they never change outputs, but for a
+    filter or classify precision other than float32, which does; :data:`.resources.OUTPUT_CHANGING`)."""
+    from pipeline.config.resources import output_changing
+
     data = resolved_dict(cfg)
-    data.pop("resources", None)
+    numeric = output_changing(data.pop("resources", None) or {})
+    if numeric:  # float32 configs hash as they did before precision was a key
+        data["resources"] = numeric
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 

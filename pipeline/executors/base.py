@@ -24,7 +24,11 @@ class StageSpec:
 
     def resolved(self, cfg: "BuildConfig") -> tuple["StageResources", int]:
         res = self.resources or getattr(cfg.resources, self.stage.name)
-        return res, self.batch_size or res.batch_size
+        if self.batch_size or res.batch_size != "auto":
+            return res, self.batch_size or res.batch_size
+        from pipeline.perf.memory import stage_batch_size  # batch_size auto: from the memory projection
+
+        return res, stage_batch_size(cfg, self.stage.name)
 
 
 class Executor:

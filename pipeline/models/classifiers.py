@@ -31,6 +31,7 @@ from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace, label_space
 from pipeline.models.cache import shared
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
+from pipeline.models.precision import FLOAT32, ModelPrecision
 
 # Images per forward inside predict(); bounds activation memory of big models.
 PREDICT_CHUNK = 64
@@ -108,6 +109,7 @@ class Classifier:
         self.preprocess_choice = spec.preprocess or "model"
         self._input_transform = self._choose_transform(spec.preprocess)
         self._shifted_transform = self._choose_transform(spec.preprocess, shifted=True)
+        self.precision: ModelPrecision = FLOAT32
 
     def _choose_transform(self, choice: Any, shifted: bool = False):
         """The protocol's transform for ``choice`` (of images at a scale > 0 with ``shifted``);
@@ -166,6 +168,14 @@ class Classifier:
                 raise ValueError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
             self._out_to_label = [self._label_map.get(i, -1) for i in range(n_out)]
 
+    def set_precision(self, precision: ModelPrecision) -> None:
+        """Run the model in ``precision`` (``resources.classify``; :mod:`pipeline.models.precision`):
+        its weights cast and laid out once here, each batch in :meth:`predict`."""
+        model = getattr(self, "model", None)
+        if isinstance(model, torch.nn.Module):
+            self.model = precision.prepare(model)
+        self.precision = precision
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
@@ -175,14 +185,15 @@ class Classifier:
     @torch.inference_mode()
     def predict(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
         """PIL images -> float32 logits [N, C] on CPU, in chunks of :data:`PREDICT_CHUNK`
-        (``shifted``: see :meth:`inputs`)."""
+        (``shifted``: see :meth:`inputs`), the model run in its :attr:`precision`."""
         if not images:
             return torch.empty(0, len(self.out_to_label))
         outs = []
         for i in range(0, len(images), PREDICT_CHUNK):
             part = None if shifted is None else shifted[i : i + PREDICT_CHUNK]
-            x = self.inputs(images[i : i + PREDICT_CHUNK], part).to(self.device)
-            logits = self._forward(x).float().cpu()
+            x = self.precision.inputs(self.inputs(images[i : i + PREDICT_CHUNK], part).to(self.device))
+            with self.precision.running(self.device):
+                logits = self._forward(x).float().cpu()
             outs.append(logits[:, self._keep] if self._keep is not None else logits)
         return torch.cat(outs)
 
@@ -316,7 +327,10 @@ class OpenClipZeroShot(Classifier):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         img = torch.nn.functional.normalize(self.model.encode_image(x).float(), dim=-1)
-        return 100.0 * img @ self.head
+        # The head (built in float32 before any cast) stays float32 whatever the precision:
+        # a bfloat16 product would round 100 x cosine to steps of 0.125 to 0.25, close classes tying.
+        with torch.autocast(device_type=img.device.type, enabled=False):
+            return 100.0 * img @ self.head
 
     @classmethod
     def own_preprocess(cls, spec: ClassifierSpec) -> Any:

@@ -34,6 +34,7 @@ import torch
 
 from pipeline.config import ClipModelSpec, DinoModelSpec, FilterSpec, Thresholds
 from pipeline.plan.schema import REALISATION_COLUMNS, SCORE_COLUMNS
+from pipeline.models.precision import FLOAT32, ModelPrecision
 
 log = logging.getLogger(__name__)
 
@@ -205,21 +206,29 @@ class ClipEncoder:
         self.model, self.preprocess, self.tokenizer = load_open_clip(
             spec.model, spec.pretrained, spec.model_config_file, device, key
         )
+        self.precision: ModelPrecision = FLOAT32
+
+    def set_precision(self, precision: ModelPrecision) -> None:
+        """Run both towers in ``precision`` (:mod:`pipeline.models.precision`)."""
+        self.model = precision.prepare(self.model)
+        self.precision = precision
 
     @torch.inference_mode()
     def encode_images(self, images: Sequence[Any]) -> torch.Tensor:
         """PIL images -> [N, D] unit-norm embeddings."""
         if not images:
             return torch.empty(0, 0)
-        x = torch.stack([self.preprocess(im) for im in images]).to(self.device)
-        emb = _batched(lambda b: self.model.encode_image(b).float(), x)
+        x = self.precision.inputs(torch.stack([self.preprocess(im) for im in images]).to(self.device))
+        with self.precision.running(self.device):
+            emb = _batched(lambda b: self.model.encode_image(b).float(), x)
         return torch.nn.functional.normalize(emb, dim=-1).cpu()
 
     @torch.inference_mode()
     def encode_texts(self, texts: Sequence[str]) -> torch.Tensor:
         """Strings -> [N, D] unit-norm embeddings."""
         tokens = self.tokenizer(list(texts)).to(self.device)
-        emb = _batched(lambda b: self.model.encode_text(b).float(), tokens)
+        with self.precision.running(self.device):
+            emb = _batched(lambda b: self.model.encode_text(b).float(), tokens)
         return torch.nn.functional.normalize(emb, dim=-1).cpu()
 
 
@@ -236,6 +245,12 @@ class DinoEncoder:
 
         p = preprocess_of(spec.preprocess, CNS_DINO)
         self.transform = build_transform(p) if p is not None else timm_transform(self.model)
+        self.precision: ModelPrecision = FLOAT32
+
+    def set_precision(self, precision: ModelPrecision) -> None:
+        """Run the backbone in ``precision`` (:mod:`pipeline.models.precision`)."""
+        self.model = precision.prepare(self.model)
+        self.precision = precision
 
     @torch.inference_mode()
     def class_tokens(self, images: Sequence[Any]) -> torch.Tensor:
@@ -248,8 +263,9 @@ class DinoEncoder:
         """
         if not images:
             return torch.empty(0, 0)
-        x = torch.stack([self.transform(im) for im in images]).to(self.device)
-        cls = _batched(lambda b: self.model.forward_features(b)[:, 0].float(), x)
+        x = self.precision.inputs(torch.stack([self.transform(im) for im in images]).to(self.device))
+        with self.precision.running(self.device):
+            cls = _batched(lambda b: self.model.forward_features(b)[:, 0].float(), x)
         if self.spec.softmax_cls:
             cls = cls.softmax(dim=-1)
         return cls.cpu()
@@ -295,6 +311,14 @@ class OOCFilter:
         self.dino = DinoEncoder(spec.dino, device)
         self._text_cache: dict[tuple[str, str], torch.Tensor] = {}
         self._shift_text_cache: dict[str, torch.Tensor] = {}  # shift -> [D] alignment prompt embedding
+
+    def set_precision(self, precision: ModelPrecision) -> None:
+        """Run both encoders in ``precision`` (``resources.filter``; :mod:`pipeline.models.precision`);
+        the scores and the keep rule stay float32."""
+        self.clip.set_precision(precision)
+        self.dino.set_precision(precision)
+        self._text_cache.clear()  # text embeddings of the earlier precision
+        self._shift_text_cache.clear()
 
     def prompts(self, class_name: str, shift: str) -> tuple[str, str]:
         """The class prompt and the class-in-shift prompt for a (class, shift).

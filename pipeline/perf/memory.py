@@ -19,6 +19,7 @@ batch and the model libraries' versions, so a large zoo is measured once per mac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -26,6 +27,8 @@ import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from pipeline.perf.batches import AutoBatch, largest_fitting, stage_budget
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -52,8 +55,11 @@ ACTIVATION_FACTOR = 2.0  # tensors alive around the largest module call (residua
 # latency model's calibration": 0.143 GiB per UNet sample, 1.34 GiB per decoded 768 px image
 # in bf16; projected with it 0.124 and 1.41 GiB).
 GENERATE_ACTIVATION_FACTOR = 2.5
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-CLASSIFIER_DTYPE = "float32"  # classifiers run in float32 (pipeline.models.classifiers)
+# tf32 stores float32 (only the tensor cores' products are rounded).
+DTYPE_BYTES = {"float32": 4, "tf32": 4, "bfloat16": 2, "float16": 2}
+# Footprints are measured in float32 and scaled to the stage's ``resources.<stage>.precision``
+# (pipeline.models.precision: bfloat16 casts the weights, and autocast keeps most activations in it).
+CLASSIFIER_DTYPE = "float32"
 
 
 @dataclass(frozen=True)
@@ -202,7 +208,7 @@ def classify_images_per_forward(cfg: "BuildConfig") -> int:
     from pipeline.models.classifiers import PREDICT_CHUNK
 
     per_row = max(1, len(cfg.benchmark.scales))
-    return min(PREDICT_CHUNK, cfg.resources.classify.batch_size * per_row)
+    return min(PREDICT_CHUNK, stage_batch_size(cfg, "classify") * per_row)
 
 
 def _cache_file() -> str:
@@ -301,9 +307,69 @@ def classifier_footprint(spec: "ClassifierSpec", images: int) -> Footprint:
     return _classifier_footprint(json.dumps(spec.model_dump(mode="json"), sort_keys=True), images)
 
 
-def classifier_footprints(cfg: "BuildConfig") -> list[Footprint]:
-    images = classify_images_per_forward(cfg)
-    return [classifier_footprint(spec, images) for spec in cfg.classifiers]
+def in_precision(footprint: Footprint, precision: str) -> Footprint:
+    """A float32 footprint in a stage's ``precision``: weights and activations at its bytes per value."""
+    nbytes = DTYPE_BYTES[precision]
+    ref = DTYPE_BYTES[CLASSIFIER_DTYPE]
+    if nbytes == ref:
+        return footprint
+    return dataclasses.replace(
+        footprint, weight_bytes=footprint.params * nbytes, activation_bytes=footprint.activation_bytes * nbytes // ref
+    )
+
+
+def classifier_footprints(cfg: "BuildConfig", images: int | None = None) -> list[Footprint]:
+    """Each classifier's footprint at ``images`` per forward (default: the stage's batch), in the
+    classify stage's precision (vlms keep their own dtype)."""
+    images = classify_images_per_forward(cfg) if images is None else images
+    precision = cfg.resources.classify.precision
+    return [
+        classifier_footprint(spec, images) if _asks(spec.kind) else in_precision(classifier_footprint(spec, images), precision)
+        for spec in cfg.classifiers
+    ]
+
+
+# --------------------------------------------------------------------------- batch sizes
+def stage_batch_size(cfg: "BuildConfig", stage: str) -> int:
+    """Rows per call of ``stage``: ``resources.<stage>.batch_size``, ``auto`` resolved (:func:`auto_batch`)."""
+    size = getattr(cfg.resources, stage).batch_size
+    return auto_batch(cfg, stage).batch if size == "auto" else size
+
+
+def auto_batch(cfg: "BuildConfig", stage: str) -> AutoBatch:
+    """The largest batch of the filter or classify ``stage`` whose projected actor fits its budget
+    (:mod:`pipeline.perf.batches`).  With classifier groups (``memory_budget_gb``) every
+    classifier must fit alone at that batch, and the groups are packed at it."""
+    budget, source = stage_budget(cfg, stage)
+    per_row = max(1, len(cfg.benchmark.scales))
+    if stage == "classify":
+        from pipeline.models.classifiers import PREDICT_CHUNK
+
+        chunk = PREDICT_CHUNK
+        one = classifier_footprints(cfg, images=1)  # activations grow linearly with the images
+        grouped = cfg.resources.classify.memory_budget_gb is not None and len(one) > 1
+
+        def per(f: Footprint, images: int) -> Footprint:
+            return dataclasses.replace(f, activation_bytes=f.activation_bytes * images)
+
+        def need(batch: int) -> int:
+            images = min(chunk, batch * per_row)
+            if grouped:
+                return max(group_bytes([per(f, images)]) for f in one)
+            return group_bytes([per(f, images) for f in one])
+    elif stage == "filter":
+        from pipeline.models.detectors import MAX_FORWARD
+
+        chunk = MAX_FORWARD
+
+        def need(batch: int) -> int:
+            return _filter_bytes(cfg, batch)
+    else:
+        raise ValueError(f"batch_size auto: stage {stage!r} has no memory projection (filter, classify)")
+    cap = max(1, chunk // per_row)
+    best = largest_fitting(need, budget, cap)
+    batch = max(1, best)
+    return AutoBatch(stage, batch, budget, source, need(batch), cap, chunk, fits=best >= 1)
 
 
 # --------------------------------------------------------------------------- groups
@@ -372,19 +438,25 @@ def classifier_groups(cfg: "BuildConfig") -> list[list[int]]:
 
 
 # --------------------------------------------------------------------------- stages
-def _filter_bytes(cfg: "BuildConfig") -> int:
-    """The filter actor: open_clip CLIP and the timm DINOv2 backbone (float32), a batch of images each."""
+def _filter_bytes(cfg: "BuildConfig", batch: int | None = None) -> int:
+    """The filter actor: open_clip CLIP and the timm DINOv2 backbone in the filter's precision,
+    a forward of ``batch`` rows' images (default: the stage's batch) each."""
     from pipeline.models.detectors import MAX_FORWARD
 
     flt = cfg.filter
     if not flt.enabled or flt.kind == "none":
         return RUNTIME_BYTES
-    images = min(MAX_FORWARD, cfg.resources.filter.batch_size * max(1, len(cfg.benchmark.scales)))
-    return _filter_models_bytes(flt.model_dump_json(), images)
+    batch = stage_batch_size(cfg, "filter") if batch is None else batch
+    images = min(MAX_FORWARD, batch * max(1, len(cfg.benchmark.scales)))
+    params, peak = _filter_model_sizes(flt.model_dump_json())
+    nbytes = DTYPE_BYTES[cfg.resources.filter.precision]
+    activations = peak * images * ACTIVATION_FACTOR * nbytes / DTYPE_BYTES[CLASSIFIER_DTYPE]
+    return RUNTIME_BYTES + params * nbytes + int(activations)
 
 
 @functools.lru_cache(maxsize=32)
-def _filter_models_bytes(filter_json: str, images: int) -> int:
+def _filter_model_sizes(filter_json: str) -> tuple[int, int]:
+    """(parameters of CLIP and DINOv2, the larger float32 peak of one image's forward)."""
     from pipeline.config import FilterSpec
     from pipeline.config.protocol import CNS_DINO
 
@@ -393,8 +465,7 @@ def _filter_models_bytes(filter_json: str, images: int) -> int:
     dino = _timm_meta(flt.dino.model, {**flt.dino.model_kwargs, "num_classes": 0})
     side = _input_size(flt.dino.preprocess, dino, CNS_DINO)
     dino_peak = meta_forward_peak(dino, (1, 3, side, side), call=dino.forward_features)
-    weights = (clip_params + _params(dino)) * DTYPE_BYTES[CLASSIFIER_DTYPE]
-    return RUNTIME_BYTES + weights + int(max(clip_peak, dino_peak) * images * ACTIVATION_FACTOR)
+    return clip_params + _params(dino), max(clip_peak, dino_peak)
 
 
 def _classify_bytes(cfg: "BuildConfig") -> int:

@@ -64,11 +64,19 @@ class ClassifyStage(Stage):
         return f"{self.name}-" + "-".join(map(str, self.owned))
 
     def setup(self) -> None:
-        """Pick the device and build the classifiers this stage owns, in config order."""
+        """Pick the device and build the classifiers this stage owns, in config order, in the
+        configured precision."""
         self.device = pick_device(self.device_override)
         labels = self.config.benchmark.label_space
         specs = [self.config.classifiers[i] for i in self.owned]
         self.classifiers = [registry.CLASSIFIERS.get(spec.kind)(spec, self.device, labels) for spec in specs]
+        from pipeline.models.precision import ModelPrecision
+
+        # resources.classify.precision / channels_last; vlms run in their own dtype.
+        precision = ModelPrecision.of(self.config.resources.classify)
+        for clf in self.classifiers:
+            if hasattr(clf, "set_precision"):
+                clf.set_precision(precision)
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """FILTERED rows -> CLASSIFIED rows, same order."""

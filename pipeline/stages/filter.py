@@ -41,7 +41,7 @@ class FilterStage(Stage):
         return self.filter_class is not KeepAll
 
     def setup(self) -> None:
-        """Pick the device and build the configured filter."""
+        """Pick the device and build the configured filter, in the configured precision."""
         cfg = self.config
         # Every shift's filter text resolved once, so the filter needs nothing but its spec.
         texts = {s: protocol.filter_shift_text(cfg, s) for s in cfg.all_shifts()}
@@ -50,6 +50,10 @@ class FilterStage(Stage):
         # Keeping every image needs no device (nor torch, which choosing one imports).
         self.device = pick_device(self.device_override) if cls is not KeepAll else (self.device_override or "cpu")
         self.filter = cls(spec, self.device)
+        if hasattr(self.filter, "set_precision"):  # resources.filter.precision / channels_last
+            from pipeline.models.precision import ModelPrecision
+
+            self.filter.set_precision(ModelPrecision.of(cfg.resources.filter))
         # Shifts of families that bypass the filter (e.g. corruptions): kept, scores NaN.
         self.unfiltered = {
             s
