@@ -16,10 +16,10 @@ one of them is required.
 Modules
 -------
 ``options``      :class:`ServeOptions` (the app's arguments), deployment options, constants
-``errors``       request errors (404/422/500) and JSON values of table cells
+``errors``       request errors (404/422/500/503) and JSON values of table cells
 ``preview``      preview requests: validation, model calls, the answer
 ``index``        the in-memory index of a build output (skips unreadable shards)
-``middleware``   bearer token, body limit, security headers (ASGI)
+``middleware``   header limit, bearer token, body limit, security headers (ASGI)
 ``api``          the FastAPI routes and the web page (``static/``: index.html, app.css, app.js)
 ``deployments``  the Serve deployments, ``build_app``; ``in_process_api`` (no Ray)
 ``launch``       ``run_server`` and ``cnsbench serve``
@@ -53,9 +53,13 @@ values (wrong JSON types; scales outside ``[lo, hi]`` = the build's scale range 
 ``scale_bound_factor``; more than ``max_preview_scales`` scales; seed outside
 ``0..2**31-1``), 400 for a body that is not JSON or is nested too deeply to parse, 415
 for a preview POST that is not ``application/json``, 413 for a body over
-``max_body_bytes`` (16 KiB).  Images are served only for sample ids present in the
-samples index and report files only by names listed in ``report/``: no filesystem path
-is ever built from request input.
+``max_body_bytes`` (16 KiB), 431 for request headers over 16 KiB (before the token is
+checked).  Images are served only for sample ids present in the samples index and report
+files only by names listed in ``report/``: no filesystem path is ever built from request
+input.  While the output is being replaced (``build --new-version`` moves the old build
+under ``previous/`` and writes the new one) a file the index still lists is answered 503
+with ``Retry-After``; once the index has reloaded, what is gone is 404.  An unexpected
+error is a JSON 500 naming it, never a traceback.
 
 Security
 --------

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from pipeline.serve.errors import InvalidRequest, NotFound, PreviewFailed, parse_json_body
-from pipeline.serve.middleware import BearerAuth, BodyLimit, SecurityHeaders
+from pipeline.serve.errors import InvalidRequest, NotFound, OutputReplaced, PreviewFailed, parse_json_body
+from pipeline.serve.middleware import BearerAuth, BodyLimit, HeaderLimit, SecurityHeaders
 from pipeline.serve.options import APP_NAME
 from pipeline.serve.preview import PreviewResult, parse_preview, strip_png
 
@@ -73,6 +73,7 @@ def make_api(
     *,
     token: str | None = None,
     max_body_bytes: int = 16 * 1024,
+    max_header_bytes: int = 16 * 1024,
     allowed_hosts: Sequence[str] | None = None,
 ) -> "FastAPI":
     """The FastAPI app of the ingress (see :mod:`pipeline.serve` for the endpoints)."""
@@ -92,6 +93,17 @@ def make_api(
     @app.exception_handler(InvalidRequest)
     async def _invalid(_: Request, err: InvalidRequest) -> JSONResponse:
         return JSONResponse({"detail": err.errors}, status_code=422)
+
+    @app.exception_handler(OutputReplaced)
+    async def _replaced(_: Request, err: OutputReplaced) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=503, headers={"retry-after": str(int(err.retry_after_s + 0.999))})
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+        # The traceback goes to the log; the client gets one line in JSON.
+        log.error("%s %s failed", request.method, request.url.path, exc_info=err)
+        first = str(err).splitlines()[0][:200] if str(err) else ""
+        return JSONResponse({"detail": f"internal error: {type(err).__name__}: {first}"}, status_code=500)
 
     def need_index() -> "BenchmarkIndex":
         if index is None:
@@ -206,7 +218,7 @@ def make_api(
 
     add_review_routes(app, need_index)
 
-    # Starlette runs the last added middleware first: hosts, then auth, then the body limit.
+    # Starlette runs the last added middleware first: the header limit, hosts, auth, the body limit.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(SecurityHeaders)
@@ -214,4 +226,5 @@ def make_api(
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    app.add_middleware(HeaderLimit, max_bytes=max_header_bytes)
     return app

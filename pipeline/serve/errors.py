@@ -3,6 +3,7 @@
 * :class:`NotFound` -> 404 with the valid ``choices``;
 * :class:`InvalidRequest` -> 422 with pydantic's error list;
 * :class:`PreviewFailed` -> 500 naming the model error;
+* :class:`OutputReplaced` -> 503 with ``Retry-After`` (the output is being rebuilt);
 * a body that is not JSON -> 400 (:func:`parse_json_body`).
 
 The value helpers turn what Parquet and the models give (nullable booleans, NaN scores)
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class NotFound(LookupError):
@@ -24,6 +27,14 @@ class NotFound(LookupError):
         super().__init__(message)
         self.message = message
         self.choices = list(choices)
+
+
+class OutputReplaced(RuntimeError):
+    """A file the index lists is gone because the output is being replaced (HTTP 503, try again)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class PreviewFailed(RuntimeError):
@@ -36,6 +47,26 @@ class InvalidRequest(ValueError):
     def __init__(self, errors: list[dict[str, Any]] | str) -> None:
         super().__init__(str(errors))
         self.errors = errors
+
+
+def read_listed(what: str, read: Callable[[], T], changed: Callable[[], bool], retry_after_s: float) -> T:
+    """``read()`` of a file an index lists.  Missing or short, it is :class:`OutputReplaced`
+    when ``changed()`` (the output moved under us: a rebuild), else :class:`NotFound` (or the error)."""
+    try:
+        return read()
+    except (FileNotFoundError, ValueError) as err:
+        try:
+            moved = changed()
+        except Exception:  # noqa: BLE001 - an output that cannot even be listed is being replaced
+            moved = True
+        if moved:
+            raise OutputReplaced(
+                f"{what}: the output is being replaced (a rebuild moved its files); try again in a few seconds",
+                retry_after_s,
+            ) from None
+        if isinstance(err, FileNotFoundError):
+            raise NotFound(f"{what} is no longer in the output", []) from None
+        raise
 
 
 def parse_json_body(body: bytes) -> Any:

@@ -8,6 +8,8 @@ still running shows up as it commits shards.  A shard whose manifest or files ca
 read is skipped and listed (``skipped_manifests`` of :meth:`BenchmarkIndex.info`): one
 corrupt shard does not take the browser down.  Image bytes are read straight from the
 tar at the member's offset; a shard's offsets are indexed on first use and kept.
+While ``--new-version`` moves the output's files under ``previous/``, a listed file that
+cannot be read is 503 (:class:`~pipeline.serve.errors.OutputReplaced`), one gone for good 404.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote
 
 from pipeline.plan import schema
-from pipeline.serve.errors import NotFound, as_flag, is_missing, json_number
+from pipeline.serve.errors import NotFound, as_flag, is_missing, json_number, read_listed
 from pipeline.serve.options import IMAGE_TYPES, REPORT_TYPES
 
 if TYPE_CHECKING:
@@ -243,6 +245,15 @@ class BenchmarkIndex:
                     self._checked = time.monotonic()
         return self._snap
 
+    def _reading(self, what: str, read: Callable[[], Any]) -> Any:
+        """``read()`` of a file the snapshot lists (:func:`~pipeline.serve.errors.read_listed`)."""
+        return read_listed(what, read, self._changed, max(1.0, self.refresh_s))
+
+    def _changed(self) -> bool:
+        """Whether the output's marker or listing changed since the snapshot; reloads at the next request."""
+        snap, self._checked = self._snap, float("-inf")
+        return not self.store.exists("config.json") or self._listing() != snap.key
+
     # ------------------------------------------------------------------ queries
     def info(self) -> dict[str, Any]:
         snap = self.snapshot()
@@ -357,6 +368,9 @@ class BenchmarkIndex:
         if loc is None:
             return None
         shard, key = loc
+        return self._reading(f"image {sample_id!r}", lambda: self._image_bytes(shard, key))
+
+    def _image_bytes(self, shard: str, key: str) -> tuple[bytes, str]:
         members = self._members(shard).get(key, {})
         for ext, mime in IMAGE_TYPES.items():
             if ext in members:
@@ -394,7 +408,7 @@ class BenchmarkIndex:
         snap = self.snapshot()
         if "metrics.json" not in snap.report_files:
             raise NotFound("no report yet: run `cnsbench aggregate` on the output", [])
-        return self.store.read_bytes("report/metrics.json")
+        return self._reading("report/metrics.json", lambda: self.store.read_bytes("report/metrics.json"))
 
     def report_file(self, name: str) -> tuple[bytes, str]:
         """A report file by its listed name; the path is built from the listing, not the request."""
@@ -402,5 +416,5 @@ class BenchmarkIndex:
         for listed in snap.report_files:
             suffix = "." + listed.rsplit(".", 1)[-1] if "." in listed else ""
             if listed == name and suffix in REPORT_TYPES:
-                return self.store.read_bytes(f"report/{listed}"), REPORT_TYPES[suffix]
+                return self._reading(f"report/{listed}", lambda: self.store.read_bytes(f"report/{listed}")), REPORT_TYPES[suffix]
         raise NotFound(f"no report file {name!r}", [f for f in snap.report_files if "." + f.rsplit(".", 1)[-1] in REPORT_TYPES])

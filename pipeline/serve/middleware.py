@@ -1,4 +1,4 @@
-"""ASGI middleware of the ingress: bearer token, request-body limit, security headers.
+"""ASGI middleware of the ingress: request-header limit, bearer token, request-body limit, security headers.
 
 Each wraps the FastAPI app as plain ASGI, so it acts before routing and before any
 handler reads the body; rejections are JSON ``{"detail": ...}`` like the routes' errors.
@@ -34,6 +34,25 @@ async def send_json(send: Any, status: int, body: dict[str, Any], headers: Seque
         }
     )
     await send({"type": "http.response.body", "body": data})
+
+
+class HeaderLimit:
+    """Requests whose headers together exceed ``max_bytes`` get 431, before anything else runs
+    (the token check included): a 50 MB header must cost nothing past this point."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            size = 0
+            for name, value in scope.get("headers", []):
+                size += len(name) + len(value) + 4  # "name: value\r\n", as on the wire
+                if size > self.max_bytes:
+                    await send_json(send, 431, {"detail": f"request headers larger than {self.max_bytes} bytes"})
+                    return
+        await self.app(scope, receive, send)
 
 
 class BearerAuth:
