@@ -14,17 +14,15 @@ response that needs no token, and its Content-Security-Policy pins the script by
 # No `from __future__ import annotations`: FastAPI resolves the route signatures inside
 # make_api() at definition time, and their types are imported there, not globally.
 
-import base64
 import functools
-import hashlib
 import logging
 from collections.abc import Sequence
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from pipeline.serve.errors import InvalidRequest, NotFound, OutputReplaced, PreviewFailed, parse_json_body
 from pipeline.serve.middleware import BearerAuth, BodyLimit, HeaderLimit, SecurityHeaders
 from pipeline.serve.options import APP_NAME
+from pipeline.serve.pages import inline_page
 from pipeline.serve.preview import PreviewResult, parse_preview, strip_png
 
 if TYPE_CHECKING:
@@ -35,36 +33,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_STYLE_LINK = '<link rel="stylesheet" href="app.css">'
-_SCRIPT_LINK = '<script src="app.js"></script>'
 
 
 @functools.lru_cache(maxsize=1)
 def page() -> tuple[str, str]:
-    """(HTML, Content-Security-Policy) of the web page, read once from the package's ``static/``.
-
-    ``index.html`` links ``app.css`` and ``app.js`` (so the files also open as they are);
-    both links are replaced by the files' contents.  The policy allows that one inline
-    script (by hash), inline styles, and nothing from another origin.
-    """
-    static = resources.files("pipeline.serve") / "static"
-    html = (static / "index.html").read_text(encoding="utf-8")
-    style = (static / "app.css").read_text(encoding="utf-8")
-    script = (static / "app.js").read_text(encoding="utf-8")
-    for tag in (_STYLE_LINK, _SCRIPT_LINK):
-        if html.count(tag) != 1:
-            raise RuntimeError(f"pipeline/serve/static/index.html must contain {tag!r} exactly once")
-    if "</script" in script.lower() or "</style" in style.lower():
-        raise RuntimeError("pipeline/serve/static: app.js / app.css must not close their own inline element")
-    html = html.replace(_STYLE_LINK, f"<style>{style}</style>").replace(_SCRIPT_LINK, f"<script>{script}</script>")
-    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
-    csp = (
-        "default-src 'none'; "
-        f"script-src 'sha256-{digest}'; "
-        "style-src 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; "
-        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    )
-    return html, csp
+    """(HTML, Content-Security-Policy) of the web page (``static/index.html`` with ``app.css`` and
+    ``app.js`` inlined, :func:`pipeline.serve.pages.inline_page`), read once."""
+    return inline_page("index.html", "app.js", "app.css")
 
 
 def make_api(

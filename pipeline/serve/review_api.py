@@ -14,34 +14,19 @@ unknown sample id or decision 422; images come from ``/api/benchmarks/image/{id}
 
 # No `from __future__ import annotations`: FastAPI resolves the route signatures at definition time.
 
-import base64
 import functools
-import hashlib
-from importlib import resources
 from typing import Any, Callable
 
 from pipeline.serve.errors import InvalidRequest, NotFound, parse_json_body
+from pipeline.serve.pages import inline_page
 
-_SCRIPT_LINK = '<script src="review.js"></script>'
 
 
 @functools.lru_cache(maxsize=1)
 def review_page() -> tuple[str, str]:
-    """(HTML, Content-Security-Policy) of the review page, its script inlined and pinned by hash."""
-    static = resources.files("pipeline.serve") / "static"
-    html = (static / "review.html").read_text(encoding="utf-8")
-    script = (static / "review.js").read_text(encoding="utf-8")
-    if html.count(_SCRIPT_LINK) != 1 or "</script" in script.lower():
-        raise RuntimeError("pipeline/serve/static/review.html must link review.js once; review.js must not close it")
-    html = html.replace(_SCRIPT_LINK, f"<script>{script}</script>")
-    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
-    csp = (
-        "default-src 'none'; "
-        f"script-src 'sha256-{digest}'; "
-        "style-src 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; "
-        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    )
-    return html, csp
+    """(HTML, Content-Security-Policy) of the review page (``static/review.html`` with ``review.js``
+    inlined, :func:`pipeline.serve.pages.inline_page`), read once."""
+    return inline_page("review.html", "review.js")
 
 
 def add_review_routes(app: Any, need_index: Callable[[], Any]) -> None:
