@@ -63,11 +63,39 @@ def load_sound_tables(
     return frame(samples, SAMPLES), predictions, left_out
 
 
-def _left_out_section(store: OutputStore, left_out: dict[str, str]) -> tuple[str, str]:
+def evaluated_source(store: OutputStore) -> dict | None:
+    """``source.json`` of an evaluate output (what it evaluated), None for a build output."""
+    from pipeline.io.safejson import loads
+
+    if not store.exists("source.json"):
+        return None
+    where = store.url("source.json")
+    doc = loads(store.read_bytes("source.json"), where)
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), int) for k in ("trajectories", "images")):
+        raise ValueError(f"{where}: not the record of an evaluated source (integer 'trajectories' and 'images' expected)")
+    return doc
+
+
+def resume_command(store: OutputStore, cfg: BuildConfig) -> str:
+    """The command that finishes (or repairs) an output: ``cnsbench build`` of its config, or for an
+    evaluate output ``cnsbench evaluate`` of the source it recorded."""
+    import shlex
+
+    out, config = shlex.quote(store.uri), shlex.quote(store.url("config.yaml"))
+    source = evaluated_source(store)
+    if source is None:
+        return f"cnsbench build {config} --output {out}"
+    cmd = f"cnsbench evaluate {shlex.quote(str(source.get('location', 'SOURCE')))} --config {config} --output {out}"
+    if source.get("kind"):
+        cmd += f" --source-kind {shlex.quote(str(source['kind']))}"
+    return cmd + (" --filter" if cfg.filter.enabled else "")
+
+
+def _left_out_section(store: OutputStore, cfg: BuildConfig, left_out: dict[str, str]) -> tuple[str, str]:
     import html
 
     items = "".join(f"<li><code>{html.escape(s)}</code>: {html.escape(r)}</li>" for s, r in sorted(left_out.items()))
-    redo = html.escape(f"cnsbench build {store.url('config.yaml')} --output {store.uri}")
+    redo = html.escape(resume_command(store, cfg))
     return (
         "Shards left out",
         f"<p>{len(left_out)} damaged shard(s) were left out of this report, which covers the other shards. "
@@ -90,9 +118,9 @@ def aggregate_output(
     samples, predictions, left_out = load_sound_tables(store, [c.name for c in cfg.classifiers])
     for shard, reason in sorted(left_out.items()):
         msg = (f"[cnsbench] warning: left damaged shard {shard} out of the report ({reason}); "
-               f"`cnsbench build {store.url('config.yaml')} --output {store.uri}` redoes it")
+               f"`{resume_command(store, cfg)}` redoes it")
         (echo or log.warning)(msg)
-    lead = [_left_out_section(store, left_out)] if left_out else None
+    lead = [_left_out_section(store, cfg, left_out)] if left_out else None
     title = f"{cfg.benchmark.name}: accuracy drop and failure points"
     return render_report(
         store, "report", cfg, samples, predictions, title, digest, ImageReader(store, samples), lead=lead

@@ -1,5 +1,10 @@
 """``cnsbench status``: what an output holds: done/total per stage, failures, damaged shards and
-manifest problems (exit 3 when there are any, naming what to run), the writer's lease."""
+manifest problems (exit 3 when there are any, naming what to run), the writer's lease.
+
+A build output is counted against its config's plan and resumed with ``cnsbench build``; an
+``evaluate`` output (it has ``source.json``) against the trajectories and images its source
+held, and resumed with ``cnsbench evaluate`` on that source.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import argparse
 
 def run(args: argparse.Namespace) -> int:
     from pipeline import plan
-    from pipeline.aggregate.run import load_output_config
+    from pipeline.aggregate.run import evaluated_source, load_output_config, resume_command
     from pipeline.io.lease import lease_status
     from pipeline.io.shard_check import check_committed
     from pipeline.io.store import OutputStore
@@ -17,11 +22,16 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_output_config(store)
     committed = check_committed(store, deep=args.verify)
     done, failed, problems = committed.done, committed.failed, committed.problems
-    summary = plan.summarize(cfg)
-    total, total_images = summary.n_trajectories, summary.n_images
-    # Each family has its own scale grid: a trajectory holds as many images as its shift's family has scales.
-    n_scales = {shift: len(g.scales) for g in cfg.family_groups() for shift in g.shifts}
-    reached_images = sum(n_scales.get(tid.rsplit("/", 2)[0], len(cfg.benchmark.scales)) for tid in done)
+    source = evaluated_source(store)
+    if source is not None:  # an evaluation: its source's trajectories, each with the images it held
+        total, total_images = source["trajectories"], source["images"]
+        reached_images = sum(m.n_samples for m in committed.sound)
+    else:
+        summary = plan.summarize(cfg)
+        total, total_images = summary.n_trajectories, summary.n_images
+        # Each family has its own scale grid: a trajectory holds as many images as its shift's family has scales.
+        n_scales = {shift: len(g.scales) for g in cfg.family_groups() for shift in g.shifts}
+        reached_images = sum(n_scales.get(tid.rsplit("/", 2)[0], len(cfg.benchmark.scales)) for tid in done)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
@@ -41,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         counts = [metrics.get("counts", {})] + [f.get("counts", {}) for f in metrics.get("families", {}).values()]
         aggregated = sum(c.get("n_trajectories_total", 0) for c in counts) == len(done)
     print(f"  {'aggregated':<11} {'yes' if aggregated else 'no (run cnsbench aggregate)'}")
-    redo = f"cnsbench build {store.url('config.yaml')} --output {store.uri}"
+    redo = resume_command(store, cfg)
+    if reached < total:
+        print(f"  to finish:  run `{redo}` (committed shards are kept)")
     if committed.damaged:
         print(f"  damaged: {len(committed.damaged)} shard(s) not counted; run `{redo}` to move them to "
               "previous/quarantine/ and redo their trajectories")
