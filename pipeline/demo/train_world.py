@@ -50,7 +50,6 @@ shared 2-core machine more threads mostly spin.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -86,6 +85,7 @@ from pipeline.demo.train.evaluate import stage_evaluate
 from pipeline.demo.train.sliders import stage_sliders
 from pipeline.demo.train.tokens import stage_tokens
 from pipeline.demo.train.vae import stage_vae
+from pipeline.io.safejson import dumps as strict_dumps
 
 # --------------------------------------------------------------------------- driver
 STAGE_FUNCS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
@@ -188,7 +188,7 @@ def train_world(out: str | os.PathLike[str], threads: int = 1, stages: tuple[str
         shutil.rmtree(ctx.work, ignore_errors=True)
     world["sizes_bytes"] = _sizes(ctx.out)
     world["total_bytes"] = sum(world["sizes_bytes"].values())
-    (ctx.out / "world.json").write_text(json.dumps(world, indent=1) + "\n")
+    (ctx.out / "world.json").write_text(strict_dumps(world, indent=1) + "\n")
     ctx.log(f"done: {world['cpu_seconds_total']} s CPU, {world['last_run_wall_seconds']} s wall (this run), "
             f"{world['total_bytes'] / 1e6:.1f} MB in {ctx.out}")
     return world

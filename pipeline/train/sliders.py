@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec
 from pipeline.io.files import exists, is_local, local_path, write_atomic
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.models import diffusion
 from pipeline.models.lora import lora_key, save_slider_file, target_modules
 from pipeline.runtime.progress import Progress
@@ -513,5 +514,5 @@ class SliderTrainer:
         header = {k: str(meta[k]) for k in ("class_id", "shift", "rank", "alpha", "targets", "method", "base_model")}
         write_slider(state, job.path, header)
         # Written after the weights: its presence says the slider file is complete.
-        write_atomic(job.meta_path, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+        write_atomic(job.meta_path, (strict_dumps(meta, indent=1, sort_keys=True) + "\n").encode())
         return {"job": job.to_dict(), "final_loss": meta["final_loss"], "seconds": seconds, "path": job.path}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
 from pipeline.demo.train.common import CALIBRATION, Ctx, quantize, seeded
+from pipeline.io.safejson import dumps as strict_dumps
 
 
 # --------------------------------------------------------------------------- calibration
@@ -99,7 +99,7 @@ def stage_calibrate(ctx: Ctx) -> dict[str, Any]:
               "in_class_kept_by_strength": kept_in,
               "ooc_score_median": {k: round(float(np.median(ooc[k])), 4) for k in SCORE_COLUMNS},
               "in_class_score_median_at_1": {k: round(float(np.median(in_scores[1.0][k])), 4) for k in SCORE_COLUMNS}}
-    (ctx.out / "filter_thresholds.json").write_text(json.dumps(th, indent=1) + "\n")
+    (ctx.out / "filter_thresholds.json").write_text(strict_dumps(th, indent=1) + "\n")
     ctx.log(f"calibrate: {record}")
     return record
 

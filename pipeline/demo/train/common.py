@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.demo import world_data as W
+from pipeline.io.safejson import dumps as strict_dumps
 
 STAGES = ("classifiers", "vae", "diffusion", "tokens", "clip", "dino", "sliders", "calibrate", "evaluate")
 # With --jobs 2 these run in a second process alongside the generator's chain.
@@ -71,7 +72,7 @@ class Ctx:
     def mark(self, stage: str, record: dict[str, Any]) -> None:
         """Store a finished stage's record; the file is the stage's done-marker."""
         tmp = self.work / f"{stage}.json.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
+        tmp.write_text(strict_dumps(record, indent=1))
         os.replace(tmp, self.work / f"{stage}.json")
 
     @property

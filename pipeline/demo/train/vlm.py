@@ -26,6 +26,7 @@ import torch
 
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
+from pipeline.io.safejson import dumps as strict_dumps
 
 SETTINGS: dict[str, Any] = {
     "seed": 7,
@@ -173,7 +174,7 @@ def train_world_vlm(world: Path, out: Path, settings: dict[str, Any] = SETTINGS,
     }
     build_tiny_llava(out, [IMAGENET_D_PROMPT, *names], model=model.half(), image_size=vcfg["image_size"],
                      patch_size=vcfg["patch_size"], mean=OPENAI_MEAN, std=OPENAI_STD)
-    (out / "training.json").write_text(json.dumps(result, indent=1))
+    (out / "training.json").write_text(strict_dumps(result, indent=1))
     return result
 
 
