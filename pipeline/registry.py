@@ -101,6 +101,10 @@ CLASSIFIERS.register(
     "torchscript", "pipeline.models.classifiers:TorchScriptClassifier",
     "a TorchScript file (torch.jit.save) with input size, mean and std; for models timm cannot express",
 )
+CLASSIFIERS.register(
+    "exported", "pipeline.models.exported:ExportedClassifier",
+    "a torch.export program (.pt2, torch.export.save) with its preprocess.json stored beside it",
+)
 CLASSIFIERS.register("torch_hub", "pipeline.models.classifiers:TorchHubClassifier", "a torch.hub entry point ('repo:entry'), e.g. DINOv2 + linear head")
 CLASSIFIERS.register(
     "vlm", "pipeline.models.vlm:VLMClassifier",

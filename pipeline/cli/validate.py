@@ -15,6 +15,12 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.assets import check_registry_keys, missing_assets
     from pipeline.config import config_hash
 
+    from pipeline.card.suite import is_suite_file
+
+    if is_suite_file(args.config):  # a card's suite of benchmarks, not a build config
+        from pipeline.cli.card import validate_suite
+
+        return validate_suite(args.config)
     cfg = load_cli_config(args)
     summary = plan.summarize(cfg)
     print(f"config {args.config}: valid (hash {config_hash(cfg)[:12]})")
@@ -89,7 +95,7 @@ def report_memory(cfg) -> None:
 
 
 def register(sub) -> None:
-    s = sub.add_parser("validate", help="check a config and print its plan and missing assets")
+    s = sub.add_parser("validate", help="check a config (or a card's suite) and print its plan and missing assets")
     s.add_argument("config")
     add_set_argument(s)
     s.set_defaults(func=run)

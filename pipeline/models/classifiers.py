@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 from typing import Any, Sequence
 
@@ -31,6 +30,8 @@ from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace, label_space
 from pipeline.models.cache import shared
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
+from pipeline.models import stored_preprocess
+from pipeline.models.stored_preprocess import PREPROCESS_FILE
 from pipeline.models.precision import FLOAT32, ModelPrecision
 
 # Images per forward inside predict(); bounds activation memory of big models.
@@ -341,27 +342,7 @@ class OpenClipZeroShot(Classifier):
 
 
 # --------------------------------------------------------------------------- torchscript
-TORCHSCRIPT_PREPROCESS_FILE = "preprocess.json"
-_TORCHSCRIPT_KEYS = {"input_size", "mean", "std", "interpolation"}
-
-
-def _check_preprocess_types(cfg: dict[str, Any], origin: dict[str, str]) -> None:
-    """ValueError naming the key and where it came from unless each preprocessing value has its type."""
-
-    def number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    checks = {
-        "input_size": ("a list [C, H, W] of 3 positive integers", lambda v: isinstance(v, list) and len(v) == 3
-                       and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 8192 for x in v)),
-        "mean": ("a list of numbers, one per channel", lambda v: isinstance(v, list) and all(map(number, v))),
-        "std": ("a list of non-zero numbers, one per channel",
-                lambda v: isinstance(v, list) and all(number(x) and x != 0 for x in v)),
-        "interpolation": ("a string", lambda v: isinstance(v, str)),
-    }
-    for key, (what, ok) in checks.items():
-        if not ok(cfg[key]):
-            raise ValueError(f"{origin.get(key, key)}: {key} must be {what}, got {cfg[key]!r}"[:400])
+TORCHSCRIPT_PREPROCESS_FILE = PREPROCESS_FILE  # the extra file holding the input transform
 
 
 class TorchScriptClassifier(Classifier):
@@ -379,17 +360,15 @@ class TorchScriptClassifier(Classifier):
 
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
-        from torchvision import transforms
-
         if not spec.checkpoint:
             raise ValueError(f"{self.where}.checkpoint: the torchscript kind needs the TorchScript file")
         if not os.path.isfile(spec.checkpoint):
             raise FileNotFoundError(f"{self.where}.checkpoint: checkpoint file not found: {spec.checkpoint}")
-        unknown = sorted(set(spec.model_kwargs) - _TORCHSCRIPT_KEYS)
+        unknown = sorted(set(spec.model_kwargs) - stored_preprocess.KEYS)
         if unknown:
             raise ValueError(
                 f"{self.where}.model_kwargs: unknown keys {unknown} for kind torchscript; "
-                f"allowed: {sorted(_TORCHSCRIPT_KEYS)}"
+                f"allowed: {sorted(stored_preprocess.KEYS)}"
             )
         extra = {TORCHSCRIPT_PREPROCESS_FILE: ""}
         try:
@@ -402,43 +381,13 @@ class TorchScriptClassifier(Classifier):
         except Exception as err:
             raise RuntimeError(f"{self.where}: could not load TorchScript file {spec.checkpoint}: {err}") from err
         self.model.eval()
-        cfg: dict[str, Any] = {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "interpolation": "bilinear"}
-        in_file = f"{TORCHSCRIPT_PREPROCESS_FILE} of {spec.checkpoint}"
-        origin = {}
-        if extra[TORCHSCRIPT_PREPROCESS_FILE]:
-            try:
-                saved = json.loads(extra[TORCHSCRIPT_PREPROCESS_FILE])
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{self.where}: {TORCHSCRIPT_PREPROCESS_FILE} in {spec.checkpoint} is not JSON: {err}")
-            if not isinstance(saved, dict):
-                raise ValueError(f"{self.where}: {in_file} must be a JSON object, got {type(saved).__name__}")
-            cfg.update(saved)
-            origin.update({k: f"{self.where}: {k} in {in_file}" for k in saved})
-        cfg.update(spec.model_kwargs)
-        origin.update({k: f"{self.where}.model_kwargs.{k}" for k in spec.model_kwargs})
-        if "input_size" not in cfg:
-            raise ValueError(
-                f"{self.where}: no input_size; set model_kwargs.input_size (e.g. [3, 224, 224]) or save the model "
-                f"with a {TORCHSCRIPT_PREPROCESS_FILE} extra file"
-            )
-        _check_preprocess_types(cfg, origin)
+        saved = extra[TORCHSCRIPT_PREPROCESS_FILE]
+        saved = saved.decode("utf-8") if isinstance(saved, bytes) else saved
+        cfg = stored_preprocess.resolve(saved, spec.model_kwargs, self.where, spec.checkpoint, "torchscript")
         size = list(cfg["input_size"])
-        if len(size) != 3 or len(cfg["mean"]) != size[0] or len(cfg["std"]) != size[0]:
-            raise ValueError(
-                f"{self.where}: input_size must be [C, H, W] and mean/std have C entries, got "
-                f"input_size={cfg['input_size']}, mean={cfg['mean']}, std={cfg['std']}"
-            )
-        modes = {"bilinear": transforms.InterpolationMode.BILINEAR, "bicubic": transforms.InterpolationMode.BICUBIC,
-                 "nearest": transforms.InterpolationMode.NEAREST}
-        if cfg["interpolation"] not in modes:
-            raise ValueError(f"{self.where}: interpolation must be one of {sorted(modes)}, got {cfg['interpolation']!r}")
         self.preprocess_cfg = cfg
         self._channels = size[0]
-        self.transform = transforms.Compose([
-            transforms.Resize((size[1], size[2]), interpolation=modes[cfg["interpolation"]], antialias=True),
-            transforms.ToTensor(),
-            transforms.Normalize(cfg["mean"], cfg["std"]),
-        ])
+        self.transform = stored_preprocess.transform(cfg)
         with torch.inference_mode():
             probe = self.model(torch.zeros(1, *size, device=device))
         if probe.ndim != 2:
@@ -447,7 +396,6 @@ class TorchScriptClassifier(Classifier):
         self._map_outputs(n_out)
 
     def _preprocess(self, image: Any) -> torch.Tensor:
-        image = image.convert("L" if self._channels == 1 else "RGB")
         return self.transform(image)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

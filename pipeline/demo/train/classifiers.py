@@ -1,4 +1,4 @@
-"""Stage ``classifiers``: the linear model (TorchScript), the small ResNet and the small ViT on the clean train digits."""
+"""Stage ``classifiers``: the linear model (TorchScript and torch.export), the small ResNet and the small ViT on the clean train digits."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
+from pipeline.models.exported import export_classifier
 from pipeline.demo.train.common import (
     CLASSIFIER_SETTINGS,
     Ctx,
@@ -45,6 +46,8 @@ def stage_classifiers(ctx: Ctx) -> dict[str, Any]:
     lin.eval()
     pre = {"input_size": [3, M.RESOLUTION, M.RESOLUTION], "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bilinear"}
     torch.jit.save(torch.jit.script(lin), str(out / "linear.torchscript.pt"), _extra_files={"preprocess.json": json.dumps(pre)})
+    # The same model as a torch.export program (classifier kind ``exported``), TorchScript's successor.
+    export_classifier(lin, str(out / "linear.pt2"), pre)
     record["linear_train_loss"] = float(loss.detach())
 
     # Small ResNet and ViT: minibatch AdamW with +-2 px translations.

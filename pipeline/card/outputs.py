@@ -1,0 +1,335 @@
+"""Each benchmark of a suite as an output holding the card's model.
+
+For every benchmark (:class:`pipeline.card.suite.Benchmark`) :func:`prepare` makes sure
+its output exists and holds the model's predictions, doing only what is missing:
+
+* a build entry is built (``cnsbench build``'s :func:`pipeline.build.build`) when its
+  output is missing, incomplete, or lacks the model; a build of an existing output adds
+  the model to the committed shards with the reclassify stage (only that model runs, on
+  the committed images) and aggregates the report again;
+* a release entry is evaluated once (:func:`pipeline.evaluate.evaluate`) with the model
+  (and the suite's baseline classifier, for corruptions) under its authors' protocol; a
+  later card adds its model to the committed shards the same way, its entry filled by
+  the release's protocol as ``evaluate`` fills every entry;
+* an ``output`` entry is used as it is, the model added the same way.
+
+Classifiers earlier cards added to an output stay in its config.  A model whose name an
+output already uses for another model is refused (:class:`ModelConflict`): pass another
+``--name``.  When nothing is missing nothing is loaded: whether an output is complete is
+read from its manifests and report, never by running a model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipeline.card.suite import ALEXNET, Benchmark
+from pipeline.config import BuildConfig, ClassifierSpec, ConfigError, config_hash, parse_config, resolved_dict
+from pipeline.io.ownership import read_marker
+from pipeline.io.store import OutputStore
+from pipeline.sources import release_protocol
+from pipeline.sources.detect import protocol_of
+
+Echo = Callable[[str], None]
+
+
+class ModelConflict(ConfigError):
+    """The output already has a classifier of the model's name that is another model."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A benchmark's output holding the model: its config (with the model) and what was done."""
+
+    benchmark: Benchmark
+    uri: str
+    config: BuildConfig
+    config_hash: str
+    model: ClassifierSpec  # the model's entry as the output holds it (its protocol's inputs filled)
+    protocol: dict[str, Any]
+    work: str  # "none", "built", "evaluated", "added"
+
+
+def release_kind(store: OutputStore) -> str | None:
+    """The released layout an evaluate output was made from (``source.json``), else None."""
+    if not store.exists("source.json"):
+        return None
+    try:
+        return json.loads(store.read_bytes("source.json")).get("kind")
+    except (ValueError, AttributeError):
+        return None
+
+
+def protocol_of_output(cfg: BuildConfig, kind: str | None) -> dict[str, Any]:
+    """The protocol an output was evaluated with: its release's authors' (name, original code,
+    metric) or the config's ``protocol`` (cns | custom)."""
+    proto = protocol_of(kind) if kind else None
+    if proto is not None:
+        return {"name": proto.name, "original": proto.original, "accuracy": proto.accuracy, "metric": proto.metric}
+    return {"name": cfg.protocol, "original": "docs/protocol.md", "accuracy": "", "metric": ""}
+
+
+def _entry_with_protocol(entry: dict[str, Any], model: ClassifierSpec, kind: str | None) -> tuple[dict[str, Any], dict | None]:
+    """The model's entry with its release's protocol applied (and its analysis entry), as
+    ``evaluate`` applies it to every entry."""
+    proto = protocol_of(kind) if kind else None
+    if proto is None:
+        return entry, None
+    entries, analysis, _ = release_protocol.apply(proto, [entry], {model.name: set(model.model_fields_set)})
+    return entries[0], analysis
+
+
+def with_model(raw: dict[str, Any], model: ClassifierSpec, kind: str | None, where: str) -> tuple[dict[str, Any], bool]:
+    """``raw`` (a resolved config dict) holding the model's entry; whether the entry is new.
+
+    Raises :class:`ModelConflict` when the name is taken by another model."""
+    raw = copy.deepcopy(raw)
+    entry, analysis = _entry_with_protocol(model.model_dump(mode="json"), model, kind)
+    names = [c["name"] for c in raw["classifiers"]]
+    if model.name in names:
+        existing = raw["classifiers"][names.index(model.name)]
+        trial = copy.deepcopy(raw)
+        trial["classifiers"][names.index(model.name)] = entry
+        mine = next(c for c in resolved_dict(parse_config(trial, source=where))["classifiers"] if c["name"] == model.name)
+        differ = sorted(k for k in set(existing) | set(mine) if existing.get(k) != mine.get(k))
+        if differ:
+            detail = "; ".join(f"{k}: {existing.get(k)!r} there, {mine.get(k)!r} here" for k in differ[:5])
+            raise ModelConflict(
+                f"{where}: the output already has a classifier named {model.name!r} that is another model "
+                f"({detail}); pass --name to give the model another name"[:900]
+            )
+        return raw, False
+    raw["classifiers"].append(entry)
+    if analysis is not None:  # the release_protocol analysis names every classifier's inputs
+        for a in raw["aggregate"]["analyses"]:
+            if isinstance(a, dict) and a.get("name") == release_protocol.ANALYSIS:
+                a.setdefault("classifiers", {}).update(analysis["classifiers"])
+                a.setdefault("overridden", {}).update(analysis["overridden"])
+    return raw, True
+
+
+def _report_hash(store: OutputStore) -> str | None:
+    if not store.exists("report/metrics.json") or not store.exists("report/index.html"):
+        return None
+    try:
+        return json.loads(store.read_bytes("report/metrics.json")).get("config_hash")
+    except ValueError:
+        return None
+
+
+def needs_build(
+    store: OutputStore, cfg: BuildConfig, marker: dict[str, Any] | None, planned: bool = True, report: bool = True
+) -> bool:
+    """Whether a build of ``cfg`` into ``store`` has anything to do: trajectories not made
+    (with ``planned``: a build's plan; failed ones are not retried here), shards lacking a
+    classifier's predictions, another config recorded, or (with ``report``) a report not
+    made from it."""
+    from pipeline import plan
+    from pipeline.build import committed_trajectories
+    from pipeline.stages.reclassify import missing_classifiers
+
+    if marker is None:
+        return True
+    if planned:
+        done, failed = committed_trajectories(store, repair=False)
+        if plan.plan_units(cfg, done | set(failed)):
+            return True
+    built_with = [c["name"] for c in marker["config"].get("classifiers", [])]
+    if missing_classifiers(store, [c.name for c in cfg.classifiers], built_with):
+        return True
+    digest = config_hash(cfg)
+    return marker.get("config_hash") != digest or (report and _report_hash(store) != digest)
+
+
+def add_to_output(uri: str, cfg: BuildConfig, *, runner: str, echo: Echo, report: bool = True) -> None:
+    """Add ``cfg``'s new classifiers to the committed shards of ``uri`` (the reclassify stage)
+    and (with ``report``) aggregate the report again, under the output's lease (as a build
+    that adds classifiers does, without planning any new image)."""
+    from pipeline.build import (
+        ShardTally,
+        add_classifiers,
+        check_compatible,
+        clean_uncommitted,
+        committed_trajectories,
+        ensure_held,
+        finish_run,
+        write_config,
+    )
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(uri, "card", echo) as lease:
+        start = time.perf_counter()
+        store = OutputStore(uri)
+        stored = check_compatible(store, cfg)
+        built_with = [c["name"] for c in stored["classifiers"]] if stored else []
+        done, _ = committed_trajectories(store, repair=False, echo=echo)
+        clean_uncommitted(store, echo)
+        ensure_held(lease)
+        digest = write_config(store, cfg)
+        tally = ShardTally(len(done), len(done), echo, what="card")
+        add_classifiers(store, cfg, built_with, runner, None, echo, lease)
+        finish_run(store, cfg, digest, tally, start=start, runner=runner, aggregate=report, run_name="-card", lease=lease)
+
+
+def stale_classifiers(store: OutputStore, marker: dict[str, Any] | None) -> set[str]:
+    """Classifiers an output's config names but none of its committed shards holds: an
+    addition that failed before its first shard (e.g. a model that cannot take the input)."""
+    from pipeline.stages.reclassify import missing_classifiers
+
+    if marker is None:
+        return set()
+    names = [c["name"] for c in marker["config"].get("classifiers", [])]
+    shards = [m for m in store.manifests() if m.trajectories]
+    if not shards:
+        return set()
+    rows = missing_classifiers(store, names, names if all(m.classifiers is None for m in shards) else [])
+    if len(rows) < len(shards):
+        return set()
+    return set.intersection(*(set(r["classifiers"]) for r in rows))
+
+
+def forget_stale(uri: str, echo: Echo) -> dict[str, Any] | None:
+    """The output's marker, after rewriting its config without the classifiers no shard holds
+    (:func:`stale_classifiers`), so their names can be used again."""
+    from pipeline.build import ensure_held, write_config
+    from pipeline.io.lease import hold_lease
+
+    store = OutputStore(uri)
+    marker = read_marker(store)
+    stale = stale_classifiers(store, marker)
+    if not stale:
+        return marker
+    raw = marker["config"]
+    raw = {**raw, "classifiers": [c for c in raw.get("classifiers", []) if c.get("name") not in stale]}
+    cfg = parse_config(raw, source=f"{store.url('config.json')} without {', '.join(sorted(stale))}")
+    with hold_lease(uri, "card", echo) as lease:
+        ensure_held(lease)
+        write_config(store, cfg)
+    echo(f"[cnsbench] card: {uri}: its config named {', '.join(sorted(stale))}, which no shard holds "
+         "(an addition that failed): dropped from the config")
+    return read_marker(store)
+
+
+def _kept_classifiers(raw: dict[str, Any], marker: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` with the classifiers earlier cards added to the output (absent from the suite's config)."""
+    if marker is None:
+        return raw
+    names = {c["name"] for c in raw["classifiers"]}
+    extra = [c for c in marker["config"].get("classifiers", []) if c.get("name") not in names]
+    return {**raw, "classifiers": [*raw["classifiers"], *extra]} if extra else raw
+
+
+def _prepare_build(b: Benchmark, model: ClassifierSpec, runner: str, echo: Echo, ready: Callable, report: bool) -> Prepared:
+    from pipeline.build import build
+
+    cfg = b.load_config()
+    ready(cfg)
+    store = OutputStore(b.output)
+    marker = forget_stale(b.output, echo)
+    raw, _ = with_model(_kept_classifiers(resolved_dict(cfg), marker), model, None, f"{b.where} {b.config}")
+    cfg = parse_config(raw, source=f"{b.config} with the card's model {model.name}")
+    work = "none"
+    if needs_build(store, cfg, marker, report=report):
+        echo(f"[cnsbench] card: {b.name}: building {b.output} ({b.config}) with {model.name}")
+        summary = build(cfg, b.output, runner=runner, echo=echo, aggregate=report or marker is None)
+        if summary.trajectories_failed:
+            echo(f"[cnsbench] card: {b.name}: {summary.trajectories_failed} trajectories failed (left out of the metrics)")
+        work = "built"
+    return _prepared(b, b.output, cfg, model, None, work)
+
+
+def _prepared(b: Benchmark, uri: str, cfg: BuildConfig, model: ClassifierSpec, kind: str | None, work: str) -> Prepared:
+    spec = next(c for c in cfg.classifiers if c.name == model.name)
+    return Prepared(b, uri, cfg, config_hash(cfg), spec, protocol_of_output(cfg, kind), work)
+
+
+def _baseline_entries(raw: dict[str, Any], b: Benchmark, baseline: str | None) -> list[dict[str, Any]]:
+    if b.family != "corruptions" or baseline in (None, ALEXNET):
+        return []
+    found = [c for c in raw["classifiers"] if c["name"] == baseline]
+    if not found:
+        raise ConfigError(f"{b.where}: the suite's baseline {baseline!r} is not a classifier of {b.config}")
+    return found
+
+
+def _evaluate_release(b: Benchmark, model: ClassifierSpec, baseline: str | None, runner: str, echo: Echo, ready: Callable) -> None:
+    """The first evaluation of a release: the model (and the corruption baseline) under its protocol."""
+    from pipeline.evaluate import effective_config, evaluate
+    from pipeline.sources import open_source
+
+    base = b.load_config()
+    ready(base)
+    raw = resolved_dict(base)
+    raw["classifiers"] = _baseline_entries(raw, b, baseline)
+    raw, _ = with_model({**raw, "classifiers": raw["classifiers"]}, model, None, f"{b.where} {b.config}")
+    cfg = parse_config(raw, source=f"{b.config} with the card's model {model.name}")
+    source = open_source(b.release, base.benchmark.label_space, kind=b.entry.source_kind)
+    eff = effective_config(cfg, source, use_filter=b.entry.filter)
+    echo(f"[cnsbench] card: {b.name}: evaluating {b.release} into {b.output} with {model.name}")
+    evaluate(eff, source, b.output, runner=runner, echo=echo)
+
+
+def _resume_release(b: Benchmark, stored: BuildConfig, runner: str, echo: Echo) -> None:
+    """Finish an interrupted evaluation of a release with the config it started with."""
+    from pipeline.evaluate import evaluate
+    from pipeline.sources import open_source
+
+    base = b.load_config()
+    source = open_source(b.release, base.benchmark.label_space, kind=b.entry.source_kind)
+    echo(f"[cnsbench] card: {b.name}: resuming the evaluation of {b.release}")
+    evaluate(stored, source, b.output, runner=runner, echo=echo)
+
+
+def _prepare_existing(
+    b: Benchmark, model: ClassifierSpec, baseline: str | None, runner: str, echo: Echo, ready: Callable, report: bool
+) -> Prepared:
+    """A release entry or an existing output: evaluated once, then the model added."""
+    from pipeline.aggregate.run import load_output_config
+
+    store = OutputStore(b.output)
+    marker = read_marker(store)
+    work = "none"
+    if marker is None:
+        if b.kind != "release":
+            raise FileNotFoundError(f"{b.where}: output {b.output} not found (no config.json): is it a cnsbench output?")
+        _evaluate_release(b, model, baseline, runner, echo, ready)
+        work = "evaluated"
+    stored = load_output_config(store)
+    if b.kind == "release" and _report_hash(store) != config_hash(stored):
+        _resume_release(b, stored, runner, echo)
+        work = "evaluated"
+    if forget_stale(b.output, echo) != marker:
+        stored = load_output_config(store)
+    kind = release_kind(store)
+    raw, new = with_model(resolved_dict(stored), model, kind, f"{b.where} {b.output}")
+    cfg = parse_config(raw, source=f"{b.output}/config.json with the card's model {model.name}") if new else stored
+    if new:
+        echo(f"[cnsbench] card: {b.name}: adding {model.name} to {b.output}")
+        add_to_output(b.output, cfg, runner=runner, echo=echo, report=report)
+        work = "added"
+    elif needs_build(store, cfg, read_marker(store), planned=False, report=report):
+        add_to_output(b.output, cfg, runner=runner, echo=echo, report=report)  # an interrupted addition or report
+        work = "added"
+    return _prepared(b, b.output, cfg, model, kind, work)
+
+
+def prepare(
+    b: Benchmark,
+    model: ClassifierSpec,
+    *,
+    baseline: str | None = None,
+    runner: str = "ray",
+    echo: Echo = print,
+    ready: Callable[[BuildConfig], None] = lambda cfg: None,
+    report: bool = True,
+) -> Prepared:
+    """The output of ``b`` holding ``model`` (see the module doc); ``ready`` prepares a
+    config's generated assets before it is built; without ``report`` an output the model is
+    added to keeps its report as it was (``cnsbench aggregate`` brings it up to date)."""
+    if b.kind == "build":
+        return _prepare_build(b, model, runner, echo, ready, report)
+    return _prepare_existing(b, model, baseline, runner, echo, ready, report)

@@ -1,0 +1,225 @@
+"""A suite: the benchmarks a robustness card covers, read from a YAML file.
+
+::
+
+    suite: world                     # the suite's name
+    baseline: linear                 # mCE's reference: a classifier of the corruption output, or alexnet
+    outputs: ../runs/suite_world     # where benchmarks without an `output` are built / evaluated
+    benchmarks:
+      - {name: cns, family: cns, config: demo.yaml}                  # a build config, built when missing
+      - {name: cns-old, family: cns, output: /data/runs/cns}         # an existing output, used as it is
+      - {name: small, family: cns, config: demo.yaml, sets: [benchmark.seeds=[1]]}   # --set overrides
+      - {name: imagenet-c, family: corruptions, release: /data/ImageNet-C,   # a released tree,
+         source_kind: imagenet_c, protocol: imagenet_c, config: cns_bench.yaml}  # evaluated once
+
+Each entry names its ``family``, which decides the headline metrics of its card entry
+(:mod:`pipeline.card.headline`), and exactly one of three kinds:
+
+* ``config`` (no ``release``): a build config, built into ``output`` when that is missing or
+  incomplete (``cnsbench build``), then reused;
+* ``output`` alone: an existing build or evaluate output, never rebuilt;
+* ``release``: a released dataset, evaluated once into ``output`` with the ``config``'s
+  filter, resources and label space (``cnsbench evaluate``) under its authors' protocol
+  (``protocol`` names it and is checked against the layout's,
+  :mod:`pipeline.sources.release_protocol`).
+
+Relative paths are relative to the suite file.  The suite's hash covers what the suite
+says (names, families, configs as written, protocols, the baseline), not where its
+outputs or releases lie: a card records each output's own identity beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from pipeline.config import ConfigError
+from pipeline.config.base import Strict
+from pipeline.io import bounds
+
+FAMILIES = ("cns", "corruptions", "imagenet_d", "ximagenet", "imagenet_e")
+ALEXNET = "alexnet"  # the corruption baseline of ImageNet-C: AlexNet's published errors
+NAME = r"^[A-Za-z0-9_\-]+$"
+
+
+class BenchmarkEntry(Strict):
+    name: str = Field(..., pattern=NAME, description="the benchmark's name on the card")
+    family: Literal["cns", "corruptions", "imagenet_d", "ximagenet", "imagenet_e"] = Field(
+        ..., description="whose headline metrics the card shows"
+    )
+    config: str | None = Field(None, description="build config; with release: the evaluate config")
+    output: str | None = Field(None, description="the benchmark's output (default: <outputs>/<name>)")
+    release: str | None = Field(None, description="a released dataset, evaluated once into the output")
+    source_kind: str | None = Field(None, description="release: its layout (default: detected)")
+    protocol: str | None = Field(None, description="the protocol the benchmark is evaluated with (checked)")
+    filter: bool = Field(False, description="release: run the config's OOC filter too")
+    sets: list[str] = Field(default_factory=list, description="`--set key.path=value` overrides of the config")
+
+    @model_validator(mode="after")
+    def _kind(self) -> "BenchmarkEntry":
+        if self.release is not None:
+            if not self.config:
+                raise ValueError("a release entry needs `config` (the evaluate config: label space, resources)")
+        elif not (self.config or self.output):
+            raise ValueError("give `config` (a build config), `output` (an existing output) or `release`")
+        elif self.source_kind is not None or self.filter:
+            raise ValueError("`source_kind` and `filter` belong to release entries")
+        return self
+
+
+class SuiteSpec(Strict):
+    suite: str = Field(..., pattern=NAME, description="the suite's name")
+    description: str = ""
+    baseline: str | None = Field(None, description="mCE's reference classifier (a name) or alexnet")
+    outputs: str | None = Field(None, description="folder of the outputs of entries without `output`")
+    benchmarks: list[BenchmarkEntry] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "SuiteSpec":
+        names = [b.name for b in self.benchmarks]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"benchmark names repeat: {twice}")
+        return self
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One entry with its paths resolved: ``kind`` is ``build``, ``output`` or ``release``."""
+
+    index: int
+    entry: BenchmarkEntry
+    kind: str
+    config: str | None
+    output: str
+    release: str | None
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def family(self) -> str:
+        return self.entry.family
+
+    @property
+    def where(self) -> str:
+        return f"benchmarks[{self.index}] ({self.name})"
+
+    def load_config(self) -> Any:
+        """The entry's config with its ``sets`` applied (ConfigError naming what is wrong)."""
+        from pipeline.config import load_config
+
+        if self.config is None:
+            raise ConfigError(f"{self.where}: no config")
+        return load_config(self.config, sets=self.entry.sets or None)
+
+
+@dataclass(frozen=True)
+class Suite:
+    path: str
+    spec: SuiteSpec
+    benchmarks: tuple[Benchmark, ...]
+    hash: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.suite
+
+    @property
+    def baseline(self) -> str | None:
+        return self.spec.baseline
+
+    def describe(self) -> dict[str, Any]:
+        """The suite as a card records it."""
+        return {"name": self.name, "file": self.path, "hash": self.hash, "baseline": self.baseline,
+                "benchmarks": [b.name for b in self.benchmarks]}
+
+
+def _is_uri(value: str) -> bool:
+    return "://" in value
+
+
+def _resolve(value: str | None, base: Path) -> str | None:
+    if value is None or _is_uri(value) or os.path.isabs(value):
+        return value
+    return str((base / value).resolve())
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"suite file not found: {p}")
+    try:
+        return bounds.load_yaml(p)
+    except (ValueError, OSError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def is_suite_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a suite (a YAML mapping with ``suite`` and ``benchmarks``), not a config."""
+    try:
+        raw = read_yaml(path)
+    except ConfigError:
+        return False
+    return isinstance(raw, dict) and "suite" in raw and "benchmarks" in raw
+
+
+def suite_hash(spec: SuiteSpec) -> str:
+    """SHA-256 of what the suite says, leaving out where its outputs and releases lie."""
+    data = spec.model_dump(mode="json")
+    data.pop("outputs", None)
+    data.pop("description", None)
+    for b in data["benchmarks"]:
+        b.pop("output", None)
+        b.pop("release", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = [f"invalid suite {source}:"]
+    for e in err.errors():
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[") or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            model = BenchmarkEntry if "benchmarks" in loc[:1] else SuiteSpec
+            msg = f"unknown key; allowed keys here: {', '.join(model.model_fields)}"
+        value = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key}: {msg}{shown}"[:400])
+    return "\n".join(lines)
+
+
+def load_suite(path: str | os.PathLike[str], outputs: str | None = None) -> Suite:
+    """Read and check a suite file; ``outputs`` replaces its ``outputs`` folder.
+
+    Raises :class:`ConfigError` naming the file and key of a malformed suite."""
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"invalid suite {path}: the top level must be a mapping, got {type(raw).__name__}")
+    try:
+        spec = SuiteSpec.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format(err, str(path))) from None
+    base = Path(path).resolve().parent
+    folder = outputs if outputs is not None else _resolve(spec.outputs, base)
+    benchmarks = []
+    for i, entry in enumerate(spec.benchmarks):
+        kind = "release" if entry.release is not None else ("build" if entry.config else "output")
+        output = _resolve(entry.output, base) if entry.output else None
+        if output is None:
+            if folder is None:
+                raise ConfigError(
+                    f"invalid suite {path}: benchmarks[{i}] ({entry.name}) has no `output` and the suite no "
+                    "`outputs` folder; set one of them (or pass --outputs DIR)"
+                )
+            output = folder.rstrip("/") + "/" + entry.name
+        benchmarks.append(Benchmark(i, entry, kind, _resolve(entry.config, base), output, _resolve(entry.release, base)))
+    return Suite(str(Path(path).resolve()), spec, tuple(benchmarks), suite_hash(spec))

@@ -1,0 +1,70 @@
+"""``cnsbench card MODEL --suite SUITE --output DIR``: a model's robustness card over a suite's benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeline.config import ConfigError
+
+
+def validate_suite(path: str, outputs: str | None = None) -> int:
+    """``cnsbench validate SUITE``: print the suite and its problems; 2 when there are any."""
+    from pipeline.card.check import check_suite
+    from pipeline.card.suite import load_suite
+
+    lines, problems = check_suite(load_suite(path, outputs))
+    for line in lines:
+        print(line)
+    if problems:
+        print(f"{len(problems)} problem(s):")
+        for p in problems:
+            print(f"  - {p}")
+        return 2
+    print("  all benchmarks ready")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.card.make import make_card
+    from pipeline.card.model import resolve_model
+    from pipeline.card.suite import load_suite
+    from pipeline.demo.assets import ensure_config_assets
+
+    model = args.model_arg or args.model
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise ConfigError(f"card: the model is named twice ({args.model_arg!r} and --model {args.model!r})")
+    suite = load_suite(args.suite, args.outputs)
+    spec = resolve_model(
+        model, kind=args.model_kind, checkpoint=args.checkpoint, model_config_file=args.model_config_file,
+        name=args.name, configs=[b.load_config for b in suite.benchmarks if b.kind == "build"],
+    )
+    card = make_card(spec, suite, args.output, runner=args.runner, ready=ensure_config_assets, report=not args.no_report)
+    for b in card["benchmarks"]:
+        value = "n/a" if b["value"] is None else f"{b['value']:.4f}"
+        ci = "" if b["ci_low"] is None else f" [{b['ci_low']:.4f}, {b['ci_high']:.4f}]"
+        print(f"[cnsbench] {b['benchmark']:<14} {b['metric']:<20} {value}{ci}")
+    print(f"[cnsbench] card: {args.output.rstrip('/')}/card.html")
+    return 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser(
+        "card", help="a model's robustness card over a suite of benchmarks (card.json, card.html)",
+        description="Add a model to every benchmark of a suite (building or evaluating a benchmark's output when it "
+        "is missing, else running only the model on the committed images) and write its headline metrics with "
+        "bootstrap intervals. Running it again resumes, and does nothing when the card is complete.",
+    )
+    s.add_argument("model_arg", nargs="?", metavar="MODEL",
+                   help="a YAML file with one classifier entry, a model with --model-kind, or a classifier name of the suite's configs")
+    s.add_argument("--model", help="the model (as MODEL)")
+    s.add_argument("--model-kind", help="classifier kind of an inline model (timm, open_clip_zeroshot, torchscript, exported, ...)")
+    s.add_argument("--checkpoint", help="inline model: its weights / program file")
+    s.add_argument("--model-config-file", help="inline open_clip model: its architecture JSON")
+    s.add_argument("--name", help="the model's name on the card and in the outputs (default: the entry's)")
+    s.add_argument("--suite", required=True, help="suite file (configs/suite_world.yaml)")
+    s.add_argument("--output", required=True, help="folder of the card")
+    s.add_argument("--outputs", help="folder of the benchmarks' outputs (default: the suite's `outputs`)")
+    s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
+    s.add_argument("--no-report", action="store_true",
+                   help="leave an output's report as it was after adding the model (`cnsbench aggregate` updates it)")
+    s.set_defaults(func=run)

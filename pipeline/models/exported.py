@@ -1,0 +1,94 @@
+"""Classifier kind ``exported``: a ``torch.export`` program (``.pt2``) with its preprocessing.
+
+The successor of the ``torchscript`` kind (the installed torch deprecates ``torch.jit.save``
+and ``torch.jit.load`` and points to ``torch.export``).  ``checkpoint`` is the file written
+by ``torch.export.save(program, path, extra_files={"preprocess.json": ...})``: a program
+mapping a float tensor ``[N, C, H, W]`` to logits ``[N, K]``, and beside it in the archive
+the transform it expects (:mod:`pipeline.models.stored_preprocess`: ``input_size``,
+``mean``, ``std``, ``interpolation``; ``model_kwargs`` override them).  Export the program
+with a dynamic batch dimension (``torch.export.Dim``) so any batch size runs;
+:func:`export_classifier` does that for an ``nn.Module``.  Outputs map to class ids as for
+the other kinds (identity when K equals the label space's size, else ``label_map``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from pipeline.config import ClassifierSpec
+from pipeline.labels import LabelSpace
+from pipeline.models import stored_preprocess
+from pipeline.models.classifiers import Classifier
+
+
+def read_preprocess(spec: ClassifierSpec, where: str | None = None) -> dict[str, Any]:
+    """The entry's effective preprocessing, read from its archive without loading the program."""
+    where = where or f"classifiers[{spec.name}]"
+    if not spec.checkpoint:
+        raise ValueError(f"{where}.checkpoint: the exported kind needs the .pt2 file (torch.export.save)")
+    if not os.path.isfile(spec.checkpoint):
+        raise FileNotFoundError(f"{where}.checkpoint: checkpoint file not found: {spec.checkpoint}")
+    saved = stored_preprocess.archive_preprocess(spec.checkpoint)
+    return stored_preprocess.resolve(saved, spec.model_kwargs, where, spec.checkpoint, "exported")
+
+
+class ExportedClassifier(Classifier):
+    """A ``torch.export`` program loaded with ``torch.export.load`` (see the module doc)."""
+
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
+        super().__init__(spec, device, labels)
+        self.preprocess_cfg = read_preprocess(spec, self.where)
+        try:
+            program = torch.export.load(spec.checkpoint)
+        except Exception as err:
+            raise RuntimeError(f"{self.where}: could not load torch.export program {spec.checkpoint}: {err}") from err
+        self.model = program.module().to(device)
+        self.transform = stored_preprocess.transform(self.preprocess_cfg)
+        size = list(self.preprocess_cfg["input_size"])
+        try:
+            with torch.inference_mode():
+                probe = self.model(torch.zeros(2, *size, device=device))
+        except Exception as err:
+            raise ValueError(
+                f"{self.where}: the program in {spec.checkpoint} does not take a batch [N, {', '.join(map(str, size))}] "
+                f"(export it with a dynamic batch dimension and that input_size): {err}"[:600]
+            ) from None
+        if probe.ndim != 2:
+            raise ValueError(f"{self.where}: the exported program returns shape {tuple(probe.shape)}, expected [N, K]")
+        self._map_outputs(int(probe.shape[1]))
+
+    def _preprocess(self, image: Any) -> torch.Tensor:
+        return self.transform(image)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.model(x)
+        except Exception as err:  # an exported program checks its input's shape (its guards)
+            raise ValueError(
+                f"{self.where}: the program in {self.spec.checkpoint} does not take an input of shape {tuple(x.shape)} "
+                f"(its preprocess.json: input_size {self.preprocess_cfg['input_size']}; the entry's preprocess "
+                f"{self.preprocess_choice!r} makes this one): {err}"[:700]
+            ) from None
+
+    @staticmethod
+    def footprint(spec: ClassifierSpec, images: int) -> tuple[int, int]:
+        """(parameters, activation bytes) for the memory projection: the archive's float32
+        weights; a program's activations are not known without running it."""
+        size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
+        return size // 4, 0
+
+
+def export_classifier(module: torch.nn.Module, path: str, preprocess: dict[str, Any]) -> str:
+    """Write ``module`` (eval mode, ``[N, C, H, W] -> [N, K]``) as a ``.pt2`` program with a
+    dynamic batch dimension and ``preprocess`` stored beside it; returns ``path``."""
+    cfg = stored_preprocess.resolve(json.dumps(preprocess), {}, "export_classifier", path, "exported")
+    module = module.eval()
+    example = (torch.zeros(2, *cfg["input_size"]),)
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.export.export(module, example, dynamic_shapes=({0: batch},))
+    torch.export.save(program, path, extra_files={stored_preprocess.PREPROCESS_FILE: json.dumps(cfg)})
+    return path

@@ -1,0 +1,322 @@
+"""Robustness cards without building a world: suites, validation, models, the exported kind,
+the headline metrics on synthetic tables against the report's functions, the leaderboard."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORLD = REPO / "assets" / "world"
+needs_world = pytest.mark.skipif(not (WORLD / "world.json").is_file(), reason="assets/world not trained")
+
+
+# --------------------------------------------------------------------------- suites
+def test_shipped_suites_name_the_world_configs_and_the_releases():
+    from pipeline.card.suite import load_suite
+
+    world = load_suite(REPO / "configs" / "suite_world.yaml")
+    configs = {b.name: Path(b.config).name for b in world.benchmarks}
+    assert configs == {"cns": "demo.yaml", "corruptions": "world_corruptions.yaml", "imagenet_d": "world_imagenet_d.yaml",
+                       "ximagenet": "world_ximagenet.yaml", "imagenet_e": "world_imagenet_e.yaml"}
+    assert {b.family for b in world.benchmarks} == {"cns", "corruptions", "imagenet_d", "ximagenet", "imagenet_e"}
+    assert all(b.kind == "build" and b.output.endswith(f"runs/suite_world/{b.name}") for b in world.benchmarks)
+    release = load_suite(REPO / "configs" / "suite_release.yaml")
+    assert [b.kind for b in release.benchmarks] == ["release"] * 5
+    assert [b.entry.protocol for b in release.benchmarks] == ["cns", "imagenet_c", "imagenet_d", "ximagenet", "imagenet_e"]
+    # The hash is what the suite says, not where its outputs go.
+    assert load_suite(REPO / "configs" / "suite_world.yaml", outputs="/elsewhere").hash == world.hash
+    assert world.hash != release.hash
+
+
+def test_validate_release_suite_lists_every_missing_path(capsys):
+    from pipeline.cli import main
+
+    assert main(["validate", str(REPO / "configs" / "suite_release.yaml")]) == 2
+    out = capsys.readouterr().out
+    for name in ("CNS-Bench", "ImageNet-C", "ImageNet-D", "XIMAGENET-12", "ImageNet-E"):
+        assert f"releases/{name}: not found" in out, out
+    assert "5 problem(s)" in out
+
+
+@needs_world
+def test_validate_world_suite(capsys):
+    from pipeline.cli import main
+
+    assert main(["validate", str(REPO / "configs" / "suite_world.yaml")]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "suite" in out and "world" in out and "all benchmarks ready" in out
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("suite: s\nbenchmarks: [{name: a, family: cns, confg: x.yaml}]\n", "benchmarks[0].confg: unknown key"),
+        ("suite: s\nbenchmarks: [{name: a, family: cnss, config: x.yaml}]\n", "benchmarks[0].family"),
+        ("suite: s\noutputs: o\nbenchmarks: [{name: a, family: cns, config: x.yaml}, {name: a, family: cns, config: y.yaml}]\n",
+         "benchmark names repeat: ['a']"),
+        ("suite: s\nbenchmarks: [{name: a, family: cns, release: /r}]\n", "a release entry needs `config`"),
+        ("suite: s\nbenchmarks: [{name: a, family: cns, config: x.yaml}]\n", "has no `output` and the suite no `outputs`"),
+    ],
+)
+def test_a_malformed_suite_is_refused_naming_the_key(tmp_path, capsys, text, said):
+    from pipeline.cli import main
+
+    suite = _write(tmp_path / "suite.yaml", text)
+    assert main(["validate", str(suite)]) == 2
+    assert said in capsys.readouterr().err
+
+
+@needs_world
+def test_validate_names_a_stated_protocol_and_baseline_that_do_not_hold(tmp_path, capsys):
+    from pipeline.cli import main
+
+    suite = _write(tmp_path / "suite.yaml", f"""
+suite: bad
+baseline: cnn
+outputs: {tmp_path}/out
+benchmarks:
+  - {{name: cns, family: cns, config: {REPO}/configs/demo.yaml, protocol: cns}}
+  - {{name: c, family: corruptions, config: {REPO}/configs/world_corruptions.yaml}}
+  - {{name: old, family: cns, output: {tmp_path}/nothing}}
+""")
+    assert main(["validate", str(suite)]) == 2
+    out = capsys.readouterr().out
+    assert "benchmarks[0] (cns).protocol: 'cns', but the benchmark is evaluated with the 'custom' protocol" in out
+    assert "the suite's baseline 'cnn' differs from aggregate.analyses[corruption_error].baseline 'linear'" in out
+    assert f"benchmarks[2] (old).output: {tmp_path}/nothing: no cnsbench output there" in out
+
+
+# --------------------------------------------------------------------------- models
+@needs_world
+def test_exported_linear_equals_its_torchscript_form():
+    """The shipped torch.export program of the world's linear classifier: the same logits as
+    its TorchScript file, its preprocessing read from the archive without loading it."""
+    from PIL import Image
+
+    from pipeline.card.model import own_preprocess
+    from pipeline.config import ClassifierSpec, load_config
+    from pipeline.models.classifiers import TorchScriptClassifier
+    from pipeline.models.exported import ExportedClassifier
+
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    spec = ClassifierSpec(name="lx", kind="exported", model="linear-softmax-regression",
+                          checkpoint=str(WORLD / "classifiers" / "linear.pt2"))
+    assert own_preprocess(spec) == {"resize_to": [3, 32, 32], "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.5] * 3}
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(5)]
+    exported = ExportedClassifier(spec, "cpu", cfg.benchmark.label_space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = TorchScriptClassifier(cfg.classifiers[0], "cpu", cfg.benchmark.label_space)
+    assert exported.out_to_label == list(range(10))
+    assert np.array_equal(exported.predict(images).numpy(), scripted.predict(images).numpy())
+    assert exported.predict(images[:1]).shape == (1, 10)
+    assert WORLD.joinpath("classifiers", "linear.pt2").stat().st_size < 100_000
+
+
+def test_exported_kind_round_trip_and_errors(tmp_path):
+    import torch
+
+    from pipeline.config import ClassifierSpec
+    from pipeline.models.exported import ExportedClassifier, export_classifier
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8 * 8, 3))
+    path = export_classifier(net, str(tmp_path / "grey.pt2"), {"input_size": [1, 8, 8], "mean": [0.5], "std": [0.25]})
+    spec = ClassifierSpec(name="g", kind="exported", model="grey", checkpoint=path, label_map={0: 0, 1: 1, 2: 2})
+    clf = ExportedClassifier(spec, "cpu")
+    from PIL import Image
+
+    x = clf.predict([Image.new("RGB", (16, 16), (255, 255, 255))])
+    want = net(torch.full((1, 1, 8, 8), (1.0 - 0.5) / 0.25))
+    assert torch.allclose(x, want, atol=1e-6) and clf.preprocess_cfg["input_size"] == [1, 8, 8]
+    over = spec.model_copy(update={"model_kwargs": {"std": [0.0]}})
+    with pytest.raises(ValueError, match=r"model_kwargs.std: std must be a list of non-zero numbers"):
+        ExportedClassifier(over, "cpu")
+    junk = tmp_path / "junk.pt2"
+    junk.write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="not a readable model archive"):
+        ExportedClassifier(spec.model_copy(update={"checkpoint": str(junk)}), "cpu")
+    with pytest.raises(FileNotFoundError, match="checkpoint file not found"):
+        ExportedClassifier(spec.model_copy(update={"checkpoint": str(tmp_path / "none.pt2")}), "cpu")
+
+
+@needs_world
+def test_the_model_from_a_file_inline_or_by_name(tmp_path):
+    from pipeline.card.model import identity, resolve_model
+    from pipeline.card.suite import load_suite
+    from pipeline.config import ConfigError
+
+    suite = load_suite(REPO / "configs" / "suite_world.yaml")
+    loaders = [b.load_config for b in suite.benchmarks]
+    named = resolve_model("linear", configs=loaders)
+    assert (named.name, named.kind, Path(named.checkpoint).name) == ("linear", "torchscript", "linear.torchscript.pt")
+    inline = resolve_model("linear-softmax-regression", kind="exported", checkpoint=str(WORLD / "classifiers" / "linear.pt2"),
+                           name="linear-exported")
+    assert inline.name == "linear-exported" and Path(inline.checkpoint).is_absolute()
+    entry = _write(tmp_path / "m.yaml", "name: lx\nkind: exported\nmodel: lin\ncheckpoint: ../../../" +
+                   str((WORLD / "classifiers" / "linear.pt2").relative_to(REPO)) + "\n")
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    moved = (tmp_path / "a" / "b" / "m.yaml")
+    moved.write_text(entry.read_text().replace("../../../", str(REPO) + "/"))
+    from_file = resolve_model(str(moved))
+    assert from_file.checkpoint == str(WORLD / "classifiers" / "linear.pt2")
+    ident = identity(from_file)
+    import hashlib
+
+    assert ident["weights_sha256"] == hashlib.sha256((WORLD / "classifiers" / "linear.pt2").read_bytes()).hexdigest()
+    assert ident["preprocess"]["resize_to"] == [3, 32, 32]
+    with pytest.raises(ConfigError, match="go with --model-kind"):
+        resolve_model("x", checkpoint="y")
+    with pytest.raises(ConfigError, match="invalid model entry"):
+        resolve_model(str(_write(tmp_path / "bad.yaml", "kind: timm\nmodel: resnet18\nname: 'a b'\n")))
+
+
+# --------------------------------------------------------------------------- headline metrics
+def _config(families=None, scales=(0, 1, 2)):
+    from pipeline.config import parse_config
+
+    raw = {
+        "protocol": "custom",
+        "benchmark": {"name": "t", "labels": ["a", "b", "c"], "classes": ["a", "b", "c"], "seeds": [1, 2, 3, 4],
+                      "shifts": ["s1", "s2"], "scales": list(scales)},
+        "generator": {"kind": "slider", "model": "/m", "slider_store": "/s", "class_tokens": {"kind": "ti_folder", "path": "/t"}},
+        "filter": {"kind": "none"},
+        "classifiers": [{"name": "m", "kind": "timm", "model": "resnet18"}, {"name": "b", "kind": "timm", "model": "resnet18"}],
+        "aggregate": {"bootstrap": {"resamples": 300, "seed": 3}},
+    }
+    if families:
+        raw["families"] = families
+    return parse_config(raw)
+
+
+def _tables(shifts, scales, rng, p_correct):
+    rows, preds = [], []
+    for shift in shifts:
+        for cls in range(3):
+            for seed in range(1, 5):
+                tid = f"{shift}/{cls:03d}/seed_{seed:04d}"
+                for s in scales:
+                    sid = f"{tid}_scale_{round(s * 1000):04d}"
+                    rows.append({"sample_id": sid, "trajectory_id": tid, "class_id": cls, "seed": seed, "shift": shift,
+                                 "scale": float(s), "kept": True, "shard": "x", "key": sid})
+                    for clf, p in p_correct.items():
+                        preds.append({"sample_id": sid, "classifier": clf, "correct": bool(rng.random() < p(s))})
+    return pd.DataFrame(rows), pd.DataFrame(preds)
+
+
+def test_cns_headline_is_the_reports_summary_with_its_intervals():
+    from pipeline.aggregate import bootstrap
+    from pipeline.aggregate.metrics import compute_metrics
+    from pipeline.card.headline import Tables, cns
+
+    cfg = _config()
+    samples, preds = _tables(["s1", "s2"], [0, 1, 2], np.random.default_rng(1),
+                             {"m": lambda s: 0.9 - 0.3 * s, "b": lambda s: 0.8 - 0.1 * s})
+    h = cns(Tables(cfg, samples, preds, "m"))
+    m = compute_metrics(samples, preds, [0.0, 1.0, 2.0], 3.0)  # the report: every classifier at once
+    iv = bootstrap.intervals(samples, preds, m, resamples=300, seed=3)
+    summ, ci = m.summary.set_index("classifier"), iv.summary.set_index("classifier")
+    assert h.value == summ.at["m", "acc_drop_2000"]
+    assert (h.ci_low, h.ci_high) == (ci.at["m", "acc_drop_2000_ci_low"], ci.at["m", "acc_drop_2000_ci_high"])
+    fp = {d.key["scale"]: d for d in h.details if d.metric == "fp_ratio"}
+    table = m.failure_point_table.query("classifier == 'm' and shift == 'all'").set_index("scale")
+    assert [fp[s].value for s in (0.0, 1.0, 2.0)] == table["fp_ratio"].tolist()
+    assert h.higher_is_better is False and h.n_units == 24
+
+
+def test_corruption_headline_is_corruption_error_normalised_by_the_baseline():
+    from pipeline.analyses.corruption import corruption_table, severity_errors
+    from pipeline.card.headline import Tables, corruptions
+
+    cfg = _config(families=[{"kind": "corruption", "shifts": ["gaussian_noise", "fog"], "scales": [0, 1, 2, 3, 4, 5]}])
+    samples, preds = _tables(["gaussian_noise", "fog"], range(6), np.random.default_rng(2),
+                             {"m": lambda s: 0.95 - 0.15 * s, "b": lambda s: 0.9 - 0.1 * s})
+    h = corruptions(Tables(cfg, samples, preds, "m", "b"))
+    table = corruption_table(severity_errors(samples, preds, ["gaussian_noise", "fog"]), "b")
+    mine = table[table["classifier"] == "m"].set_index("corruption")
+    assert h.metric == "mce" and h.value == pytest.approx(mine.at["mean", "ce_baseline"], abs=0)
+    ce = {d.key["corruption"]: d for d in h.details if d.metric == "ce"}
+    assert ce["fog"].value == mine.at["fog", "ce_baseline"]
+    assert h.ci_low < h.value < h.ci_high
+    rel = next(d for d in h.details if d.metric == "relative_mce")
+    assert rel.value == mine.at["mean", "relative_ce_baseline"]
+    # the baseline itself: mCE 1 exactly, on every resample
+    own = corruptions(Tables(cfg, samples, preds, "b", "b"))
+    assert own.value == 1.0 and own.ci_low == 1.0 == own.ci_high
+
+
+def test_imagenet_d_headline_is_accuracy_per_nuisance():
+    from pipeline.aggregate.metrics import accuracy_table
+    from pipeline.card.headline import Tables, imagenet_d
+
+    cfg = _config(scales=(0, 1))
+    samples, preds = _tables(["s1", "s2"], [0, 1], np.random.default_rng(3), {"m": lambda s: 0.9 - 0.5 * s})
+    h = imagenet_d(Tables(cfg, samples, preds, "m"))
+    acc = accuracy_table(samples, preds, [0.0, 1.0]).query("scale == 1.0").set_index("shift")["accuracy"]
+    assert {d.key["nuisance"]: d.value for d in h.details} == acc.to_dict()
+    assert h.value == pytest.approx(acc.mean(), abs=1e-15) and h.ci_low <= h.value <= h.ci_high
+
+
+# --------------------------------------------------------------------------- leaderboard
+def _card(tmp_path: Path, model: str, values: dict[str, tuple[float, float, float]], **suite) -> Path:
+    folder = tmp_path / model
+    folder.mkdir()
+    benchmarks = [
+        {"benchmark": b, "family": "cns", "metric": "accuracy_drop", "value": v, "ci_low": lo, "ci_high": hi,
+         "higher_is_better": False, "protocol": "custom", "config_hash": "c" * 64, "benchmark_hash": f"{b}-h",
+         "images_digest": f"{b}-i"}
+        for b, (v, lo, hi) in values.items()
+    ]
+    card = {"card": 1, "model": {"name": model, "weights_sha256": None},
+            "suite": {"name": "s", "hash": "h" * 64, "baseline": None, **suite}, "benchmarks": benchmarks}
+    (folder / "card.json").write_text(json.dumps(card))
+    return folder
+
+
+def test_leaderboard_ranks_with_intervals_and_correlates_benchmarks(tmp_path, capsys):
+    from pipeline.cli import main
+
+    cards = [
+        _card(tmp_path, "a", {"x": (0.10, 0.05, 0.15), "y": (0.20, 0.10, 0.30)}),
+        _card(tmp_path, "b", {"x": (0.30, 0.25, 0.35), "y": (0.50, 0.40, 0.60)}),
+        _card(tmp_path, "c", {"x": (0.12, 0.02, 0.22), "y": (0.60, 0.55, 0.65)}),
+    ]
+    out = tmp_path / "lb"
+    assert main(["leaderboard", *map(str, cards), "--output", str(out)]) == 0
+    table = pd.read_csv(out / "leaderboard.csv")
+    x = table[table["benchmark"] == "x"].set_index("model")
+    assert x["rank"].to_dict() == {"a": 1, "c": 2, "b": 3}  # lower drop ranks first
+    assert x["tier"].to_dict() == {"a": 1, "c": 1, "b": 3}  # b's interval is beaten by both others
+    corr = pd.read_csv(out / "correlations.csv")
+    assert corr[["benchmark_a", "benchmark_b", "n_models"]].values.tolist() == [["x", "y", 3]]
+    assert corr["spearman_rho"].item() == pytest.approx(0.5) and corr["kendall_tau"].item() == pytest.approx(1 / 3)
+    assert "Rank correlation between benchmarks" in (out / "index.html").read_text()
+
+
+def test_leaderboard_refuses_cards_of_another_suite_or_output(tmp_path, capsys):
+    from pipeline.cli import main
+
+    a = _card(tmp_path, "a", {"x": (0.1, 0.0, 0.2)})
+    other = _card(tmp_path, "o", {"x": (0.2, 0.1, 0.3)}, hash="9" * 64, name="t")
+    assert main(["leaderboard", str(a), str(other), "--output", str(tmp_path / "lb")]) == 2
+    err = capsys.readouterr().err
+    assert "suite.hash" in err and "suite.name" in err and not (tmp_path / "lb").exists()
+    moved = _card(tmp_path, "m", {"x": (0.2, 0.1, 0.3)})
+    data = json.loads((moved / "card.json").read_text())
+    data["benchmarks"][0]["images_digest"] = "rebuilt"
+    (moved / "card.json").write_text(json.dumps(data))
+    assert main(["leaderboard", str(a), str(moved), "--output", str(tmp_path / "lb")]) == 2
+    assert "benchmarks.x.images_digest" in capsys.readouterr().err
+    assert main(["leaderboard", str(a), str(tmp_path / "nothing"), "--output", str(tmp_path / "lb")]) == 2
+    assert "no card here" in capsys.readouterr().err
