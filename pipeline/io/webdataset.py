@@ -31,25 +31,30 @@ def build_tar(samples: Iterable[tuple[str, dict[str, bytes]]]) -> bytes:
     return buf.getvalue()
 
 
+def tar_members(tar: tarfile.TarFile) -> Iterator[tuple[str, str, tarfile.TarInfo]]:
+    """(sample key, extension, member) of each file of an open tar, in archive order:
+    ``a/b/0001.seg.png`` is key ``a/b/0001``, extension ``seg.png``."""
+    for info in tar:
+        if not info.isfile():
+            continue
+        head, _, tail = info.name.rpartition("/")
+        stem, _, ext = tail.partition(".")
+        yield (f"{head}/{stem}" if head else stem), ext, info
+
+
 def iter_tar(data: bytes, source: str = "<tar>") -> Iterator[tuple[str, dict[str, bytes]]]:
     """Yield (key, {extension: bytes}) from tar bytes; raises ValueError naming ``source`` if malformed."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            current, members = None, {}
-            for info in tar:
-                if not info.isfile():
-                    continue
-                base = info.name
-                head, _, tail = base.rpartition("/")
-                stem, _, ext = tail.partition(".")
-                key = f"{head}/{stem}" if head else stem
+            current, found = None, {}
+            for key, ext, info in tar_members(tar):
                 if current is not None and key != current:
-                    yield current, members
-                    members = {}
+                    yield current, found
+                    found = {}
                 current = key
-                members[ext] = tar.extractfile(info).read()
+                found[ext] = tar.extractfile(info).read()
             if current is not None:
-                yield current, members
+                yield current, found
     except (tarfile.TarError, EOFError, OSError) as err:
         raise ValueError(f"malformed WebDataset shard {source}: {err}") from None
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote
 
+from pipeline.io.webdataset import tar_members
 from pipeline.plan import schema
 from pipeline.serve.errors import NotFound, as_flag, is_missing, json_number, read_listed
 from pipeline.serve.options import IMAGE_TYPES, REPORT_TYPES
@@ -392,12 +393,7 @@ class BenchmarkIndex:
             index: dict[str, dict[str, tuple[int, int]]] = {}
             try:
                 with self.store.fs.open(self.store.path(shard), "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
-                    for info in tar:
-                        if not info.isfile():
-                            continue
-                        head, _, tail = info.name.rpartition("/")
-                        stem, _, ext = tail.partition(".")
-                        key = f"{head}/{stem}" if head else stem
+                    for key, ext, info in tar_members(tar):
                         index.setdefault(key, {})[ext] = (info.offset_data, info.size)
             except (tarfile.TarError, EOFError) as err:
                 raise ValueError(f"malformed WebDataset shard {self.store.url(shard)}: {err}") from None

@@ -10,6 +10,7 @@ from typing import Any
 from pipeline.io.files import as_location, filesystem, is_local
 from pipeline.io.fs import PathEscape, safe_relpath
 from pipeline.io.safejson import loads as safe_loads
+from pipeline.io.webdataset import tar_members
 from pipeline.labels import LabelSpace
 from pipeline.sources.checks import check_class, check_shift, finite_number, inside_source
 from pipeline.sources.common import IMAGE_EXTENSIONS, NO_SHIFT, Source, SourceError
@@ -25,21 +26,16 @@ def _scan_tar(fs: Any, path: str, source: str, read_json: bool) -> dict[str, dic
     out: dict[str, dict[str, Any]] = {}
     try:
         with fs.open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
-            for info in tar:
-                if not info.isfile():
-                    continue
-                head, _, tail = info.name.rpartition("/")
-                stem, _, ext = tail.partition(".")
-                key = f"{head}/{stem}" if head else stem
-                members = out.setdefault(key, {})
+            for key, ext, info in tar_members(tar):
+                found = out.setdefault(key, {})
                 if ext == "json" and read_json:
                     raw = tar.extractfile(info).read()
                     try:
-                        members["json"] = safe_loads(raw, f"{source}: member {info.name!r}")
+                        found["json"] = safe_loads(raw, f"{source}: member {info.name!r}")
                     except ValueError as err:
                         raise SourceError(str(err)) from None
                 else:
-                    members[ext.lower()] = (info.offset_data, info.size)
+                    found[ext.lower()] = (info.offset_data, info.size)
     except (tarfile.TarError, EOFError, OSError) as err:
         raise SourceError(f"malformed WebDataset shard {source}: {err}") from None
     return out
