@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
+from pipeline.io.files import write_text_atomic
 from pipeline.models.calibrate import (
     DEFAULT_MAX_CANDIDATES,
     DEFAULT_MIN_PASS,
@@ -15,7 +15,6 @@ from pipeline.models.calibrate import (
     thresholds_yaml,
 )
 
-# --------------------------------------------------------------------------- CLI
 
 def run_cli(args: argparse.Namespace) -> int:
     """``cnsbench calibrate-filter``; bad input raises CalibrationError (a ValueError: exit 2)."""
@@ -23,15 +22,9 @@ def run_cli(args: argparse.Namespace) -> int:
     cal = calibrate(scores, ooc, args.target_tpr, args.min_pass, args.max_candidates)
     print(cal.table())
     text = thresholds_yaml(cal, args.labels)
-    parent = os.path.dirname(os.path.abspath(args.output))
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{args.output}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, args.output)  # a half-written thresholds file must never be merged into a build
+    write_text_atomic(args.output, text)  # a half-written thresholds file must never be merged into a build
     print(f"wrote {args.output}; use it with: cnsbench build CONFIG --filter-thresholds {args.output}")
     return 0
-
 
 
 def register(subparsers: Any) -> None:

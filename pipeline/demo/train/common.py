@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.demo import world_data as W
+from pipeline.io.files import write_text_atomic
 from pipeline.io.safejson import dumps as strict_dumps
 
 STAGES = ("classifiers", "vae", "diffusion", "tokens", "clip", "dino", "sliders", "calibrate", "evaluate")
@@ -71,9 +71,7 @@ class Ctx:
 
     def mark(self, stage: str, record: dict[str, Any]) -> None:
         """Store a finished stage's record; the file is the stage's done-marker."""
-        tmp = self.work / f"{stage}.json.tmp"
-        tmp.write_text(strict_dumps(record, indent=1))
-        os.replace(tmp, self.work / f"{stage}.json")
+        write_text_atomic(str(self.work / f"{stage}.json"), strict_dumps(record, indent=1))
 
     @property
     def records(self) -> dict[str, Any]:
