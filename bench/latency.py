@@ -6,6 +6,10 @@ and the achieved TFLOP/s.
 
     python bench/latency.py --json                         # on a GPU: full SD2 at 768 px
     python bench/latency.py --json --size tiny --device cpu --models resnet18 --iters 1
+
+FLOPs are counted by :mod:`pipeline.perf.flops` (``python -m pipeline.perf.flops --write`` writes
+the table the latency model reads); the utilisations measured here are what
+``pipeline/data/gpus.json`` records.
 """
 
 from __future__ import annotations
@@ -47,11 +51,9 @@ def _timed(fn, device: str, iters: int, warmup: int = 2) -> float:
 
 
 def _flops(fn) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
+    from pipeline.perf.flops import count
 
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return float(counter.get_total_flops())
+    return float(count(fn))
 
 
 def unet_latency(size: str, resolution: int, dtype_name: str, device: str, iters: int, images: list[int]) -> dict:
@@ -143,57 +145,6 @@ def classifier_latency(name: str, batch: int, dtype_name: str, device: str, iter
     }
 
 
-# How the FLOPs of a config's model are counted: the same architecture in timm, at the
-# input size the build feeds it (torch hub DINOv2 and open_clip towers have timm twins).
-TIMM_TWINS = {
-    "facebookresearch/dinov2:dinov2_vits14_lc": ("vit_small_patch14_dinov2", 224),
-    "facebookresearch/dinov2:dinov2_vits14_reg_lc": ("vit_small_patch14_reg4_dinov2", 224),
-    "facebookresearch/dinov2:dinov2_vitb14_lc": ("vit_base_patch14_dinov2", 224),
-    "facebookresearch/dinov2:dinov2_vitb14_reg_lc": ("vit_base_patch14_reg4_dinov2", 224),
-    "facebookresearch/dinov2:dinov2_vitl14_lc": ("vit_large_patch14_dinov2", 224),
-    "facebookresearch/dinov2:dinov2_vitl14_reg_lc": ("vit_large_patch14_reg4_dinov2", 224),
-    "facebookresearch/dinov2:dinov2_vitg14_lc": ("vit_giant_patch14_dinov2", 224),
-    "facebookresearch/dinov2:dinov2_vitg14_reg_lc": ("vit_giant_patch14_reg4_dinov2", 224),
-    "RN50": ("resnet50_clip.openai", 224),
-    "RN101": ("resnet101_clip.openai", 224),
-    "ViT-B-32": ("vit_base_patch32_clip_224.openai", 224),
-    "ViT-B-16": ("vit_base_patch16_clip_224.openai", 224),
-    "ViT-L-14": ("vit_large_patch14_clip_224.openai", 224),
-    "ViT-L-14-336": ("vit_large_patch14_clip_336.openai", 336),
-    "vit_large_patch14_reg4_dinov2.lvd142m": ("vit_large_patch14_reg4_dinov2", 518),
-}
-
-
-def count_flops(model: str) -> dict:
-    """GFLOPs and parameters of one image through ``model`` (counted on the meta device)."""
-    import timm
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    arch, size = TIMM_TWINS.get(model, (model, None))
-    kwargs = {"img_size": size} if size and "dinov2" in arch else {}
-    with torch.device("meta"):
-        net = timm.create_model(arch, pretrained=False, **kwargs).eval()
-    shape = (3, size, size) if size else tuple(net.pretrained_cfg.get("input_size", (3, 224, 224)))
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        net(torch.empty(1, *shape, device="meta"))
-    return {
-        "gflop": round(counter.get_total_flops() / 1e9, 3),
-        "params_m": round(sum(p.numel() for p in net.parameters()) / 1e6, 3),
-        "input": shape[-1],
-        "counted_as": arch,
-    }
-
-
-def flops_table(config: str) -> dict:
-    """The per-image FLOPs of every classifier and filter model of ``config``."""
-    from pipeline.config import load_config
-
-    cfg = load_config(config)
-    models = [c.model for c in cfg.classifiers] + [cfg.filter.clip.model, cfg.filter.dino.model]
-    return {m: count_flops(m) for m in dict.fromkeys(models)}
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=["tiny", "full"], default="full")
@@ -205,13 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--unet-images", type=int, nargs="*", default=[4], help="also time CFG batches of these many images")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--flops-table", metavar="CONFIG", help="only count the FLOPs of CONFIG's classifiers and filter")
     args = p.parse_args(argv)
 
-    if args.flops_table:
-        table = flops_table(args.flops_table)
-        print(json.dumps(table, indent=1))
-        return table
     import torch
 
     result: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}

@@ -2,6 +2,7 @@
 
     python bench/rehearsal.py make-cache /tmp/rh                 # every model configs/cns_bench.yaml names
     python bench/rehearsal.py run --cache /tmp/rh --output /tmp/rh-out --json
+    python bench/rehearsal.py startup --cache /tmp/rh --json     # each stage actor's start-up
 
 ``make-cache`` writes random-weight models with the real architectures in the real file
 layouts (:mod:`rehearsal_cache`): a Hugging Face hub cache under ``DIR/hub`` and the CNS
@@ -16,6 +17,10 @@ the command that makes them available.  Resolution and dtype stay the config's. 
 prints one JSON object: per stage the seconds, every actor's peak RSS (MB) and CPU
 seconds, the parameters of each model the stage loads (millions) and the projected
 memory; ``classifiers_ran``, ``classifiers_unavailable`` and ``images``.
+
+``startup`` measures each stage actor's start-up in a fresh process on the cache
+(:mod:`rehearsal_startup`): its imports, then each of its models loaded by the stage's own
+code; ``python -m pipeline.perf.startup --write`` turns its JSON into ``pipeline/data/startup.json``.
 """
 
 from __future__ import annotations
@@ -136,33 +141,64 @@ def projected_memory(cfg) -> dict[str, Any]:
     return out
 
 
-def paper_unet_evals_per_image(cfg, cache: Path) -> float:
-    """UNet sample-evaluations per image of the unmodified config's grid (share_prefix): the
-    steps before the LoRA window once per (class, seed), the rest once per distinct image."""
-    from diffusers import DDIMScheduler
-
-    sched = DDIMScheduler.from_config(json.loads(snapshot_files(cache, SD2)["scheduler/scheduler_config.json"].read_text()))
-    sched.set_timesteps(cfg.generator.steps)
-    pre = sum(1 for t in sched.timesteps if int(t) > cfg.generator.lora_timestep_threshold)
-    post = cfg.generator.steps - pre
-    shifts, scales = len(cfg.benchmark.shifts), len(cfg.benchmark.scales)
-    distinct = 1 + shifts * sum(1 for s in cfg.benchmark.scales if s != 0)
-    cfg_factor = 2 if cfg.generator.guidance_scale > 1 else 1
-    return round(cfg_factor * (pre + post * distinct) / (shifts * scales), 2)
-
-
 def gpu_projection(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
-    """Projected GPU seconds per image of the paper's grid at the config's own size (FLOPs)."""
+    """Projected H100 GPU seconds per image of the paper's grid at the config's own size: the
+    project's latency model (:mod:`pipeline.perf.latency`, its UNet evaluations counted by
+    :mod:`pipeline.perf.evals`)."""
     from pipeline.config import load_config
-    from rehearsal_flops import projection
+    from pipeline.perf.data import gpu_spec
+    from pipeline.perf.latency import grid_seconds_per_image
 
     full = load_config(args.config, sets=list(args.set or []) + release_sets(cache))
-    sd = snapshot_files(cache, SD2)
-    unet = json.loads(sd["unet/config.json"].read_text())
-    vae = json.loads(sd["vae/config.json"].read_text())
-    keep = lambda d: {k: v for k, v in d.items() if not k.startswith("_")}  # noqa: E731
-    runnable = [s for s in full.classifiers if s.kind in ("timm", "open_clip_zeroshot")]
-    return projection(full, keep(unet), keep(vae), paper_unet_evals_per_image(full, cache), runnable)
+    grid = grid_seconds_per_image(full, gpu_spec("h100"))
+    return {"model": "pipeline.perf.latency on an h100 (pipeline/data/gpus.json)",
+            "unet_evals_per_image": round(grid["generate"]["unet_evals"], 2),
+            **{stage: {"tflop_per_image": round(v["tflop"], 3), "gpu_seconds_per_image": round(v["seconds"], 4)}
+               for stage, v in grid.items()}}
+
+
+def machine() -> str:
+    """This machine in words: CPU model and cores."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    return f"{os.cpu_count()}-core {model}, no GPU"
+
+
+ZERO_SHOT_HEAD = (25.4, 'bench/rehearsal_gpu.py on an NVIDIA H200 (BENCHMARKS.md, "Model stages at real size on a GPU '
+                  '(H200): measured against the FLOP projection"): the text tower of one zero-shot head of ViT-L/14-336 '
+                  "(80 000 prompts), the largest of the config's")
+
+
+def startup(args: argparse.Namespace) -> dict[str, Any]:
+    """Each stage actor's start-up on the cache (:mod:`rehearsal_startup`, a fresh process per stage)."""
+    import tempfile
+
+    from pipeline.config import load_config
+
+    cache = Path(args.cache).resolve()
+    sets = list(args.set or []) + release_sets(cache)
+    runnable, unavailable = split_classifiers(load_config(args.config, sets=sets), cache, zero_shot=False)
+    sets.append("classifiers=" + json.dumps([s.model_dump(mode="json", exclude_defaults=True) for s in runnable]))
+    env = cache_env(cache)
+    actors: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="rh-startup-") as tmp:
+        for stage in args.stages:
+            job = Path(tmp) / f"{stage}.json"
+            job.write_text(json.dumps({"stage": stage, "config": str(args.config), "sets": sets, "started": time.time()}))
+            proc = subprocess.run([sys.executable, str(HERE / "rehearsal_startup.py"), str(job)], env=env, cwd=ROOT,
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"start-up of {stage} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+            actors[stage] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "command": "python bench/rehearsal.py startup --cache DIR --json",
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "actors": actors,
+        "classifiers_unavailable": sorted(unavailable),
+        "zero_shot_head_s": ZERO_SHOT_HEAD[0],
+        "zero_shot_head_source": ZERO_SHOT_HEAD[1],
+    }
 
 
 # --------------------------------------------------------------------------- run
@@ -292,6 +328,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     t = sub.add_parser("table", help="the markdown table of a run's JSON result")
     t.add_argument("result")
+    su = sub.add_parser("startup", help="each stage actor's imports and model loading, from the cache")
+    su.add_argument("--cache", required=True)
+    su.add_argument("--config", default=str(CONFIG))
+    su.add_argument("--set", action="append", metavar="KEY=VALUE", help="further overrides (tests: smaller models)")
+    su.add_argument("--stages", nargs="+", default=["generate", "filter", "classify", "write"],
+                    choices=["generate", "filter", "classify", "write"])
+    su.add_argument("--json", action="store_true")
     return p
 
 
@@ -306,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "table":
         print(markdown_table(json.loads(Path(args.result).read_text())))
+        return 0
+    if args.command == "startup":
+        print(json.dumps(startup(args), indent=None if args.json else 2))
         return 0
     if args.steps < 2:
         raise SystemExit("--steps must be at least 2")

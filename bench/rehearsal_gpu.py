@@ -12,9 +12,9 @@ and DINOv2-L at 518 px, every timm classifier at its input size and every CLIP i
 in float32 at the classify batch (as the stages run them), and the text-tower work of one
 zero-shot head (1000 classes x 80 templates).  Per image the generate stage costs the
 grid's UNet evaluations of each kind (the shared-prefix count, as in bench/rehearsal.py)
-plus one decode; filter and classify one forward of each model.  The same FLOPs as
-bench/rehearsal_flops.py give each stage's achieved TFLOP/s, so the projection's stated
-utilisation can be checked against a real GPU.  ``--smoke`` swaps in small models (the SD2
+plus one decode; filter and classify one forward of each model.  The FLOPs of
+pipeline/perf/flops.py give each stage's achieved TFLOP/s, and the latency model's projection
+(pipeline/perf/latency.py) stands beside the measured seconds.  ``--smoke`` swaps in small models (the SD2
 blocks at small widths, 64 px, CLIP RN50, a small DINOv2) to check the script on a CPU.
 
 Only the config's YAML is read (no ``pipeline`` import), so the script runs on a GPU node
@@ -33,9 +33,7 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from rehearsal_flops import (  # noqa: E402
-    H100_BF16_DENSE, UTILISATION, open_clip_image_flops, timm_flops, unet_flops, vae_decode_flops,
-)
+from pipeline.perf.flops import open_clip_image_flops, timm_flops, unet_flops, vae_decode_flops  # noqa: E402
 
 TEMPLATES = 80  # the OpenAI ImageNet prompt templates per class
 CLASSES = 1000
@@ -69,19 +67,14 @@ def timed(fn: Callable[[], Any], device: str, repeats: int, warmup: int = 2) -> 
 def unet_evals_per_image(gen: dict[str, Any], bench: dict[str, Any]) -> tuple[float, float]:
     """UNet sample-evaluations per image of the grid: (the shared prefix before the LoRA window,
     run once per (class, seed) at a batch of one; the window, run per distinct image in
-    batches of ``branch_batch_size``)."""
-    from diffusers import DDIMScheduler
-    from rehearsal_cache import SD2_SCHEDULER
+    batches of ``branch_batch_size``), as :func:`pipeline.perf.evals.unet_evals_per_unit` counts them."""
+    from pipeline.perf.evals import unet_evals_per_unit
 
-    sched = DDIMScheduler.from_config(SD2_SCHEDULER)
-    sched.set_timesteps(gen["steps"])
-    pre = sum(1 for t in sched.timesteps if int(t) > gen["lora_timestep_threshold"])
-    post = gen["steps"] - pre
-    shifts, scales = len(bench["shifts"]), len(bench["scales"])
-    distinct = 1 + shifts * sum(1 for s in bench["scales"] if s != 0)
+    e = unet_evals_per_unit(gen["steps"], gen["lora_timestep_threshold"], len(bench["shifts"]),
+                            list(bench["scales"]), gen["guidance_scale"])
     factor = 2 if gen["guidance_scale"] > 1 else 1
-    images = shifts * scales
-    return round(factor * pre / images, 3), round(factor * post * distinct / images, 3)
+    pre = factor * e["prefix_steps"]
+    return round(pre / e["images"], 3), round((e["evals"] - pre) / e["images"], 3)
 
 
 def _row(name: str, seconds: float, flops: float, per_image: float = 1.0, **extra: Any) -> dict[str, Any]:
@@ -259,9 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     if zs:
         out["zero_shot_head"] = measure_zero_shot_head(max(zs, key=lambda m: ("L" in m, len(m))), device,
                                                        batch=8 if args.smoke else 1000, smoke=args.smoke)
-    rate = H100_BF16_DENSE * UTILISATION
-    out["projection_assumption"] = f"H100 bf16 dense {H100_BF16_DENSE / 1e12:.0f} TFLOP/s at {UTILISATION:.0%}"
-    out["projected_generate_seconds_per_image"] = round(gen_flops / rate, 4)
+    from pipeline.config import load_config  # the latency model's projection of the config's grid on an H100
+    from pipeline.perf.data import gpu_spec
+    from pipeline.perf.latency import grid_seconds_per_image
+
+    projected = grid_seconds_per_image(load_config(args.config), gpu_spec("h100"))
+    out["projection_assumption"] = "pipeline.perf.latency on an H100 (pipeline/data/gpus.json's utilisations)"
+    out["projected_seconds_per_image"] = {k: round(v["seconds"], 4) for k, v in projected.items()}
     out["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(out, indent=None if args.json else 2))
     return 0

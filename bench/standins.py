@@ -1,66 +1,83 @@
 """Stand-in generate, filter and classify stages for simulating a build at scale without GPUs.
 
-Each is a :class:`~pipeline.stages.base.Stage` with the real stage's ``name``,
-``output_schema`` and batch keys (attempt bookkeeping through ``Stage.__call__`` as for the
-real ones), whose ``process`` emits rows of the real schema without running a model, and
-without importing torch or the model code (a worker starts in a second, not ten): generation emits every (shift, scale) image of its (class, seed)
-unit as a small real PNG (16x16 px, so the writer's tars, Parquet files and manifests do
-their real work), the filter scores every image as kept, the classifier predicts every
-configured classifier's top-5.  A batch takes the time the real models would take on the
-simulated GPU (:mod:`pipeline.perf.estimate`: UNet evaluations x seconds per evaluation at the
-configured resolution, the filter's and the classifiers' FLOPs per image), divided by the
-actor's share of its GPU (``num_gpus``: a quarter-GPU actor runs at a quarter of the
-speed) and by ``compression``.  The batch sleeps whatever of that time its own CPU work did
-not use.
+Each is a :class:`~pipeline.stages.base.Stage` with the real stage's ``name``, output schema
+and batch keys (attempt bookkeeping through ``Stage.__call__`` as for the real ones); the
+classify stand-in is the real ``ClassifyStage`` of its classifier group (its predictions
+merged with the groups' before it in config order) without models.  Their rows carry real
+bytes: generation emits every (shift, scale) image of its (class, seed) unit as one of a
+palette of 256 px PNGs of photographs, encoded once and read at setup, so the object store,
+the writer's tars, Parquet files and manifests move what a build moves.  No stand-in imports
+torch or a model.
+
+What runs inside each GPU node's actors is modelled as time, divided by the time
+``compression`` (``sim``):
+
+* GPU work: the project's latency model (:mod:`pipeline.perf.latency`: a unit's UNet
+  evaluations and decodes, the filter's and each group's classifiers' FLOPs per image) on
+  the simulated GPU, divided by the actor's share of its GPU (``num_gpus``);
+* the CPU work of the real stages (``sim["cpu_model_s"]``, measured once on this machine
+  with the real code by ``bench/scale.py``): the PNG encode of each image in generate; the
+  decode and the filter's preprocessing in filter; the decode and every classifier's
+  preprocessing in each classify group;
+* start-up: each actor's imports and model loading (:mod:`pipeline.perf.startup`, the
+  rehearsal's measurement), slept at its first batch, where the real stages load.
+
+A batch sleeps whatever of its modelled time its own CPU work did not use.  Every actor's
+constructor waits until all the chain's actors have started (``sim["actors"]``): on a
+cluster each node starts its own actors at once, where this machine starts them one after
+another; the build's clock (``barrier.json``) starts when the last one is up.
 
 Every batch appends one line to ``<stats_dir>/<stage>-<pid>.jsonl``: its start and end
 (wall clock), the modelled GPU work in compressed seconds at a whole GPU, and the CPU
-seconds the batch used in this process.  ``TimedWriteStage`` (the real writer) records
-the same.  ``bench/scale.py`` reads them back.
+seconds the batch used in this process.  ``TimedWriteStage`` (the real writer) records the
+same.  ``bench/scale.py`` reads them back.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from pipeline import plan
-
-from pipeline.perf import estimate
-
+from pipeline.perf import data, latency
 from pipeline.plan import schema
 from pipeline.stages.base import Stage
+from pipeline.stages.classify import ClassifyStage
 from pipeline.stages.write import WriteStage
 
-PNG_SIDE = 16
-PALETTE = 64  # distinct images, encoded once per actor
-
-
-def _palette() -> list[bytes]:
-    from PIL import Image
-
-    out = []
-    for i in range(PALETTE):
-        img = Image.new("RGB", (PNG_SIDE, PNG_SIDE), ((i * 37) % 256, (i * 91) % 256, (i * 53) % 256))
-        img.putpixel((i % PNG_SIDE, i // PNG_SIDE % PNG_SIDE), (255, 255, 255))
-        buf = io.BytesIO()
-        img.save(buf, format="PNG")
-        out.append(buf.getvalue())
-    return out
+BARRIER_TIMEOUT_S = 900
+PREDICTIONS = ("pred_top1", "pred_top5", "pred_p_true", "pred_answer", "pred_excluded")
 
 
 class _Timed:
     """Per-batch timing of a stand-in (mixed into a real stage class)."""
 
+    name: str
     sim: dict
+    startup_key: str = ""
 
     def _init_sim(self, sim: dict) -> None:
         self.sim = sim
         self._log = None
         self.threads = None  # no torch thread setting: a stand-in's worker never imports torch
+        self._barrier()
+
+    def _barrier(self) -> None:
+        """Wait until every actor of the chain has started; the last one to arrive notes the time."""
+        folder = Path(self.sim["stats_dir"]) / "ready"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{os.getpid()}-{id(self)}").write_text(str(time.time()))
+        deadline = time.time() + BARRIER_TIMEOUT_S
+        while len(os.listdir(folder)) < self.sim["actors"] and time.time() < deadline:
+            time.sleep(0.05)
+        mark = Path(self.sim["stats_dir"]) / "barrier.json"
+        if not mark.exists():
+            tmp = mark.with_name(f"barrier-{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"released": time.time(), "actors": len(os.listdir(folder))}))
+            os.replace(tmp, mark)
 
     def _record(self, t0: float, cpu0: float, work: float) -> None:
         if self._log is None:
@@ -70,24 +87,30 @@ class _Timed:
         self._log.write(json.dumps(line) + "\n")
         self._log.flush()
 
-    def _hold(self, t0: float, gpu_seconds: float) -> float:
-        """Sleep until ``gpu_seconds`` (at a whole GPU, uncompressed) have passed since ``t0`` for
-        this actor's GPU share; returns the compressed work at a whole GPU."""
+    def _hold(self, t0: float, gpu_seconds: float, cpu_seconds: float) -> float:
+        """Sleep until the batch's modelled time has passed since ``t0``: ``gpu_seconds`` (at a
+        whole GPU, real time) at this actor's GPU share, then ``cpu_seconds``, both compressed.
+        Returns the compressed GPU work at a whole GPU."""
         share = max(self.sim["shares"][self.name], 1e-9)
         work = gpu_seconds / self.sim["compression"]
-        left = work / share - (time.time() - t0)
+        left = work / share + cpu_seconds / self.sim["compression"] - (time.time() - t0)
         if left > 0:
             time.sleep(left)
         return work
 
     def setup(self) -> None:
-        self.spec = estimate.gpu_spec(self.sim["gpu"])
-        self.images = _palette()
+        self.spec = data.gpu_spec(self.sim["gpu"])
+        self.images = [Path(p).read_bytes() for p in self.sim["palette"]]
+        self.cpu = self.sim["cpu_model_s"]
+        loading = self.sim["startup_s"].get(self.startup_key or self.name, 0.0) / self.sim["compression"]
+        if loading > 0:
+            time.sleep(loading)  # the stage's imports and model loading, as its first batch pays them
 
 
 class StandInGenerate(_Timed, Stage):
     name = "generate"
     output_schema = schema.GENERATED
+    uses_torch = False
 
     def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -106,7 +129,8 @@ class StandInGenerate(_Timed, Stage):
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t0, cpu0 = time.time(), time.process_time()
         cfg = self.config
-        out, gpu_s = [], 0.0
+        out, gpu_s, cpu_s = [], 0.0, 0.0
+        palette = len(self.images)
         for row in rows:
             unit = plan.WorkUnit.from_row(row)
             for group in cfg.family_groups():
@@ -114,78 +138,85 @@ class StandInGenerate(_Timed, Stage):
                 if not shifts:
                     continue
                 scales = list(group.scales)
-                seconds, e = estimate.unit_seconds(cfg, self.spec, len(shifts), scales)
+                seconds, e = latency.unit_seconds(cfg, self.spec, len(shifts), scales)
                 gpu_s += seconds
+                cpu_s += e["branches"] * self.cpu["encode"]  # one PNG per distinct image of the unit
                 for k, shift in enumerate(shifts):
                     h = unit.class_id * 31 + unit.seed * 7 + k
                     out.append(
                         schema.trajectory_row(
-                            class_id=unit.class_id,
-                            class_name=unit.class_name,
-                            seed=unit.seed,
-                            shift=shift,
-                            scales=scales,
-                            images=[self.images[(h + i) % PALETTE] for i in range(len(scales))],
-                            unet_evals=e["evals"] / len(shifts),
-                            gen_seconds=seconds / len(shifts),
+                            class_id=unit.class_id, class_name=unit.class_name, seed=unit.seed, shift=shift,
+                            scales=scales, images=[self.images[(h + i) % palette] for i in range(len(scales))],
+                            unet_evals=e["evals"] / len(shifts), gen_seconds=seconds / len(shifts),
                         )
                     )
-        self._record(t0, cpu0, self._hold(t0, gpu_s))
+        self._record(t0, cpu0, self._hold(t0, gpu_s, cpu_s))
         return out
+
+
+def _images(rows: list[dict[str, Any]]) -> int:
+    return sum(len(r.get("images") or []) for r in rows if not r.get("error"))
 
 
 class StandInFilter(_Timed, Stage):
     name = "filter"
     output_schema = schema.FILTERED
+    uses_torch = False
+
     def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init_sim(sim)
 
     def setup(self) -> None:
         _Timed.setup(self)
-        self.per_image = estimate.image_seconds(self.config, self.spec, "filter")[0]
+        self.per_image = latency.image_seconds(self.config, self.spec, "filter")[0]
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t0, cpu0 = time.time(), time.process_time()
-        out, n = [], 0
+        out = []
         for row in rows:
             k = len(row.get("images") or []) if not row.get("error") else 0
-            n += k
             extra = {c: [0.9] * k for c in (*schema.SCORE_COLUMNS, *schema.REALISATION_COLUMNS)}
             out.append({**row, **extra, "n_pass": [4] * k, "kept": [True] * k})
-        self._record(t0, cpu0, self._hold(t0, n * self.per_image))
+        n = _images(rows)
+        cpu = n * (self.cpu["decode"] + self.cpu["filter_preprocess"])
+        self._record(t0, cpu0, self._hold(t0, n * self.per_image, cpu))
         return out
 
 
-class StandInClassify(_Timed, Stage):
-    name = "classify"
-    output_schema = schema.CLASSIFIED
+class StandInClassify(_Timed, ClassifyStage):
+    """One classifier group's classify stage (``classifiers``, ``done``) without its models."""
+
+    uses_torch = False
+
     def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.startup_key = "classify:" + "-".join(map(str, self.owned))
         self._init_sim(sim)
 
     def setup(self) -> None:
         _Timed.setup(self)
-        self.per_image = estimate.image_seconds(self.config, self.spec, "classify")[0]
-        self.n_classifiers = len(self.config.classifiers)
+        self.per_image = latency.image_seconds(self.config, self.spec, "classify", self.owned)[0]
+        self.cpu_per_image = self.cpu["decode"] + sum(self.cpu["classifier_preprocess"][i] for i in self.owned)
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t0, cpu0 = time.time(), time.process_time()
-        out, n, m = [], 0, self.n_classifiers
+        m = len(self.owned)
+        out = []
         for row in rows:
             k = len(row.get("images") or []) if not row.get("error") else 0
-            n += k
             c = int(row["class_id"])
             top5 = [c, c + 1, c + 2, c + 3, c + 4]
-            out.append(
-                {
-                    **row,
-                    "pred_top1": [[c if (i + j) % 3 else c + 1 for j in range(m)] for i in range(k)],
-                    "pred_top5": [[top5] * m for _ in range(k)],
-                    "pred_p_true": [[0.5] * m for _ in range(k)],
-                }
-            )
-        self._record(t0, cpu0, self._hold(t0, n * self.per_image))
+            own = {
+                "pred_top1": [[c if (i + j) % 3 else c + 1 for j in self.owned] for i in range(k)],
+                "pred_top5": [[top5] * m for _ in range(k)],
+                "pred_p_true": [[0.5] * m for _ in range(k)],
+                "pred_answer": [[None] * m for _ in range(k)],
+                "pred_excluded": [[None] * m for _ in range(k)],
+            }
+            out.append({**row, **(self._merged(row, own) if self.done else own)})
+        n = _images(rows)
+        self._record(t0, cpu0, self._hold(t0, n * self.per_image, n * self.cpu_per_image))
         return out
 
 
@@ -206,23 +237,26 @@ class TimedWriteStage(_Timed, WriteStage):
         return out
 
 
-class RayBatchedWriteStage(TimedWriteStage):
-    """The writer fed as before the shard repartition (``bench/scale.py --ray-batches``, the
-    baseline): Ray Data's bundles cut into a full shard and a remainder."""
-
-    exact_batches = False
-
-
 def standin_chain(cfg, sim: dict, lease=None) -> list:
-    """The build's chain (``pipeline.build.build_chain``) with the model stages stood in for."""
-    from pipeline import build
+    """The build's chain (``pipeline.build.build_chain``) with the model stages stood in for:
+    one classify stage per group of ``sim["groups"]``, each pool as ``sim["pools"]`` says."""
+    from pipeline.build import lease_kwargs
     from pipeline.executors import StageSpec
 
-    writer = {"sim": sim, **(build.lease_kwargs(lease) if hasattr(build, "lease_kwargs") else {})}
-    return [
-        StageSpec(StandInGenerate, {"sim": sim}),
-        StageSpec(StandInFilter, {"sim": sim}),
-        StageSpec(StandInClassify, {"sim": sim}),
-        StageSpec(RayBatchedWriteStage if sim.get("ray_batches") else TimedWriteStage, writer,
-                  batch_size=cfg.output.trajectories_per_shard),
-    ]
+    res = cfg.resources
+    pools = sim["pools"]
+
+    def sized(stage: str, key: str):
+        return getattr(res, stage).model_copy(update={"pool_size": pools[key]["actors"],
+                                                      "num_gpus": pools[key]["gpu_share"]})
+
+    chain = [StageSpec(StandInGenerate, {"sim": sim}, resources=sized("generate", "generate")),
+             StageSpec(StandInFilter, {"sim": sim}, resources=sized("filter", "filter"))]
+    done: list[int] = []
+    for k, group in enumerate(sim["groups"]):
+        chain.append(StageSpec(StandInClassify, {"sim": sim, "classifiers": group, "done": list(done)},
+                               resources=sized("classify", f"classify:{k}")))
+        done = sorted(done + group)
+    chain.append(StageSpec(TimedWriteStage, {"sim": sim, **lease_kwargs(lease)},
+                           resources=sized("write", "write"), batch_size=cfg.output.trajectories_per_shard))
+    return chain

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline import __version__, plan
@@ -327,7 +327,8 @@ def build(cfg: BuildConfig, output: str, *, echo: Callable[[str], None] = print,
 
     Holds the output's lease throughout (:mod:`pipeline.io.lease`: one writer per output).
     ``new_version`` archives an incompatible existing build instead of refusing it;
-    ``verify`` checks every committed file's SHA-256, not only its size.
+    ``verify`` checks every committed file's SHA-256, not only its size; ``stages`` is what
+    runs (:class:`Stages`, default :data:`MODEL_STAGES`).
     """
     from pipeline.io.lease import hold_lease
 
@@ -346,7 +347,9 @@ def _build(
     verify: bool = False,
     echo: Callable[[str], None] = print,
     lease: Lease | None = None,
+    stages: Stages | None = None,
 ) -> BuildSummary:
+    stages = stages or MODEL_STAGES
     start = time.perf_counter()
     store = OutputStore(output)
     stored = None
@@ -361,7 +364,7 @@ def _build(
     built_with = [c["name"] for c in stored["classifiers"]] if stored else []
     units = plan.plan_units(cfg, done)
     summary_plan = plan.summarize(cfg)
-    check_build(cfg, {(u.class_id, s) for u in units for s in u.shifts})
+    stages.check(cfg, {(u.class_id, s) for u in units for s in u.shifts})
     clean_uncommitted(store, echo)
     ensure_held(lease)
     digest = write_config(store, cfg)
@@ -376,7 +379,7 @@ def _build(
         executor = get_executor(runner, cfg, address)
         # One work unit per block, so generation spreads across the actors from the start.
         rows = [u.to_row() for u in units]
-        chain = build_chain(cfg, lease)
+        chain = stages.chain(cfg, lease)
         with guarding(lease):
             for _ in executor.run(rows, store.uri, chain, num_blocks=len(rows), first_schema=schema.UNIT, on_shard=tally):
                 pass
@@ -401,15 +404,33 @@ def lease_kwargs(lease: Lease | None) -> dict[str, str]:
 
 
 def build_chain(cfg: BuildConfig, lease: Lease | None = None) -> list[StageSpec]:
-    """The stages of a build: generate -> filter -> classify (a stage per classifier group) -> write."""
+    """The stages of a build: generate -> filter -> classify (a stage per classifier group) -> write,
+    each with its actor's projected memory (:func:`pipeline.perf.memory.actor_host_bytes`)."""
+    from pipeline.perf.memory import actor_host_bytes
     from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
     from pipeline.stages.generate import GenerateStage
     from pipeline.stages.write import WriteStage
 
+    def memory(stage: str, members: list[int] | None = None) -> Callable[[], int | None]:
+        return lambda: actor_host_bytes(cfg, stage, members)
+
     return [
-        StageSpec(GenerateStage),
-        StageSpec(FilterStage),
-        *classify_specs(cfg),
-        StageSpec(WriteStage, lease_kwargs(lease), batch_size=cfg.output.trajectories_per_shard),
+        StageSpec(GenerateStage, memory=memory("generate")),
+        StageSpec(FilterStage, memory=memory("filter")),
+        *[replace(s, memory=memory("classify", s.kwargs.get("classifiers"))) for s in classify_specs(cfg)],
+        StageSpec(WriteStage, lease_kwargs(lease), batch_size=cfg.output.trajectories_per_shard, memory=memory("write")),
     ]
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What a build runs: its chain of stages (``chain(cfg, lease)``) and the check, before the
+    run, that what they load is there (``check(cfg, (class_id, shift) pairs to make)``).
+    :data:`MODEL_STAGES` is the build's own; a simulation hands :func:`build` stand-ins."""
+
+    chain: Callable[[BuildConfig, "Lease | None"], list[StageSpec]]
+    check: Callable[[BuildConfig, set[tuple[int, str]]], None]
+
+
+MODEL_STAGES = Stages(build_chain, check_build)

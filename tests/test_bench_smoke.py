@@ -80,13 +80,23 @@ def test_pipeline(capsys, ray_session):
 
 
 def test_scale(capsys, ray_session):
+    # The stand-ins carry the palette's 256 px PNGs through the real driver, executor and writer.
     out = _load("scale").main(
-        ["--cluster", "none", "--gpus", "1", "--classes", "1", "--seeds", "1", "--shifts", "2", "--no-resume", "--json"]
+        ["--cluster", "none", "--gpus", "1", "--classes", "1", "--seeds", "1", "--shifts", "2", "--classifiers", "3",
+         "--compression", "50", "--writers", "1", "--json"]
     )
-    assert out["images"] == 12 and out["failed"] == 0
-    assert set(out["pools"]) == {"generate", "filter", "classify", "write"} and 0 < out["efficiency"] <= 1.05
-    assert out["driver_peak_rss_mb"] > 0 and "cpu_utilisation" in out
-    assert out["writer_batches"] == "exact" and out["shards"] == 1  # 2 trajectories, 64 per shard
+    assert out["images"] == 12 and out["failed"] == 0 and out["shards"] == 1  # 2 trajectories, 64 per shard
+    assert set(out["pool_layout"]) == {"generate", "filter", "classify:0", "write"} and out["classifier_groups"] == [[0, 1, 2]]
+    assert 0 < out["efficiency"] <= out["efficiency_without_startup"] <= 1.05 and out["compression"] == 50
+    assert out["driver_peak_rss_mb"] > 0 and 0 <= out["cpu_utilisation"] <= 1
+    assert out["cpu_model_ms"]["encode"] > 0 and out["cpu_model_ms"]["classifier_preprocess_sum"] > 0
+
+
+def test_scale_plan_only(capsys):
+    # Half the plan committed, then the real driver's scan, plan and resume diff in a fresh process.
+    out = _load("scale").main(["--plan-only", "--classes", "2", "--seeds", "3", "--shifts", "2", "--json"])
+    assert out["images"] == 72 and out["trajectories_planned"] == 12 and out["trajectories_done_before"] == 6
+    assert out["seconds"] > 0 and out["driver_peak_rss_mb"] > 0
 
 
 def test_rehearsal_gpu(capsys):
@@ -99,10 +109,3 @@ def test_rehearsal_gpu(capsys):
     assert [r["model"] for r in out["classify"]["models"]] == ["resnet18", "clip_rn50"]
     assert all(r["seconds_per_image"] > 0 for r in out["filter"]["models"] + out["classify"]["models"])
     assert out["classify"]["batch"] == 1 and out["zero_shot_head"]["prompts"] == 80
-
-
-def test_scale_reproject_gives_the_recorded_projection(capsys):
-    # No simulation: the recorded run's CPU costs with today's latency model give back the
-    # efficiencies recorded in pipeline/data/scale_efficiency.json (which estimate reads).
-    out = _load("scale").main(["--reproject", "--classes", "100", "--seeds", "50", "--writers", "1", "--json"])
-    assert out["projected_efficiency"] == out["recorded"] and 0.1 < out["aux_fraction"] < 0.2

@@ -83,11 +83,37 @@ def test_openai_clip_weights_load_into_quick_gelu_models():
 
 
 def test_flops_are_counted_on_the_meta_device():
-    import rehearsal_flops
+    from pipeline.perf import flops
 
-    assert rehearsal_flops.timm_flops("resnet50.a1_in1k") == pytest.approx(8.18e9, rel=0.01)  # 4.09 GMACs
-    small = rehearsal_flops.unet_flops(rehearsal_cache._unet_config("small"), 64)
-    assert rehearsal_flops.unet_flops(rehearsal_cache._unet_config("small"), 128) > 3.5 * small
+    assert flops.timm_flops("resnet50.a1_in1k") == pytest.approx(8.18e9, rel=0.01)  # 4.09 GMACs
+    assert flops.count_model("resnet50.a1_in1k")["gflop"] == pytest.approx(8.18, rel=0.01)
+    small = flops.unet_flops(rehearsal_cache._unet_config("small"), 64)
+    assert flops.unet_flops(rehearsal_cache._unet_config("small"), 128) > 3.5 * small
+    # The full SD2 UNet at 768 px: the table's figure (pipeline/data/model_flops.json).
+    table = json.loads((ROOT / "pipeline" / "data" / "model_flops.json").read_text())
+    full = flops.unet_flops(rehearsal_cache._unet_config("full"), 768) / 1e9
+    assert full == pytest.approx(table["generators"]["stabilityai/stable-diffusion-2"]["unet_gflop_per_sample"], rel=1e-3)
+
+
+def test_startup_of_each_stage_is_measured_in_a_fresh_process(tmp_path):
+    # bench/rehearsal_startup.py on the tiny config's classifiers (local checkpoints) and the writer:
+    # imports, then each model's load, each stage in a fresh process.
+    import time
+
+    from pipeline.runtime.checkout import TINY_CONFIG
+
+    out = {}
+    for stage in ("classify", "write"):
+        job = tmp_path / f"{stage}.json"
+        job.write_text(json.dumps({"stage": stage, "config": str(TINY_CONFIG), "sets": [], "started": time.time()}))
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "rehearsal_startup.py"), str(job)],
+                              capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[stage] = json.loads(proc.stdout.strip().splitlines()[-1])
+    models = out["classify"]["models"]
+    assert list(models) == ["tiny-resnet", "tiny-vit", "tiny-clip-zs"]
+    assert all(m["load_s"] > 0 and m["weights_bytes"] > 0 for m in models.values())
+    assert out["classify"]["imports_s"] > out["write"]["imports_s"] > 0 and out["write"]["models"] == {}
 
 
 @pytest.mark.slow

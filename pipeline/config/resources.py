@@ -7,7 +7,7 @@ size to the memory projection (``batch_size: auto``, :func:`pipeline.perf.memory
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -81,12 +81,12 @@ class ModelStageResources(StageResources):
 class ClassifyResources(ModelStageResources):
     """The classify pool, with an optional memory budget per actor."""
 
-    memory_budget_gb: float | None = Field(
+    memory_budget_gb: Annotated[float, Field(gt=0)] | Literal["auto"] | None = Field(
         None,
-        gt=0,
         description="GB one classify actor may use on its device: the classifiers are packed into groups whose "
         "projected memory (weights + activations at the batch size) fits, each group its own actor pool; "
-        "unset: one pool runs every classifier; also bounds batch_size auto",
+        "auto: the actor's share (num_gpus) of the device found at run time, less the allocator's reserve "
+        "(pipeline.perf.device); unset: one pool runs every classifier; also bounds batch_size auto",
     )
 
 

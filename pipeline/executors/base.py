@@ -15,12 +15,15 @@ class StageSpec:
 
     ``resources`` is ``resources.<stage.name>`` of the config unless given; the batch size
     is the resources' unless given (the write stage batches one shard of trajectories).
+    ``memory`` gives the bytes one actor is projected to hold in its host's memory (None: not
+    known), asked for only where it is declared to Ray (:mod:`pipeline.executors.ray_data`).
     """
 
     stage: type
     kwargs: dict[str, Any] = field(default_factory=dict)
     resources: "StageResources | None" = None
     batch_size: int | None = None
+    memory: Callable[[], int | None] | None = field(default=None, compare=False)
 
     def resolved(self, cfg: "BuildConfig") -> tuple["StageResources", int]:
         res = self.resources or getattr(cfg.resources, self.stage.name)

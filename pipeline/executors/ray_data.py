@@ -155,6 +155,35 @@ class RayDataExecutor(Executor):
         self.notice(message)
         return scale
 
+    def _memory_requests(self, chain: Sequence[StageSpec], cpu_only: bool) -> list[int | None]:
+        """The host memory each pool's actors ask Ray for (``memory``): their projection
+        (:attr:`StageSpec.memory`), so that Ray places actors by memory on a cluster.
+
+        A local Ray without a GPU asks for none (one machine: nothing to place).  On a local
+        cluster whose memory the pools' requests exceed, every request is scaled to fit, as the
+        GPU requests are (:meth:`_local_gpu_scale`); a cluster given by address keeps them."""
+        import ray
+
+        if cpu_only:
+            return [None] * len(chain)
+        wanted: list[int | None] = []
+        for spec in chain:
+            try:
+                wanted.append(int(spec.memory()) if spec.memory else None)
+            except Exception as err:  # noqa: BLE001 - a projection is advice: the pool asks for none
+                log.debug("no memory projection for %s: %s", spec.stage.name, err)
+                wanted.append(None)
+        if self.address or os.environ.get("RAY_ADDRESS"):
+            return wanted
+        total = sum((m or 0) * spec.resolved(self.cfg)[0].pool_size for m, spec in zip(wanted, chain))
+        have = float(ray.cluster_resources().get("memory", 0))
+        if have <= 0 or total <= have:
+            return wanted
+        scale = have / total
+        self.notice(f"the actor pools' projected memory ({total / 2**30:.1f} GiB) exceeds this local Ray cluster's "
+                    f"{have / 2**30:.1f} GiB: every pool's memory request is scaled by {scale:.3f}")
+        return [int(m * scale) if m else None for m in wanted]
+
     def run(
         self,
         rows: Iterable[dict],
@@ -182,7 +211,8 @@ class RayDataExecutor(Executor):
         ray.data.DataContext.get_current().execution_no_progress_timeout_s = -1
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(num_blocks or len(rows), len(rows))))
         gpu_scale = 1.0 if cpu_only else self._local_gpu_scale(chain)
-        for spec in chain:
+        memory = self._memory_requests(chain, cpu_only)
+        for spec, mem in zip(chain, memory):
             r, batch_size = spec.resolved(self.cfg)
             if gpu_scale < 1.0 and r.num_gpus > 0:
                 # Ray counts GPU fractions in 1e-4 steps: rounded down, the scaled sum still fits.
@@ -212,6 +242,7 @@ class RayDataExecutor(Executor):
                     compute=_pool(r),
                     num_gpus=r.num_gpus,
                     num_cpus=r.num_cpus,
+                    **({"memory": mem} if mem else {}),
                     **_remote_args(r, bookkept=spec.stage.keeps_attempts),
                 )
         from pipeline.runtime.progress import native_stderr_filtered

@@ -47,6 +47,10 @@ class AutoBatch:
 def stage_budget(cfg: "BuildConfig", stage: str) -> tuple[int, str]:
     """Bytes one actor of ``stage`` may use, and the config keys that say so."""
     res = getattr(cfg.resources, stage)
+    if res.memory_budget_gb == "auto":  # the classify actor's share of the run's device
+        from pipeline.perf.device import classify_budget
+
+        return classify_budget(cfg)
     if res.memory_budget_gb is not None:
         return int(res.memory_budget_gb * GB), f"resources.{stage}.memory_budget_gb"
     device = cfg.resources.device_memory_gb

@@ -1,132 +1,250 @@
-"""What a build costs on GPUs: images, UNet evaluations, GPU-seconds per stage, wall time, money.
+"""What a build costs on N GPUs of a kind: whether each actor fits, GPU time, start-up, wall time, money.
 
-A latency model, not a measurement: every model's work is its FLOPs (``data/model_flops.json``,
-counted per image at the input size a build feeds it) divided by the GPU's peak dense BF16
-throughput (``data/gpus.json``, with sources) times the fraction of that peak such work
-reaches (its utilisation, measured on an H100 by ``bench/latency.py``).  Generation counts
-the UNet evaluations the build really makes (:func:`unet_evals_per_unit`): the steps before
-the LoRA window and the scale-0 image are computed once per (class, seed) and shared by
-every shift and scale (``pipeline.models.sampler.SliderSampler.generate_group``).
+First every stage actor's projected memory is checked against its share of the GPU's usable
+memory (:mod:`pipeline.perf.device`): the generate actor, the filter's, each classifier
+group's (vlms with their own dtype and generation cache, :mod:`pipeline.perf.memory`); an
+actor that does not fit is reported with the setting that would make it fit
+(:class:`DoesNotFit`), before any time is estimated.  Then:
 
-Wall time on N GPUs divides the GPU-seconds by N and by the pipeline's efficiency at N
-GPUs, as projected from the pool layout and the CPU costs measured on a simulated cluster
-(``data/scale_efficiency.json``; docs/scale.md, "Projection (`projected_efficiency`,
-`pipeline/data/scale_efficiency.json`)"): a projection, not a measured efficiency.
-The same latency model times the stand-in stages of that simulation (``bench/standins.py``).
+* GPU time per stage from the latency model (:mod:`pipeline.perf.latency`: FLOPs over the
+  GPU's peak times the measured utilisation; the UNet evaluations the build makes,
+  :mod:`pipeline.perf.evals`);
+* start-up: each actor's process, imports and model loading as the rehearsal measured them
+  (:mod:`pipeline.perf.startup`), summed along the first unit's path (each stage loads its
+  models at its first batch);
+* wall time = start-up + GPU time / (GPUs x the pipeline's efficiency without start-up, as
+  measured on a simulated cluster, :mod:`pipeline.perf.efficiency`); cost = wall time x GPUs
+  x the price of a GPU-hour.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from pipeline.perf import data, efficiency, latency, startup
+from pipeline.perf.device import ALLOCATOR_RESERVE, MIN_RESERVE_BYTES, Device, gpu_device
+from pipeline.perf.evals import unit_evals
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-TRAIN_TIMESTEPS = 1000  # SD2's DDIM scheduler: 1,000 training steps, "leading" spacing, offset 1
-STEPS_OFFSET = 1
+GIB = 1024**3
 GENERATING_FAMILIES = ("slider",)  # families whose UNet work the model counts
+MAX_GPUS = 100_000
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-HEADROOM_GIB = 2.0  # CUDA context, allocator slack and the images in flight
-
-
-@lru_cache(maxsize=None)
-def _load(name: str) -> dict:
-    return json.loads((DATA / name).read_text())
-
-
-def gpu_table() -> dict[str, dict]:
-    return _load("gpus.json")["gpus"]
-
-
-def utilisation() -> dict:
-    return _load("gpus.json")["utilisation"]
-
-
-def gpu_spec(name: str) -> dict:
-    """The GPU called ``name`` (case-insensitive); ValueError listing the known ones."""
-    table = gpu_table()
-    key = name.lower()
-    if key not in table:
-        raise ValueError(f"--gpu {name!r}: unknown GPU; known: {', '.join(sorted(table))} (pipeline/data/gpus.json)")
-    return {"key": key, **table[key]}
-
-
-def model_flops(model: str) -> dict | None:
-    return _load("model_flops.json")["models"].get(model)
-
-
-def generator_flops(model: str) -> dict | None:
-    gens = _load("model_flops.json")["generators"]
-    return gens.get(model) or gens.get(model.rstrip("/").rsplit("/", 2)[-1] if "/" in model else model)
-
-
-def ddim_timesteps(steps: int) -> list[int]:
-    """The timesteps of SD2's DDIM scheduler for ``steps`` steps (981, 961, ..., 1 for 50)."""
-    ratio = TRAIN_TIMESTEPS // steps
-    return [i * ratio + STEPS_OFFSET for i in reversed(range(steps))]
-
-
-def unet_evals_per_unit(steps: int, threshold: int, n_shifts: int, scales: list[float], cfg_scale: float) -> dict:
-    """UNet sample-evaluations of one (class, seed) unit as the build makes them.
-
-    The steps before the window run once; the scale-0 image and every (shift, non-zero
-    scale) branch run the window's steps.  A classifier-free-guidance step counts 2."""
-    timesteps = ddim_timesteps(steps)
-    prefix = sum(1 for t in timesteps if t > threshold)
-    window = steps - prefix
-    branches = 1 + n_shifts * sum(1 for s in scales if s != 0)
-    per_step = 2 if cfg_scale > 1.0 else 1
-    images = n_shifts * len(scales)
-    return {
-        "prefix_steps": prefix,
-        "window_steps": window,
-        "branches": branches,
-        "evals": per_step * (prefix + branches * window),
-        "evals_unshared": per_step * steps * images,
-        "images": images,
-    }
-
-
-def unet_utilisation(images_per_forward: int) -> float:
-    """Utilisation of a UNet forward of ``images_per_forward`` images (piecewise linear, flat beyond)."""
-    table = sorted((int(k), v) for k, v in utilisation()["unet_by_images_per_forward"].items())
-    if images_per_forward <= table[0][0]:
-        return table[0][1]
-    for (n0, u0), (n1, u1) in zip(table, table[1:]):
-        if images_per_forward <= n1:
-            return u0 + (u1 - u0) * (images_per_forward - n0) / (n1 - n0)
-    return table[-1][1]
+STORED_BYTES = 4  # weights as the hub's float32 files hold them (what start-up reads)
 
 
 @dataclass
-class StageCost:
+class Actor:
+    """One stage actor on the GPU: its projected memory against what its share may use."""
+
+    name: str
+    stage: str
+    projected: int | None  # bytes; None: not projectable here
+    allowed: int
+    num_gpus: float
+    detail: str
+    remedy: str = ""
+    startup_s: float = 0.0
+    members: list[int] = field(default_factory=list)  # a classify group's classifiers
+
+    @property
+    def fits(self) -> bool:
+        return self.projected is None or self.projected <= self.allowed
+
+
+class DoesNotFit(ValueError):
+    """Actors whose projected memory exceeds their share of the GPU."""
+
+    def __init__(self, gpu: dict, device: Device, actors: list[Actor]) -> None:
+        self.actors = actors
+        lines = [f"{len(actors)} stage actor(s) do not fit an {gpu['name']}: {device.describe()}"]
+        for a in actors:
+            share = "the whole GPU" if a.num_gpus >= 1 else f"its share of the GPU (num_gpus {a.num_gpus:g})"
+            lines.append(f"  {a.name}: projected {a.projected / GIB:.1f} GiB, more than the {a.allowed / GIB:.1f} GiB "
+                         f"of {share} ({a.detail}); {a.remedy}")
+        super().__init__("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- memory
+def _with_resource(cfg: "BuildConfig", stage: str, **update) -> "BuildConfig":
+    res = cfg.resources.model_copy(update={stage: getattr(cfg.resources, stage).model_copy(update=update)})
+    return cfg.model_copy(update={"resources": res})
+
+
+def _largest(fits: Callable[[int], bool], below: int) -> int:
+    """The largest n in 1..below-1 with ``fits(n)`` (``fits`` monotone); 0 if none."""
+    lo, hi = 0, below - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def generates(cfg: "BuildConfig") -> bool:
+    return any(g.kind in GENERATING_FAMILIES for g in cfg.family_groups())
+
+
+def generate_bytes(cfg: "BuildConfig", branch_batch_size: int | None = None) -> tuple[int, str]:
+    """The generate actor on a GPU: the pipeline's weights at its dtype, the larger of one
+    branch batch's UNet forward (with CFG) and its VAE decode, and the actor's runtime.
+
+    Activations are the peaks measured in bf16 at 768 px on an H100 (``data/gpus.json``),
+    scaled by the pixels and the dtype."""
+    from pipeline.perf.memory import RUNTIME_BYTES
+
+    gen = cfg.generator
+    flops = latency.generator_flops(gen.model)
+    util = data.utilisation()
+    params = (flops["unet_params_m"] + flops["text_encoder_params_m"] + flops["vae_params_m"]) * 1e6
+    nbytes = BYTES.get(gen.dtype, 2)
+    e = unit_evals(cfg, max(len(g.shifts) for g in cfg.family_groups()))
+    batch = min(branch_batch_size or gen.branch_batch_size, e["branches"])
+    scale = (gen.resolution / flops["resolution"]) ** 2 * nbytes / 2
+    samples = (2 if gen.guidance_scale > 1.0 else 1) * batch
+    unet = util["unet_activation_gib_per_sample"] * samples * scale * GIB
+    decode = util["vae_decode_activation_gib_per_image"] * batch * scale * GIB
+    total = int(params * nbytes + max(unet, decode)) + RUNTIME_BYTES
+    return total, (f"weights {params * nbytes / GIB:.1f} GiB in {gen.dtype}, the larger of a UNet forward of {samples} "
+                   f"samples ({unet / GIB:.1f}) and a VAE decode of {batch} images ({decode / GIB:.1f}) at "
+                   f"{gen.resolution} px, runtime {RUNTIME_BYTES / GIB:g} GiB")
+
+
+def _generate_actor(cfg: "BuildConfig", device: Device) -> Actor:
+    share = cfg.resources.generate.num_gpus
+    allowed = device.allowance(share)
+    projected, detail = generate_bytes(cfg)
+    remedy = ""
+    if projected > allowed:
+        fits = _largest(lambda b: generate_bytes(cfg, b)[0] <= allowed, cfg.generator.branch_batch_size)
+        remedy = (f"set generator.branch_batch_size={fits} (projected {generate_bytes(cfg, fits)[0] / GIB:.1f} GiB; "
+                  f"now {cfg.generator.branch_batch_size})" if fits else
+                  f"no generator.branch_batch_size fits (1 projects {generate_bytes(cfg, 1)[0] / GIB:.1f} GiB): "
+                  "choose a GPU with more memory")
+    gflop = latency.generator_flops(cfg.generator.model)
+    params = (gflop["unet_params_m"] + gflop["text_encoder_params_m"] + gflop["vae_params_m"]) * 1e6
+    return Actor("generate", "generate", projected, allowed, share, detail, remedy,
+                 startup.actor_seconds("generate", int(params * STORED_BYTES)))
+
+
+def _filter_actor(cfg: "BuildConfig", device: Device) -> Actor | None:
+    from pipeline.perf.memory import project_stage_memory
+
+    flt = cfg.filter
+    if not flt.enabled or flt.kind == "none":
+        return None
+    res = cfg.resources.filter
+    allowed = device.allowance(res.num_gpus)
+    projected = project_stage_memory(cfg, "cuda", ("filter",))["filter"]
+    remedy = ""
+    if projected is not None and projected > allowed and isinstance(res.batch_size, int):
+        def fits(b: int) -> bool:
+            other = _with_resource(cfg, "filter", batch_size=b)
+            return (project_stage_memory(other, "cuda", ("filter",))["filter"] or 0) <= allowed
+
+        best = _largest(fits, res.batch_size)
+        shares = [s for s in (0.5, 1.0) if s > res.num_gpus and (projected <= device.allowance(s))]
+        options = ([f"resources.filter.batch_size={best} (now {res.batch_size})"] if best else []) + \
+                  [f"resources.filter.num_gpus={shares[0]:g} (now {res.num_gpus:g})"] * bool(shares)
+        remedy = "set " + " or ".join(options) if options else "choose a GPU with more memory"
+    clip, dino = latency.stage_models(cfg, "filter")[0][1], latency.stage_models(cfg, "filter")[1][1]
+    params = sum((data.load_data("model_flops.json")["models"].get(m) or {}).get("params_m", 0) for m in (clip, dino))
+    return Actor("filter", "filter", projected, allowed, res.num_gpus,
+                 f"CLIP {clip} and DINOv2 {dino}, {res.batch_size} rows per batch, {res.precision}", remedy,
+                 startup.actor_seconds("filter", int(params * 1e6 * STORED_BYTES)))
+
+
+def _asks(kind: str) -> bool:
+    from pipeline import registry
+
+    try:
+        return bool(getattr(registry.CLASSIFIERS.get(kind), "asks", False))
+    except (KeyError, ImportError):
+        return False
+
+
+def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
+    from pipeline.perf.memory import classifier_footprints, classifier_groups, group_bytes
+
+    res = cfg.resources.classify
+    allowed = device.allowance(res.num_gpus)
+    groups = classifier_groups(cfg, device)
+    feet = classifier_footprints(cfg)
+    budget = res.memory_budget_gb
+    actors = []
+    for k, group in enumerate(groups, 1):
+        members = [feet[i] for i in group]
+        projected = group_bytes(members)
+        specs = [cfg.classifiers[i] for i in group]
+        kind = "vlm " if all(_asks(s.kind) for s in specs) else ""
+        names = ", ".join(s.name for s in specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
+        remedy = ""
+        if projected > allowed:
+            alone = max(members, key=lambda f: group_bytes([f]))
+            if len(group) > 1 and group_bytes([alone]) <= allowed:
+                remedy = ("set resources.classify.memory_budget_gb: auto (groups of at most "
+                          f"{allowed / GIB:.1f} GiB on this GPU; now {budget if budget is not None else 'unset'})")
+            else:
+                shares = [s for s in (0.5, 1.0) if s > res.num_gpus and group_bytes([alone]) <= device.allowance(s)]
+                remedy = (f"{alone.name} alone projects {group_bytes([alone]) / GIB:.1f} GiB: set "
+                          + (f"resources.classify.num_gpus={shares[0]:g} (now {res.num_gpus:g}) or " if shares else "")
+                          + f"a smaller resources.classify.batch_size (now {res.batch_size})")
+        heads = sum(1 for s in specs if s.kind == "open_clip_zeroshot")
+        stored = sum(f.params for f in members) * STORED_BYTES
+        actors.append(Actor(
+            f"classify {kind}group {k} of {len(groups)}" if len(groups) > 1 else "classify", "classify",
+            projected, allowed, res.num_gpus,
+            f"{len(specs)} {kind}classifiers ({names}), {res.precision}", remedy,
+            startup.actor_seconds("classify", stored, heads), list(group)))
+    return actors
+
+
+def actors(cfg: "BuildConfig", spec: dict) -> tuple[Device, list[Actor]]:
+    """Every stage actor of ``cfg`` on a GPU ``spec``, in chain order (the writer runs on a CPU)."""
+    device = gpu_device(spec)
+    out = [_generate_actor(cfg, device)] if generates(cfg) else []
+    flt = _filter_actor(cfg, device)
+    out += [flt] if flt else []
+    out += _classify_actors(cfg, device)
+    return device, out
+
+
+def check_memory(cfg: "BuildConfig", spec: dict) -> tuple[Device, list[Actor]]:
+    """:func:`actors`, raising :class:`DoesNotFit` when any does not fit its share of the GPU."""
+    device, found = actors(cfg, spec)
+    bad = [a for a in found if not a.fits]
+    if bad:
+        raise DoesNotFit(spec, device, bad)
+    return device, found
+
+
+# --------------------------------------------------------------------------- time
+@dataclass
+class StageTime:
     name: str
     gpu_seconds: float
     detail: str
-    per_item_seconds: float = 0.0  # one unit (generate) or one image (filter, classify)
 
 
 @dataclass
 class Estimate:
+    config: str
     gpu: dict
+    device: Device
     n_gpus: int
     images: int
     units: int
     unet_evals: int
     unet_evals_unshared: int
-    stages: list[StageCost]
+    actors: list[Actor]
+    stages: list[StageTime]
+    startup_s: float
     efficiency: float
-    efficiency_source: str
-    generate_memory_gib: float
-    memory_detail: str
     price_per_hour: float | None = None
-    assumptions: list[str] = field(default_factory=list)
+    assumptions: list[tuple[str, str]] = field(default_factory=list)  # (what, its source)
 
     @property
     def gpu_seconds(self) -> float:
@@ -134,7 +252,7 @@ class Estimate:
 
     @property
     def wall_seconds(self) -> float:
-        return self.gpu_seconds / (self.n_gpus * self.efficiency)
+        return self.startup_s + self.gpu_seconds / (self.n_gpus * self.efficiency)
 
     @property
     def cost(self) -> float | None:
@@ -143,172 +261,112 @@ class Estimate:
         return self.wall_seconds / 3600 * self.n_gpus * self.price_per_hour
 
     def lines(self) -> list[str]:
+        from pipeline.perf.report import duration, table
+
         g = self.gpu
-        out = [
-            f"GPU: {g['name']} ({g['bf16_tflops']:g} dense BF16 TFLOP/s, {g['memory_gib']:g} GiB) x {self.n_gpus}",
-            f"images: {self.images:,} in {self.units:,} generation units (class, seed)",
-            f"UNet evaluations: {self.unet_evals:,} ({self.unet_evals / max(1, self.images):.1f} per image; "
-            f"{self.unet_evals_unshared:,} without sharing the pre-window steps and scale 0)",
-            f"generate actor memory: {self.generate_memory_gib:.1f} GiB of {g['memory_gib']:g} ({self.memory_detail})",
-            "GPU time per stage:",
+        out = [f"estimate of {self.config} on {self.n_gpus} x {g['name']}", ""]
+        out += table([
+            ("plan", f"{self.images:,} images in {self.units:,} generation units (class, seed)"),
+            ("UNet evaluations", f"{self.unet_evals:,} ({self.unet_evals / max(1, self.images):.1f} per image; "
+                                 f"{self.unet_evals_unshared:,} without sharing the pre-window steps and scale 0)"),
+        ])
+        d = self.device
+        out += ["", f"memory per actor, GiB (one GPU: {d.total_bytes / GIB:.1f}, {d.usable_bytes / GIB:.1f} usable "
+                    f"after the allocator's reserve of {d.reserve_bytes / GIB:.1f})"]
+        out += table([("actor", "projected", "may use", "GPU share", "start-up", "")]
+                     + [(a.name, f"{a.projected / GIB:.1f}" if a.projected is not None else "unknown",
+                         f"{a.allowed / GIB:.1f}", f"{min(1.0, a.num_gpus):g}", duration(a.startup_s), a.detail)
+                        for a in self.actors], numeric=(1, 2, 3, 4))
+        rows = [("time", "", "")] + [(s.name, duration(s.gpu_seconds), s.detail) for s in self.stages]
+        rows += [
+            ("GPU time", duration(self.gpu_seconds), f"on one {g['key']}"),
+            ("start-up", duration(self.startup_s), "the first unit's path: each stage loads its models at its first batch"),
+            (f"wall time on {self.n_gpus} GPUs", duration(self.wall_seconds),
+             f"start-up + GPU time / ({self.n_gpus} x efficiency {self.efficiency:.3f})"),
         ]
-        for s in self.stages:
-            out.append(f"  {s.name:<9} {s.gpu_seconds / 3600:10.2f} GPU-hours  ({s.detail})")
-        out.append(f"  {'total':<9} {self.gpu_seconds / 3600:10.2f} GPU-hours")
-        out.append(
-            f"wall time on {self.n_gpus} GPUs: {self.wall_seconds / 3600:.2f} h "
-            f"(pipeline efficiency {self.efficiency:.2f}, {self.efficiency_source})"
-        )
         if self.cost is not None:
-            out.append(f"cost: {self.cost:,.2f} at {self.price_per_hour:g} per GPU-hour ({self.n_gpus} GPUs for the wall time)")
-        out.append("assumptions:")
-        out.extend(f"  - {a}" for a in self.assumptions)
+            rows.append(("cost", f"{self.cost:,.2f}", f"at {self.price_per_hour:g} per GPU-hour, {self.n_gpus} GPUs "
+                         "for the wall time"))
+        out += [""] + table(rows, numeric=(1,))
+        out += ["", "assumptions:"]
+        out += [f"  - {what} (source: {source})" for what, source in self.assumptions]
         return out
 
 
-def efficiency_at(n_gpus: int) -> tuple[float, str]:
-    """The pipeline's efficiency at ``n_gpus``, interpolated in log(GPUs) between the
-    projections of ``data/scale_efficiency.json`` (``bench/scale.py``: the pool layout, capped by
-    the CPU costs measured on a simulated cluster)."""
-    if not (DATA / "scale_efficiency.json").is_file():
-        return 1.0, "no efficiency projection (pipeline/data/scale_efficiency.json): 1.0 assumed"
-    data = _load("scale_efficiency.json")
-    points = sorted((int(k), float(v)) for k, v in data["efficiency"].items())
-    if n_gpus < points[0][0]:
-        return points[0][1], data["source"] + f"; below {points[0][0]} GPUs its {points[0][0]}-GPU value"
-    if n_gpus == points[0][0]:
-        return points[0][1], data["source"]
-    for (n0, e0), (n1, e1) in zip(points, points[1:]):
-        if n_gpus <= n1:
-            w = (math.log(n_gpus) - math.log(n0)) / (math.log(n1) - math.log(n0))
-            return e0 + w * (e1 - e0), data["source"]
-    return points[-1][1], data["source"] + f"; beyond {points[-1][0]} GPUs the last value is kept"
+def _assumptions(cfg: "BuildConfig", spec: dict, eff: float, eff_source: str) -> list[tuple[str, str]]:
+    from pipeline.perf.memory import RUNTIME_BYTES
 
-
-def generate_memory(cfg: "BuildConfig") -> tuple[float, str]:
-    """GiB a generate actor holds: the SD2 weights at the configured dtype, plus the larger of
-    one branch batch's UNet forward (with CFG) and its VAE decode, at the resolution.
-
-    Activation figures are peaks measured in bf16 at 768 px on an H100 (``data/gpus.json``),
-    scaled by the pixels."""
+    util = data.utilisation()
     gen = cfg.generator
-    flops = generator_flops(gen.model) or generator_flops("stabilityai/stable-diffusion-2")
-    params = (flops["unet_params_m"] + flops["text_encoder_params_m"] + flops["vae_params_m"]) * 1e6
-    weights = params * BYTES.get(gen.dtype, 2) / 2**30
-    util = utilisation()
-    px = (gen.resolution / flops["resolution"]) ** 2
-    samples = (2 if gen.guidance_scale > 1.0 else 1) * gen.branch_batch_size
-    unet = util["unet_activation_gib_per_sample"] * samples * px
-    decode = util["vae_decode_activation_gib_per_image"] * gen.branch_batch_size * px
-    total = weights + max(unet, decode) + HEADROOM_GIB
-    return total, (
-        f"weights {weights:.1f} GiB ({params / 1e9:.2f} B parameters), activations {max(unet, decode):.1f} GiB "
-        f"(UNet forward of {samples} samples {unet:.1f}, VAE decode of {gen.branch_batch_size} images {decode:.1f}, "
-        f"at {gen.resolution} px), {HEADROOM_GIB:g} GiB headroom"
-    )
-
-
-def unit_seconds(cfg: "BuildConfig", spec: dict, n_shifts: int, scales: list[float]) -> tuple[float, dict]:
-    """GPU-seconds of one (class, seed) unit of ``n_shifts`` slider shifts on the GPU ``spec``,
-    and its UNet evaluation counts (:func:`unet_evals_per_unit`)."""
-    gen = cfg.generator
-    peak = spec["bf16_tflops"] * 1e12
-    gflop = generator_flops(gen.model) or generator_flops("stabilityai/stable-diffusion-2")
-    px = (gen.resolution / gflop["resolution"]) ** 2
-    e = unet_evals_per_unit(gen.steps, gen.lora_timestep_threshold, n_shifts, scales, gen.guidance_scale)
-    per_step = 2 if gen.guidance_scale > 1.0 else 1
-    per_sample = gflop["unet_gflop_per_sample"] * 1e9 * px / peak
-    # The prefix runs one image per forward; the branches branch_batch_size per forward.
-    prefix_evals = e["prefix_steps"] * per_step
-    prefix_s = prefix_evals * per_sample / unet_utilisation(1)
-    # The window's forwards carry the rows' sliders (per-row LoRA hooks): measured slower than
-    # the bare UNet by ``slider_window_factor`` (pipeline/data/gpus.json).
-    window_s = (e["evals"] - prefix_evals) * per_sample / unet_utilisation(min(gen.branch_batch_size, e["branches"]))
-    window_s *= utilisation().get("slider_window_factor", 1.0)
-    decode_s = e["branches"] * gflop["vae_gflop_per_decode"] * 1e9 * px / (peak * utilisation()["vae_decode"])
-    return prefix_s + window_s + decode_s, e
-
-
-def image_seconds(cfg: "BuildConfig", spec: dict, stage: str) -> tuple[float, float, list[str]]:
-    """GPU-seconds per image of the ``filter`` or ``classify`` stage on ``spec``, its GFLOPs per
-    image, and the models missing from the FLOP table (counted as 0)."""
-    if stage == "filter":
-        models = [cfg.filter.clip.model, cfg.filter.dino.model] if cfg.filter.enabled else []
-        names = models
-    else:
-        models = [c.model for c in cfg.classifiers]
-        names = [c.name for c in cfg.classifiers]
-    gflop, missing = 0.0, []
-    for model, name in zip(models, names):
-        f = model_flops(model)
-        if f is None:
-            missing.append(name)
-        gflop += f["gflop"] if f else 0.0
-    seconds = gflop * 1e9 / (spec["bf16_tflops"] * 1e12 * utilisation()[stage if stage == "filter" else "classifier"])
-    return seconds, gflop, missing
-
-
-def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | None = None) -> Estimate:
-    """The cost of building ``cfg`` on ``n_gpus`` GPUs of kind ``gpu`` (see the module doc)."""
-    from pipeline import plan
-    if n_gpus < 1:
-        raise ValueError(f"--gpus must be at least 1, got {n_gpus}")
-    spec = gpu_spec(gpu)
-    util = utilisation()
-    summary = plan.summarize(cfg)
-    gen = cfg.generator
-    assumptions = [
-        f"peak dense BF16 throughput from {spec['source']}",
-        f"utilisation of that peak measured on an H100 ({util['source']}) and assumed on this GPU: "
-        f"UNet {unet_utilisation(1):.3f} (1 image per forward) to {unet_utilisation(gen.branch_batch_size):.3f} "
-        f"({gen.branch_batch_size} per forward), VAE decode {util['vae_decode']:.3f}, window steps with the rows' "
-        f"sliders {util.get('slider_window_factor', 1.0):g}x the bare UNet (fitted to one H200 run of the sampler), "
-        f"classifiers {util['classifier']:.3f}, filter {util['filter']:.3f} (float32, as those stages run; "
-        f"measured on an H200 by bench/rehearsal_gpu.py)",
-        "model FLOPs per image from pipeline/data/model_flops.json (torch.utils.flop_counter on each model's timm twin); "
-        "UNet and VAE FLOPs scale with the latent pixels",
+    out = [
+        (f"peak dense BF16 throughput {spec['bf16_tflops']:g} TFLOP/s, memory {spec['memory_gb']:g} GB "
+         f"({spec['memory_gb'] * 1e9 / GIB:.1f} GiB)", spec["source"]),
+        (f"utilisation of that peak, the same on every GPU: UNet {latency.unet_utilisation(1):.3f} at 1 image per "
+         f"forward to {latency.unet_utilisation(gen.branch_batch_size):.3f} at {gen.branch_batch_size}, VAE decode "
+         f"{util['vae_decode']:.3f}", util["source"]),
+        (f"the window's forwards with the rows' sliders {util.get('slider_window_factor', 1.0):g}x the bare UNet",
+         util.get("slider_window_source", "pipeline/data/gpus.json")),
+        (f"classifiers {util['classifier']:.3f} and filter {util['filter']:.3f} of the peak (float32)",
+         util.get("float32_source", "pipeline/data/gpus.json")),
+        ("model FLOPs per image; UNet and VAE FLOPs scale with the latent pixels",
+         "pipeline/data/model_flops.json (python -m pipeline.perf.flops; models not in it counted on the meta device)"),
+        (f"an actor may use its GPU share of the memory less the allocator's reserve ({ALLOCATOR_RESERVE:.0%}, at "
+         f"least {MIN_RESERVE_BYTES / GIB:g} GiB); each "
+         f"actor's projection includes {RUNTIME_BYTES / GIB:g} GiB for its CUDA context and runtime",
+         "pipeline/perf/device.py; BENCHMARKS.md, \"Classifier groups on a GPU\""),
+        ("generate actor's activations: 0.143 GiB per UNet sample and 1.34 GiB per decoded 768 px image (bf16), "
+         "scaled by pixels and dtype", "pipeline/data/gpus.json (bench/latency.py on an H100)"),
+        ("filter and classifier memory: weights and one forward's peak activations, shapes from meta-device builds",
+         "pipeline/perf/memory.py; measured at 0.80-1.21 of it on a CPU: docs/rehearsal.md, \"Measured\""),
+        ("start-up: process, imports and model loading per actor, weights read as float32 files",
+         startup.source()),
+        (f"wall time = start-up + GPU time / (GPUs x the pipeline's efficiency without start-up, {eff:.3f})",
+         eff_source),
     ]
-    if generator_flops(gen.model) is None:
-        assumptions.append(f"generator {gen.model!r} not in the FLOP table: counted as Stable Diffusion 2")
+    if not latency.generator_known(gen.model):
+        out.append((f"generator {gen.model!r} not in the FLOP table: counted as Stable Diffusion 2",
+                    "pipeline/data/model_flops.json"))
+    return out
+
+
+def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | None = None,
+             config: str = "the config") -> Estimate:
+    """The cost of building ``cfg`` on ``n_gpus`` GPUs of kind ``gpu``; :class:`DoesNotFit`
+    when a stage actor does not fit its share of that GPU (see the module doc)."""
+    from pipeline import plan
+
+    if not 1 <= n_gpus <= MAX_GPUS:
+        raise ValueError(f"--gpus must be between 1 and {MAX_GPUS:,}, got {n_gpus}")
+    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise ValueError(f"--price-per-hour must be a finite number >= 0, got {price_per_hour}")
+    spec = data.gpu_spec(gpu)
+    device, found = check_memory(cfg, spec)
+    summary = plan.summarize(cfg)
+    eff, eff_source = efficiency.efficiency_at(n_gpus)
+    assumptions = _assumptions(cfg, spec, eff, eff_source)
     units, evals, unshared, decodes, gen_s = 0, 0, 0, 0, 0.0
     for group in cfg.family_groups():
         if group.kind not in GENERATING_FAMILIES:
-            assumptions.append(f"family {group.kind} ({len(group.shifts)} shifts) runs no UNet: its GPU time is not counted")
+            assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts) runs no UNet: no GPU time counted",
+                                "pipeline/perf/estimate.py"))
             continue
         n = summary.n_classes * summary.n_seeds
         units = max(units, n)
-        seconds, e = unit_seconds(cfg, spec, len(group.shifts), list(group.scales))
+        seconds, e = latency.unit_seconds(cfg, spec, len(group.shifts), list(group.scales))
         gen_s += n * seconds
         evals += n * e["evals"]
         unshared += n * e["evals_unshared"]
         decodes += n * e["branches"]
     images = summary.n_images
-    filter_per_image, filter_g, missing = image_seconds(cfg, spec, "filter")
-    assumptions += [f"filter model {m!r} not in the FLOP table: counted as 0" for m in missing]
-    clf_per_image, clf_g, missing = image_seconds(cfg, spec, "classify")
-    if missing:
-        assumptions.append(f"classifiers not in the FLOP table, counted as 0: {', '.join(missing)}")
-    per_unit = gen_s / units if units else 0.0
-    stages = [
-        StageCost("generate", gen_s, f"{evals:,} UNet evaluations, {decodes:,} VAE decodes", per_unit),
-        StageCost("filter", images * filter_per_image, f"{filter_g:,.0f} GFLOP per image", filter_per_image),
-        StageCost("classify", images * clf_per_image, f"{len(cfg.classifiers)} classifiers, {clf_g:,.0f} GFLOP per image", clf_per_image),
-    ]
-    eff, source = efficiency_at(n_gpus)
-    assumptions.append(f"wall time = GPU time / (GPUs x pipeline efficiency); efficiency {eff:.2f} at {n_gpus} GPUs from {source}")
-    memory, memory_detail = generate_memory(cfg)
-    return Estimate(
-        gpu=spec,
-        n_gpus=n_gpus,
-        images=images,
-        units=units,
-        unet_evals=evals,
-        unet_evals_unshared=unshared,
-        stages=stages,
-        efficiency=eff,
-        efficiency_source=source,
-        generate_memory_gib=memory,
-        memory_detail=memory_detail,
-        price_per_hour=price_per_hour,
-        assumptions=assumptions,
-    )
+    stages = [StageTime("generate", gen_s, f"{evals:,} UNet evaluations, {decodes:,} VAE decodes")]
+    for stage in ("filter", "classify"):
+        per_image, gflop, missing = latency.image_seconds(cfg, spec, stage)
+        if missing:
+            assumptions.append((f"{stage} models without a FLOP count, counted as 0: {', '.join(missing)}",
+                                "pipeline/perf/latency.py"))
+        n = len(latency.stage_models(cfg, stage))
+        stages.append(StageTime(stage, images * per_image, f"{n} models, {gflop:,.0f} GFLOP per image"))
+    writer = ("write", startup.actor_seconds("write", 0))
+    start = startup.chain_seconds([(a.stage, a.startup_s) for a in found] + [writer])
+    return Estimate(config, spec, device, n_gpus, images, units, evals, unshared, found, stages, start, eff,
+                    price_per_hour, assumptions)

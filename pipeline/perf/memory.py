@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pipeline.config import BuildConfig, ClassifierSpec
+    from pipeline.perf.device import Device
 
 log = logging.getLogger(__name__)
 
@@ -398,12 +399,10 @@ def pack(footprints: Sequence[Footprint], budget: int) -> list[list[int]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_alone(name: str, needs_gb: float, budget_gb: float) -> None:
+def _warn_alone(name: str, needs_gb: float, budget_gb: float, source: str) -> None:
     """Once per process: a classifier larger than the budget."""
-    log.warning(
-        "classifier %s needs about %.1f GB, more than resources.classify.memory_budget_gb (%g): it runs alone",
-        name, needs_gb, budget_gb,
-    )
+    log.warning("classifier %s needs about %.1f GB, more than the %.1f GB of %s: it runs alone",
+                name, needs_gb, budget_gb, source)
 
 
 def _asks(kind: str) -> bool:
@@ -415,20 +414,24 @@ def _asks(kind: str) -> bool:
         return False
 
 
-def classifier_groups(cfg: "BuildConfig") -> list[list[int]]:
+def classifier_groups(cfg: "BuildConfig", device: "Device | None" = None) -> list[list[int]]:
     """The classifier indices of each classify actor pool: one group when no budget is set.
 
+    The budget is :func:`pipeline.perf.device.classify_budget` (``memory_budget_gb``; ``auto``:
+    the classify actor's share of ``device``, default the device found at run time).
     Classifiers that ask (vlms) draw their distractors from every ranking classifier's top-5,
     so they are packed apart and their groups run after all the others."""
+    from pipeline.perf.device import classify_budget
+
     n = len(cfg.classifiers)
-    budget_gb = cfg.resources.classify.memory_budget_gb
-    if budget_gb is None or n <= 1:
+    found = classify_budget(cfg, device) if n > 1 else None
+    if found is None:
         return [list(range(n))]
+    budget, source = found
     footprints = classifier_footprints(cfg)
-    budget = int(budget_gb * GB)
     for f in footprints:
         if group_bytes([f]) > budget:
-            _warn_alone(f.name, round(group_bytes([f]) / GB, 1), budget_gb)
+            _warn_alone(f.name, round(group_bytes([f]) / GB, 1), round(budget / GB, 1), source)
     asks = [_asks(spec.kind) for spec in cfg.classifiers]
     groups = []
     for last in (False, True):
@@ -474,7 +477,7 @@ def _classify_bytes(cfg: "BuildConfig") -> int:
     return max(group_bytes([footprints[i] for i in group]) for group in classifier_groups(cfg))
 
 
-def _diffusers_meta(model: str) -> dict[str, "torch.nn.Module"]:
+def diffusers_meta(model: str) -> dict[str, "torch.nn.Module"]:
     """The UNet, VAE and text encoder of a diffusers repository (local or in the hub cache), on ``meta``."""
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
@@ -507,7 +510,7 @@ def _generate_bytes(cfg: "BuildConfig", dtype_bytes: int) -> int:
     families = [FAMILIES.get(g.kind) for g in cfg.family_groups()]
     if not (any(f.generates_base for f in families) or cfg.source.kind == "seed"):
         return RUNTIME_BYTES
-    parts = _diffusers_meta(gen.model)
+    parts = diffusers_meta(gen.model)
     unet, vae = parts["unet"], parts["vae"]
     nonzero = sum(1 for s in cfg.benchmark.scales if s != 0)
     shifts = max(len(g.shifts) for g in cfg.family_groups())
@@ -533,9 +536,11 @@ def _write_bytes(cfg: "BuildConfig") -> int:
     return WRITER_RUNTIME_BYTES + WRITER_SHARD_COPIES * images * side * side * 3
 
 
-def project_stage_memory(cfg: "BuildConfig", device: str = "cuda") -> dict[str, int | None]:
-    """Projected peak bytes of one actor of each stage (``None``: not projectable here, e.g. a
-    hub model whose configuration is not cached), at the config's dtype on ``device``
+def project_stage_memory(
+    cfg: "BuildConfig", device: str = "cuda", stages: Sequence[str] = ("generate", "filter", "classify", "write")
+) -> dict[str, int | None]:
+    """Projected peak bytes of one actor of each of ``stages`` (``None``: not projectable here,
+    e.g. a hub model whose configuration is not cached), at the config's dtype on ``device``
     (``cpu``: float32, as :func:`pipeline.stages.base.pick_dtype` runs there) and batch sizes.
     The classify entry is its largest group's actor."""
     dtype_bytes = 4 if device == "cpu" else DTYPE_BYTES[cfg.generator.dtype]
@@ -546,9 +551,21 @@ def project_stage_memory(cfg: "BuildConfig", device: str = "cuda") -> dict[str, 
         ("classify", lambda: _classify_bytes(cfg)),
         ("write", lambda: _write_bytes(cfg)),
     ):
+        if stage not in stages:
+            continue
         try:
             out[stage] = project()
         except Exception as err:  # noqa: BLE001 - a projection is advice; it never stops validate
             log.debug("no memory projection for %s: %s", stage, err)
             out[stage] = None
     return out
+
+
+def actor_host_bytes(cfg: "BuildConfig", stage: str, members: list[int] | None = None) -> int | None:
+    """Bytes one actor of ``stage`` (a classify group: the classifiers ``members``) is projected
+    to hold in its host's memory: its projection on a CPU (weights and activations; on a GPU
+    node an upper bound, its activations living on the GPU).  None: not projectable here."""
+    if stage == "classify":
+        feet = classifier_footprints(cfg)
+        return group_bytes([feet[i] for i in (range(len(feet)) if members is None else members)])
+    return project_stage_memory(cfg, "cpu", (stage,)).get(stage)
