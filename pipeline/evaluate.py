@@ -103,11 +103,9 @@ def effective_config(
 
 def _check_assets(cfg: BuildConfig) -> None:
     """Missing filter/classifier files, all at once (the generator is not used here)."""
-    from pipeline.assets import AssetError, check_registry_keys, missing_assets
+    from pipeline.assets import resolve_assets
 
-    problems = [p for p in check_registry_keys(cfg) + missing_assets(cfg, []) if not p.startswith("generator")]
-    if problems:
-        raise AssetError("missing or unknown assets:\n  " + "\n  ".join(problems))
+    resolve_assets(cfg, []).require(without=("generator",), what="the evaluation")
 
 
 def _stages(cfg: BuildConfig, lease: Lease | None = None) -> list[StageSpec]:

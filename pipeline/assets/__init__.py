@@ -1,9 +1,12 @@
-"""Up-front checks of everything a build will load, before any model or GPU is touched.
+"""Up-front checks of everything a run will load, before any model or GPU is touched.
 
-``missing_assets`` lists every missing file at once (model directory, class tokens,
-each (class, shift) slider, detector and classifier weights), so a user fixes them in
-one round instead of discovering them one crash at a time.  Weights named by hub id are
-:mod:`pipeline.assets.hub`'s.
+:func:`resolve_assets` reads a config once into an :class:`Assets`: the problems with the
+names it uses (unknown kinds, refused combinations, analysis options), every missing file
+(model directory, class tokens, each (class, shift) slider, detector and classifier weights,
+what a family, source or mask provider needs; one line each, naming its config key), and
+on demand the hub artefacts it names.  A user fixes them in one round instead of
+discovering them one crash at a time.  ``build``, ``evaluate``, ``validate`` and ``serve``
+all go through it.  Weights named by hub id are :mod:`pipeline.assets.hub`'s.
 """
 
 from __future__ import annotations
@@ -11,10 +14,16 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+from pipeline.assets.hub import (  # noqa: F401 (hub weights: pipeline.assets.hub)
+    HubArtefact,
+    hub_artefacts,
+    hub_id_problems,
+    local_file_ref,
+    remote_weights_not_cached,
+)
 from pipeline.config import BuildConfig
 from pipeline.io.files import exists
-from pipeline.assets.hub import hub_id_problems, local_file_ref, remote_weights_not_cached  # noqa: F401 (hub weights: pipeline.assets.hub)
-from pipeline.models.diffusion import class_token_files, is_local_path, slider_path
+from pipeline.models.diffusion import class_token_files, is_local_path
 from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
 
@@ -59,19 +68,6 @@ def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] 
                 missing.append(f"classifiers[{i}] ({clf.name}).{key}: {value}")
         if isinstance(clf.label_map, str) and not exists(clf.label_map):
             missing.append(f"classifiers[{i}] ({clf.name}).label_map: {clf.label_map}")
-    return missing
-
-
-def missing_sliders(cfg: BuildConfig, pairs: Iterable[tuple[int, str]]) -> list[str]:
-    """Missing slider files of the (class id, shift) pairs (family ``slider``)."""
-    gen = cfg.generator
-    if not gen.slider_store:
-        return ["generator.slider_store: not set (the slider family needs one slider per class/shift)"]
-    missing = []
-    for class_id, shift in sorted(set(pairs)):
-        p = slider_path(gen, class_id, shift, cfg.benchmark.class_name(class_id))
-        if not exists(p):
-            missing.append(f"generator.slider_store: missing slider for class {class_id}, shift {shift}: {p}")
     return missing
 
 
@@ -135,10 +131,42 @@ def analysis_option_problems(cfg: BuildConfig) -> list[str]:
     return problems
 
 
-def check_build(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None) -> None:
-    """Raise :class:`AssetError` listing every problem, or return if the build can start."""
-    problems = check_registry_keys(cfg) + missing_assets(cfg, pairs)
-    if problems:
-        raise AssetError(
-            f"{len(problems)} problem(s) before the build could start:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+class Assets:
+    """What a config's run loads, resolved once by :func:`resolve_assets`.
+
+    ``problems``: the names the config uses that cannot work (registry keys, the protocol's
+    refusals, analysis options); ``missing``: the files that are not there.  Each is a line
+    that starts with the config key it came from.
+    """
+
+    def __init__(self, config: BuildConfig, problems: list[str], missing: list[str]) -> None:
+        self.config = config
+        self.problems = problems
+        self.missing = missing
+
+    def lines(self, without: tuple[str, ...] = ()) -> list[str]:
+        """Every problem, then every missing file; ``without``: leave out lines of these config keys."""
+        return [line for line in self.problems + self.missing if not line.startswith(without)]
+
+    def hub(self) -> list[HubArtefact]:
+        """The hub artefacts the config names, cached here or not (:func:`pipeline.assets.hub.hub_artefacts`)."""
+        return hub_artefacts(self.config)
+
+    def require(self, without: tuple[str, ...] = (), what: str = "the build") -> Assets:
+        """Raise :class:`AssetError` listing every line (less ``without``'s), or return self."""
+        lines = self.lines(without)
+        if lines:
+            raise AssetError(
+                f"{len(lines)} problem(s) before {what} could start:\n" + "\n".join(f"  - {p}" for p in lines)
+            )
+        return self
+
+
+def resolve_assets(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None) -> Assets:
+    """The :class:`Assets` of ``cfg``; ``pairs``: the (class id, shift) pairs the run makes (default all)."""
+    return Assets(cfg, check_registry_keys(cfg), missing_assets(cfg, pairs))
+
+
+def check_build(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None) -> Assets:
+    """The build's check: :func:`resolve_assets`, raising :class:`AssetError` unless everything is there."""
+    return resolve_assets(cfg, pairs).require()

@@ -12,7 +12,7 @@ VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misse
 
 def run(args: argparse.Namespace) -> int:
     from pipeline import plan
-    from pipeline.assets import check_registry_keys, missing_assets
+    from pipeline.assets import resolve_assets
     from pipeline.config import config_hash
 
     from pipeline.card.suite import is_suite_file
@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     if set(precisions.values()) != {"float32"}:
         shown = ", ".join(f"{stage} {value}" for stage, value in precisions.items())
         print(f"  precision: {shown} (float32 gives the paper's numbers; docs/protocol.md, Precision)")
-    problems = check_registry_keys(cfg) + missing_assets(cfg)
-    problems += report_hub_artefacts(cfg, command_line(args))
+    assets = resolve_assets(cfg)
+    problems = assets.lines() + report_hub_artefacts(assets.hub(), command_line(args))
     if problems:  # the projection builds every model's shapes: worth it once the config can run
         print("  projected memory per actor: shown once the problems below are fixed")
     else:
@@ -57,11 +57,10 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(a) for a in [args.config, *set_args(args)])
 
 
-def report_hub_artefacts(cfg, config_args: str) -> list[str]:
-    """Print the hub artefacts of the config, cached or not; offline, the missing ones are problems."""
-    from pipeline.assets.hub import PREFETCH_HINT, hub_artefacts
+def report_hub_artefacts(artefacts, config_args: str) -> list[str]:
+    """Print the config's hub artefacts, cached or not; offline, the missing ones are problems."""
+    from pipeline.assets.hub import PREFETCH_HINT
 
-    artefacts = hub_artefacts(cfg)
     missing = [a for a in artefacts if not a.cached]
     if not artefacts:
         return []

@@ -45,9 +45,19 @@ class SliderFamily(Family):
 
     @classmethod
     def missing_files(cls, config, group, pairs) -> list[str]:
-        from pipeline.assets import missing_sliders
+        """The slider file of every (class id, shift) pair of the group that is not in ``generator.slider_store``."""
+        from pipeline.io.files import exists
+        from pipeline.models.diffusion import slider_path
 
-        return missing_sliders(config, [(c, s) for c, s in pairs if s in group.shifts])
+        gen = config.generator
+        if not gen.slider_store:
+            return ["generator.slider_store: not set (the slider family needs one slider per class/shift)"]
+        missing = []
+        for class_id, shift in sorted({(c, s) for c, s in pairs if s in group.shifts}):
+            path = slider_path(gen, class_id, shift, config.benchmark.class_name(class_id))
+            if not exists(path):
+                missing.append(f"generator.slider_store: missing slider for class {class_id}, shift {shift}: {path}")
+        return missing
 
     def setup(self) -> None:
         self.sampler = shared_sampler(self.config, self.sampler_kind, self.device, self.dtype)
