@@ -18,7 +18,7 @@ from pipeline.registry import VQA_PROTOCOLS
 DISTRACTOR_FILE = "questions"  # ``distractors: questions``: the released questions/*.csv only
 RANDOM = "random"  # ``distractors: random``: drawn from the label space, seeded by the sample id
 CLASSIFIER = "classifier:"  # ``distractors: classifier:NAME``: that classifier's ranking
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a classifier name (ClassifierSpec.name)
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a classifier name (ClassifierSpec.name)
 
 
 class ProtocolError(ValueError):
@@ -83,7 +83,7 @@ def explicit_distractors(value: Any, kind: str, where: str = "protocol.distracto
     if value in (RANDOM, "labels"):
         return RANDOM
     name = value[len(CLASSIFIER):] if value.startswith(CLASSIFIER) else value
-    _check(bool(_NAME.match(name)), where, f"{value!r} names no classifier; use {choices}")
+    _check(bool(_NAME.fullmatch(name)), where, f"{value!r} names no classifier; use {choices}")
     return CLASSIFIER + name
 
 
