@@ -1,4 +1,4 @@
-"""Arrow schemas of the rows that flow between stages (the output tables' are :mod:`pipeline.io.tables`').
+"""Arrow schemas of the rows that flow between stages (the output's stored tables: :mod:`pipeline.io.tables`).
 
 Between stages a row is one trajectory (shift, class, seed) carrying all its scales as
 lists: the filter needs each image's scale-0 reference, and a trajectory is the unit the

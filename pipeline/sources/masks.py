@@ -62,7 +62,7 @@ class FolderMasks(MaskProvider):
         import numpy as np
         from PIL import Image
 
-        from pipeline.io.paths import confined
+        from pipeline.io.fs import safe_relpath
 
         rel = info.get("relpath")
         if not rel:
@@ -71,7 +71,7 @@ class FolderMasks(MaskProvider):
         folders = getattr(self, "_folders", None) or self.folders(self.config)
         if not folders:
             raise ValueError(self.missing_files(self.config)[0])
-        paths = [confined(folder, stem, what="source.masks.path") for folder in folders]
+        paths = [safe_relpath(folder, stem, what="source.masks.path") for folder in folders]
         path = next((p for p in paths if os.path.isfile(p)), paths[0])
         with Image.open(path) as m:
             plane = m.convert("L") if m.mode in ("1", "L", "I", "I;16", "F") else m.convert("RGB")
