@@ -100,12 +100,32 @@ def test_scale_plan_only(capsys):
 
 
 def test_rehearsal_gpu(capsys):
-    # `--smoke`: the SD2 blocks at small widths and 64 px, one timm and one CLIP classifier,
-    # on the CPU; the JSON has every stage BENCHMARKS.md quotes and the paper grid's 65 evals.
+    # `--smoke`: the demo world's toy SD2 at 64 px, one timm and one CLIP classifier, on the
+    # CPU; the JSON has every part BENCHMARKS.md quotes and the paper grid's 65 evals.
     assert _load("rehearsal_gpu").main(["--smoke", "--json"]) == 0
     out = _printed(capsys)
-    assert out["unet_evals_per_image"] == {"prefix_batch_2": 0.4, "window_batch_4": 64.6}
-    assert set(out["generate"]["unet_eval_by_batch"]) == {"2", "4"} and out["generate"]["seconds_per_image"] > 0
-    assert [r["model"] for r in out["classify"]["models"]] == ["resnet18", "clip_rn50"]
+    assert out["unet_evals_per_image"] == {"prefix_batch_2": 0.4, "window_batch_8": 64.6}
+    assert set(out["generate"]["unet_eval_by_batch"]) == {"2", "8"} and out["generate"]["seconds_per_image"] > 0
+    assert [r["model"] for r in out["classify"]["models"]] == ["resnet18", "clip_world"]
     assert all(r["seconds_per_image"] > 0 for r in out["filter"]["models"] + out["classify"]["models"])
     assert out["classify"]["batch"] == 1 and out["zero_shot_head"]["prompts"] == 80
+    # filter and classify at every precision; the sampler with sliders and bare, the same steps
+    settings = ["float32", "tf32", "bfloat16", "bfloat16+channels_last"]
+    assert out["precision"]["settings"] == settings
+    assert all(out["precision"][stage][s]["1"] > 0 for stage in ("filter", "classify") for s in settings)
+    eager = out["sampler"]["eager"]
+    assert eager["sliders"]["images"] == 12 and eager["sliders"]["seconds_per_image"] > 0  # 2 shifts x 6 scales
+    assert eager["sliders"]["unet_evals_per_image"] == eager["bare"]["unet_evals_per_image"] > 0
+    assert eager["slider_window_factor"] > 0 and "skipped" in out["sampler"]["compiled"]
+
+
+def test_precision_agreement(capsys):
+    # A one-trajectory world built in process, then its filter and classify stages at every setting.
+    out = _load("precision_agreement").main(["--smoke", "--json"])
+    assert out["images"] == 6 and out["classifiers"] == ["linear", "cnn", "vit", "clip-zs"]
+    assert out["float32_equals_build"] == {"kept": True, "top1": True}
+    assert set(out["settings"]) == {"float32", "tf32", "bfloat16", "float32+channels_last", "bfloat16+channels_last"}
+    f32 = out["settings"]["float32"]
+    assert f32["kept_agreement"] == 1.0 and set(f32["top1_agreement"].values()) == {1.0}
+    assert out["settings"]["tf32"]["detectors"]["clip_text"]["max_abs_score_diff"] == 0.0  # a CPU has no TF32
+    assert all(0 <= v <= 1 for s in out["settings"].values() for v in s["top1_agreement"].values())
