@@ -19,7 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipeline.serve.errors import InvalidRequest, NotFound, OutputReplaced, PreviewFailed, parse_json_body
+from pipeline.serve.errors import BadBody, InvalidRequest, NotFound, OutputReplaced, PreviewFailed, json_body
 from pipeline.serve.middleware import BearerAuth, BodyLimit, HeaderLimit, SecurityHeaders
 from pipeline.serve.options import APP_NAME
 from pipeline.serve.pages import inline_page
@@ -64,6 +64,10 @@ def make_api(
     @app.exception_handler(PreviewFailed)
     async def _failed(_: Request, err: PreviewFailed) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, status_code=500)
+
+    @app.exception_handler(BadBody)
+    async def _bad_body(_: Request, err: BadBody) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=err.status)
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(_: Request, err: InvalidRequest) -> JSONResponse:
@@ -130,15 +134,7 @@ def make_api(
     @app.post("/api/preview")
     async def api_preview(request: Request) -> Response:
         need_preview()
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype != "application/json":
-            # Also keeps cross-site "simple" POSTs (text/plain forms) from reaching the GPU.
-            return JSONResponse({"detail": "Content-Type must be application/json"}, status_code=415)
-        try:
-            data = parse_json_body(await request.body())
-        except ValueError as err:
-            return JSONResponse({"detail": f"request body is not valid JSON: {err}"}, status_code=400)
-        return JSONResponse((await run_preview(data)).to_json())
+        return JSONResponse((await run_preview(await json_body(request))).to_json())
 
     @app.get("/api/preview/strip.png")
     async def api_preview_strip(request: Request) -> Response:

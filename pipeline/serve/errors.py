@@ -4,7 +4,7 @@
 * :class:`InvalidRequest` -> 422 with pydantic's error list;
 * :class:`PreviewFailed` -> 500 naming the model error;
 * :class:`OutputReplaced` -> 503 with ``Retry-After`` (the output is being rebuilt);
-* a body that is not JSON -> 400 (:func:`parse_json_body`).
+* :class:`BadBody` -> 415 for a body not declared as JSON, 400 for one that is not JSON (:func:`json_body`).
 
 The value helpers turn what Parquet and the models give (nullable booleans, NaN scores)
 into what JSON can carry.
@@ -67,6 +67,27 @@ def read_listed(what: str, read: Callable[[], T], changed: Callable[[], bool], r
         if isinstance(err, FileNotFoundError):
             raise NotFound(f"{what} is no longer in the output", []) from None
         raise
+
+
+class BadBody(ValueError):
+    """A request body the routes cannot read: not declared as JSON (415) or not JSON (400)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def json_body(request: Any) -> Any:
+    """The JSON value of a POST's body; :class:`BadBody` 415 unless it is declared
+    ``application/json`` (which also keeps cross-site "simple" POSTs, text/plain forms, from
+    reaching the models), 400 when it is not JSON."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise BadBody("Content-Type must be application/json", 415)
+    try:
+        return parse_json_body(await request.body())
+    except ValueError as err:
+        raise BadBody(f"request body is not valid JSON: {err}", 400) from None
 
 
 def parse_json_body(body: bytes) -> Any:

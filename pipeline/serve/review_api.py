@@ -17,7 +17,7 @@ unknown sample id or decision 422; images come from ``/api/benchmarks/image/{id}
 import functools
 from typing import Any, Callable
 
-from pipeline.serve.errors import InvalidRequest, NotFound, parse_json_body
+from pipeline.serve.errors import InvalidRequest, NotFound, json_body
 from pipeline.serve.pages import inline_page
 
 
@@ -63,13 +63,7 @@ def add_review_routes(app: Any, need_index: Callable[[], Any]) -> None:
 
     @app.post("/api/review/{name}/decisions")
     async def review_decide(name: str, request: Request) -> Response:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype != "application/json":
-            return JSONResponse({"detail": "Content-Type must be application/json"}, status_code=415)
-        try:
-            data = parse_json_body(await request.body())
-        except ValueError as err:
-            return JSONResponse({"detail": f"request body is not valid JSON: {err}"}, status_code=400)
+        data = await json_body(request)
         if not isinstance(data, dict) or set(data) != {"decisions"} or not isinstance(data["decisions"], dict):
             raise InvalidRequest('body must be {"decisions": {sample_id: "accept" | "reject" | "not_class" | null}}')
         return JSONResponse(checked(lambda: review().decide(name, data["decisions"])))
