@@ -268,6 +268,32 @@ def test_imagenet_d_headline_is_accuracy_per_nuisance():
     assert h.value == pytest.approx(acc.mean(), abs=1e-15) and h.ci_low <= h.value <= h.ci_high
 
 
+def test_robustness_score_resamples_are_the_score_at_unit_weights(monkeypatch):
+    """With every unit drawn once, the resampled mu, C(i) and S are the analysis' own."""
+    from pipeline.aggregate import bootstrap
+    from pipeline.analyses.robustness_score import robustness_score
+    from pipeline.card import headline
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for cls in range(3):
+        for seed in range(1, 5):
+            for sc in ("a", "b", "c"):
+                rows.append({"classifier": "m", "shift": sc, "scale": 0.0, "class_id": cls, "seed": seed, "correct": cls + seed > 2})
+                rows.append({"classifier": "m", "shift": sc, "scale": 1.0, "class_id": cls, "seed": seed,
+                             "correct": bool(rng.random() < 0.6)})
+    df = pd.DataFrame(rows)
+    monkeypatch.setattr(bootstrap, "resample_counts", lambda strata, n, rng: np.ones((n, len(strata))))
+    t = headline.Tables(_config(), pd.DataFrame(), pd.DataFrame(), "m")
+    row = pd.Series({"var_inner_table": 0.01})
+    draws, n = headline._score_bootstrap(t, df, ["a", "b", "c"], {"a": 1.0, "b": 1.0, "c": 1.0}, None, "table", row)
+    orig = df[df["scale"] == 0].drop_duplicates(["class_id", "seed"])["correct"].mean()
+    cross = [df[(df["shift"] == sc) & (df["scale"] == 1.0)]["correct"].mean() for sc in "abc"]
+    want = robustness_score(cross, [0.0, 0.0, 0.0], orig, 0.0, "table")["var_cross"]
+    assert n == 12 and np.allclose(draws["mu"], orig) and np.allclose(draws["C"], cross)
+    assert np.allclose(draws["score"], 1.0 - (want + 0.01))
+
+
 # --------------------------------------------------------------------------- leaderboard
 def _card(tmp_path: Path, model: str, values: dict[str, tuple[float, float, float]], **suite) -> Path:
     folder = tmp_path / model
@@ -320,3 +346,25 @@ def test_leaderboard_refuses_cards_of_another_suite_or_output(tmp_path, capsys):
     assert "benchmarks.x.images_digest" in capsys.readouterr().err
     assert main(["leaderboard", str(a), str(tmp_path / "nothing"), "--output", str(tmp_path / "lb")]) == 2
     assert "no card here" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bench/card.py
+def test_bench_card_at_its_smallest(tiny_reference, tmp_path):
+    """bench/card.py on a one-benchmark suite of an existing output: a card and a leaderboard,
+    each a command of its own, timed."""
+    import importlib.util
+    import shutil
+
+    out = tmp_path / "tiny"
+    shutil.copytree(tiny_reference, out)
+    suite = _write(tmp_path / "suite.yaml", f"suite: t\nbenchmarks: [{{name: cns, family: cns, output: {out}}}]\n")
+    spec = importlib.util.spec_from_file_location("bench_card", REPO / "bench" / "card.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    work = tmp_path / "work"
+    res = bench.main(["--suite", str(suite), "--models", "tiny-resnet", "--work", str(work), "--phases", "built", "--json"])
+    steps = res["built"]["steps"]
+    assert [s["step"] for s in steps] == ["card tiny-resnet", "leaderboard"]
+    assert all(s["wall_s"] > 0 and s["cpu_s"] > 0 for s in steps) and res["built"]["wall_s"] >= steps[0]["wall_s"]
+    card = json.loads((work / "cards" / "tiny-resnet" / "card.json").read_text())
+    assert card["benchmarks"][0]["metric"] == "accuracy_drop" and (work / "leaderboard" / "leaderboard.csv").is_file()

@@ -40,6 +40,7 @@ import pandas as pd
 
 from pipeline.aggregate import bootstrap
 from pipeline.aggregate.analysis import AnalysisContext
+from pipeline.card.suite import ALEXNET
 from pipeline.config import BuildConfig
 from pipeline.config.output import BootstrapSpec
 
@@ -80,7 +81,7 @@ class Tables:
     samples: pd.DataFrame
     predictions: pd.DataFrame  # of the model (and the baseline) only
     model: str
-    baseline: str | None = None  # a classifier name or "alexnet" (corruptions)
+    baseline: str | None = None  # a classifier name or ALEXNET (corruptions)
     read_image: Callable[[str], bytes] | None = None
 
     @property
@@ -164,30 +165,28 @@ def cns(t: Tables) -> Headline:
 
 
 # --------------------------------------------------------------------------- corruptions
-def _corruptions(t: Tables) -> tuple[list[str], list]:
+def corruption_names(cfg: BuildConfig) -> list[str]:
+    """The corruptions of an output, as the ``corruption_error`` analysis finds them."""
     from pipeline.families.corruption.params import ALL
 
-    groups = [g for g in t.config.family_groups() if g.kind == "corruption"]
-    names = [s for g in groups for s in g.shifts]
-    if not names:  # an ImageNet-C evaluate output: its shifts are corruption names
-        names = [s for s in t.config.all_shifts() if s in ALL]
-    return names, groups
+    names = [s for g in cfg.family_groups() if g.kind == "corruption" for s in g.shifts]
+    return names or [s for s in cfg.all_shifts() if s in ALL]  # an ImageNet-C evaluate output
 
 
 def corruptions(t: Tables) -> Headline:
     from pipeline.analyses.corruption import MEAN_ROW, SEVERITIES, alexnet_errors, corruption_table, severity_errors
     from pipeline.families.corruption.params import BENCHMARK
 
-    names, _ = _corruptions(t)
+    names = corruption_names(t.config)
     if not names:
         raise ValueError("the output holds no corruption (no family corruption, no ImageNet-C corruption names)")
     base = t.baseline
-    who = [t.model] + ([base] if base and base != "alexnet" and base != t.model else [])
+    who = [t.model] + ([base] if base and base != ALEXNET and base != t.model else [])
     preds = t.predictions[t.predictions["classifier"].isin(who)]
     errors = severity_errors(t.samples, preds, names)
-    alex = alexnet_errors() if base == "alexnet" else None
-    table = corruption_table(errors, base if base not in (None, "alexnet") else None, alex)
-    col = {"alexnet": "ce_alexnet", None: "ce_unnormalized"}.get(base, "ce_baseline")
+    alex = alexnet_errors() if base == ALEXNET else None
+    table = corruption_table(errors, base if base not in (None, ALEXNET) else None, alex)
+    col = {ALEXNET: "ce_alexnet", None: "ce_unnormalized"}.get(base, "ce_baseline")
     mine = table[table["classifier"] == t.model].set_index("corruption")
     in_mce = [c for c in mine.index if c != MEAN_ROW and bool(mine.at[c, "in_mce"])]
     averaged = in_mce or [c for c in mine.index if c != MEAN_ROW]
@@ -208,11 +207,11 @@ def corruptions(t: Tables) -> Headline:
                for c in mine.index if c != MEAN_ROW]
     if col != "ce_unnormalized":
         details.append(val("mce_unnormalized", MEAN_ROW, "ce_unnormalized", {}))
-    if base not in (None, "alexnet"):
+    if base not in (None, ALEXNET):
         details.append(val("relative_mce", MEAN_ROW, "relative_ce_baseline", {"normalised_by": base}))
     details.append(Value("error_clean", num(mine.at[MEAN_ROW, "error_clean"]) if MEAN_ROW in mine.index else None))
     n = int(t.samples.loc[t.samples["shift"].isin(names), "trajectory_id"].nunique())
-    what = {"alexnet": "AlexNet's published errors", None: "nothing (unnormalised)"}.get(base, f"classifier {base}")
+    what = {ALEXNET: "AlexNet's published errors", None: "nothing (unnormalised)"}.get(base, f"classifier {base}")
     return Headline("mce", head.value, head.ci_low, head.ci_high, False,
                     f"mean corruption error over {len(averaged)} corruptions, normalised by {what}", n, details)
 
@@ -272,7 +271,7 @@ def _ce_columns(out, c, err, model, base, alex, published) -> None:
         n_sev = present.sum(axis=1)
         ce = total / np.where(n_sev > 0, n_sev, np.nan)
         out["ce_unnormalized"].setdefault(c, []).append(ce)
-        if base not in (None, "alexnet"):
+        if base not in (None, ALEXNET):
             b = err[base][:, 1:]
             b_total = np.where((~np.isnan(b)).any(axis=1), np.nansum(b, axis=1), np.nan)
             # As corruption_table: sums over the severities present, NaN without a clean error.
@@ -359,14 +358,17 @@ def _score_bootstrap(t: Tables, df: pd.DataFrame, scenarios: list[str], strength
                      variance: str, row: pd.Series) -> tuple[dict[str, np.ndarray], int]:
     """Resampled mu, C(i) and S: (class, seed) units within class, the inner term fixed."""
     mine = df[df["classifier"] == t.model]
-    orig = mine[mine["scale"] == 0].drop_duplicates(["class_id", "seed"])
-    units = orig[["class_id", "seed"]].sort_values(["class_id", "seed"]).reset_index(drop=True)
+    orig = mine[mine["scale"] == 0].drop_duplicates(["class_id", "seed"])  # as the analysis' originals
+    at = pd.concat([mine[(mine["shift"] == sc) & np.isclose(mine["scale"], strengths[sc])] for sc in scenarios])
+    units = pd.concat([orig, at])[["class_id", "seed"]].drop_duplicates().sort_values(["class_id", "seed"])
+    units = units.reset_index(drop=True)
     if units.empty:
         return {}, 0
     index = pd.MultiIndex.from_frame(units)
     n_u, n_i = len(units), len(scenarios)
-    o_ok = np.zeros(n_u)
-    o_ok[index.get_indexer(pd.MultiIndex.from_frame(orig[["class_id", "seed"]]))] = orig["correct"].to_numpy(dtype=float)
+    o_ok, o_have = np.zeros(n_u), np.zeros(n_u)
+    oi = index.get_indexer(pd.MultiIndex.from_frame(orig[["class_id", "seed"]]))
+    o_ok[oi], o_have[oi] = orig["correct"].to_numpy(dtype=float), 1.0
     c_ok, c_have = np.zeros((n_u, n_i)), np.zeros((n_u, n_i))
     for i, sc in enumerate(scenarios):
         part = mine[(mine["shift"] == sc) & np.isclose(mine["scale"], strengths[sc])]
@@ -385,7 +387,7 @@ def _score_bootstrap(t: Tables, df: pd.DataFrame, scenarios: list[str], strength
         n = min(chunk, spec.resamples - done)
         w = bootstrap.resample_counts(strata, n, rng)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mu = (w @ o_ok) / w.sum(axis=1)
+            mu = (w @ o_ok) / (w @ o_have)
             c = (w @ c_ok) / (w @ c_have)
             cross = ((c - mu[:, None]) ** 2).sum(axis=1) / (n_i - ddof) if n_i > ddof else np.full(n, np.nan)
         parts["mu"].append(mu)

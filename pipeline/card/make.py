@@ -24,7 +24,7 @@ from pipeline import __version__
 from pipeline.card.headline import Tables, headline
 from pipeline.card.model import identity
 from pipeline.card.outputs import Prepared, prepare
-from pipeline.card.suite import Suite
+from pipeline.card.suite import ALEXNET, Suite
 from pipeline.config import BuildConfig, ClassifierSpec, resolved_dict
 from pipeline.io.store import OutputStore
 
@@ -105,7 +105,7 @@ def compute_entry(p: Prepared, suite: Suite, echo: Echo) -> dict[str, Any]:
 
     store = OutputStore(p.uri)
     who = [p.model.name]
-    if p.benchmark.family == "corruptions" and suite.baseline not in (None, "alexnet"):
+    if p.benchmark.family == "corruptions" and suite.baseline not in (None, ALEXNET):
         who.append(suite.baseline)
     samples, predictions, left_out = load_sound_tables(store, who)
     for shard, reason in sorted(left_out.items()):

@@ -24,6 +24,21 @@ def validate_suite(path: str, outputs: str | None = None) -> int:
     return 0
 
 
+def config_loaders(suite) -> list:
+    """Loaders of the configs of the suite's build entries and existing outputs (where a
+    model named by a classifier name is looked up)."""
+    from pipeline.aggregate.run import load_output_config
+    from pipeline.io.store import OutputStore
+
+    loaders = []
+    for b in suite.benchmarks:
+        if b.kind == "build":
+            loaders.append(b.load_config)
+        elif b.kind == "output":
+            loaders.append(lambda b=b: load_output_config(OutputStore(b.output)))
+    return loaders
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeline.card.make import make_card
     from pipeline.card.model import resolve_model
@@ -36,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite, args.outputs)
     spec = resolve_model(
         model, kind=args.model_kind, checkpoint=args.checkpoint, model_config_file=args.model_config_file,
-        name=args.name, configs=[b.load_config for b in suite.benchmarks if b.kind == "build"],
+        name=args.name, configs=config_loaders(suite),
     )
     card = make_card(spec, suite, args.output, runner=args.runner, ready=ensure_config_assets, report=not args.no_report)
     for b in card["benchmarks"]:
