@@ -34,6 +34,15 @@ class StageSpec:
         return res, stage_batch_size(cfg, self.stage.name)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How :meth:`Executor.run` feeds its chain (see there)."""
+
+    num_blocks: int | None = None
+    first_schema: Any = None
+    on_shard: Callable[[dict], None] | None = None
+
+
 class Executor:
     """Runs ``rows`` through ``chain`` (the last stage writes shards); yields one row per shard."""
 
@@ -56,6 +65,15 @@ class Executor:
         first_schema: Any = None,
         on_shard: Callable[[dict], None] | None = None,
     ) -> Iterator[dict]:
+        """Run ``rows`` (of Arrow schema ``first_schema``) through ``chain`` into ``output``, split
+        into ``num_blocks`` blocks (default one per row); yield, and pass to ``on_shard``, each
+        row the last stage returns (one per committed shard)."""
+        return self.execute(rows, output, chain, RunOptions(num_blocks, first_schema, on_shard))
+
+    def execute(
+        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
+    ) -> Iterator[dict]:
+        """What :meth:`run` does, per executor."""
         raise NotImplementedError
 
 

@@ -7,25 +7,18 @@ batch size; the last stage (the writer) receives one shard of trajectories at a 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from pipeline.executors.base import Executor, StageSpec
+from pipeline.executors.base import Executor, RunOptions, StageSpec
 
 
 class InProcessExecutor(Executor):
     name = "in_process"
 
-    def run(
-        self,
-        rows: Iterable[dict],
-        output: str,
-        chain: Sequence[StageSpec],
-        *,
-        num_blocks: int | None = None,
-        first_schema: Any = None,
-        on_shard: Callable[[dict], None] | None = None,
+    def execute(
+        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
     ) -> Iterator[dict]:
         cfg = self.cfg
         *work, last = chain
@@ -44,13 +37,13 @@ class InProcessExecutor(Executor):
             pending, n_pending = [], 0
             for lo in range(0, table.num_rows, per_shard):
                 for row in writer(table.slice(lo, per_shard)).to_pylist():
-                    if on_shard:
-                        on_shard(row)
+                    if options.on_shard:
+                        options.on_shard(row)
                     yield row
 
         def step(chunk: list[dict]) -> Iterator[dict]:
             nonlocal n_pending
-            table = pa.Table.from_pylist(chunk, schema=first_schema)
+            table = pa.Table.from_pylist(chunk, schema=options.first_schema)
             for stage in stages:
                 table = stage(table)
             pending.append(table)

@@ -14,10 +14,10 @@ import logging
 import math
 import os
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from pipeline.config import BuildConfig, StageResources
-from pipeline.executors.base import Executor, StageSpec
+from pipeline.executors.base import Executor, RunOptions, StageSpec
 from pipeline.runtime.faults import fault_env
 
 log = logging.getLogger(__name__)
@@ -184,15 +184,8 @@ class RayDataExecutor(Executor):
                     f"{have / 2**30:.1f} GiB: every pool's memory request is scaled by {scale:.3f}")
         return [int(m * scale) if m else None for m in wanted]
 
-    def run(
-        self,
-        rows: Iterable[dict],
-        output: str,
-        chain: Sequence[StageSpec],
-        *,
-        num_blocks: int | None = None,
-        first_schema: Any = None,
-        on_shard: Callable[[dict], None] | None = None,
+    def execute(
+        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
     ) -> Iterator[dict]:
         import ray
 
@@ -209,7 +202,7 @@ class RayDataExecutor(Executor):
         # longer than that (a generation unit of SD2 at 768 px on a CPU did), and a worker that
         # dies is retried by the actor restarts and attempt markers, so there is no such limit.
         ray.data.DataContext.get_current().execution_no_progress_timeout_s = -1
-        ds = ray.data.from_items(rows, override_num_blocks=max(1, min(num_blocks or len(rows), len(rows))))
+        ds = ray.data.from_items(rows, override_num_blocks=max(1, min(options.num_blocks or len(rows), len(rows))))
         gpu_scale = 1.0 if cpu_only else self._local_gpu_scale(chain)
         memory = self._memory_requests(chain, cpu_only)
         for spec, mem in zip(chain, memory):
@@ -250,6 +243,6 @@ class RayDataExecutor(Executor):
         with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
             for row in ds.iter_rows():
                 row = dict(row)
-                if on_shard:
-                    on_shard(row)
+                if options.on_shard:
+                    options.on_shard(row)
                 yield row
