@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from pipeline.families.base import BaseImage, UnitContext
 
 
-class ImageSource:
-    """Base class: ``load(ctx)`` returns the unit's :class:`~pipeline.families.base.BaseImage`."""
+class SourcePart:
+    """What an image source and a mask provider share: the config, the device and dtype of a
+    worker, the files it needs (checked before the build starts), a once-per-worker setup."""
 
     kind = ""
 
@@ -30,32 +31,26 @@ class ImageSource:
 
     @classmethod
     def missing_files(cls, config: "BuildConfig") -> list[str]:
+        """One line per missing file, each naming its config key (:mod:`pipeline.assets`)."""
         return []
 
     def setup(self) -> None:
         """Load what reading needs (models, an index); once per worker."""
 
+
+class ImageSource(SourcePart):
+    """Base class: ``load(ctx)`` returns the unit's :class:`~pipeline.families.base.BaseImage`."""
+
     def load(self, ctx: "UnitContext") -> "BaseImage":
         raise NotImplementedError
 
 
-class MaskProvider:
+class MaskProvider(SourcePart):
     """Base class: ``mask(ctx, image)`` returns a boolean HxW array (True on the object) or None."""
 
-    kind = ""
-
     def __init__(self, config: "BuildConfig", device: str = "cpu", dtype: Any = None) -> None:
-        self.config = config
+        super().__init__(config, device, dtype)
         self.spec = config.source.masks
-        self.device = device
-        self.dtype = dtype
-
-    @classmethod
-    def missing_files(cls, config: "BuildConfig") -> list[str]:
-        return []
-
-    def setup(self) -> None:
-        pass
 
     def mask(self, ctx: "UnitContext", image: Any, info: dict[str, Any]) -> "np.ndarray | None":
         raise NotImplementedError
