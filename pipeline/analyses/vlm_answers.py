@@ -19,6 +19,7 @@ import html
 import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
+from pipeline.aggregate.page import NA, float_format
 
 COLUMNS = ["classifier", "shift", "scale", "n", "n_true", "n_false", "n_excluded", "n_unasked", "accuracy"]
 
@@ -72,7 +73,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
             f"&ldquo;{html.escape(str(proto.get('prompt')))}&rdquo; (temperature {proto.get('temperature')}); "
             f"TRUE {n_true}, FALSE {n_false}, excluded {n_x}: accuracy {shown}.</p>"
         )
-        lines.append(t.drop(columns="classifier").to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="n/a"))
+        lines.append(t.drop(columns="classifier").to_html(index=False, float_format=float_format(3), na_rep=NA))
     result.json = per_clf
     result.html = "\n".join(lines)
     return result
