@@ -196,3 +196,16 @@ def demo_world(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo-world") / "out"
     assert main(["demo", "--runner", "local", "--output", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tiny models: they gain nothing from more, and on a busy
+    2-core machine OpenMP threads spinning against other processes make each op ~100x slower.
+    A module asks for it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,14 +24,7 @@ SCALES = [0.0, 1.0, 2.5]
 STEPS = 10  # the window (t <= 750) still starts after a few steps: 901, 801 off, then on
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP
-    threads spinning against other processes make each op ~100x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def make_sampler(world, class_tokens: ClassTokens, **kw) -> SliderSampler:

@@ -28,12 +28,7 @@ SCALES = [0.0, 0.5, 1.0, 2.5]
 STEPS = 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def arr(img) -> np.ndarray:

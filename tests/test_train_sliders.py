@@ -35,14 +35,7 @@ SHIFT = "heavy_snow"
 SPEC = SliderTrainingSpec(iterations=30, max_denoise_steps=5, learning_rate=1e-2, dtype="float32", seed=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP
-    threads spinning against other processes make each op ~100x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -31,12 +31,7 @@ WORLD_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 WORLD_ASSETS = REPO_ROOT / "assets" / "world"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # --------------------------------------------------------------------------- torchscript kind
