@@ -21,9 +21,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from pipeline.families.base import UnitContext
-from pipeline.sources.base import MaskProvider
 from pipeline.sources.mask_quality import assess, iou, main_component
-from pipeline.sources.world_ink import QualityOptions, parse_options
+from pipeline.sources.world_ink import CheckedMasks, QualityOptions
 
 
 class CrossAttentionOptions(QualityOptions):
@@ -38,7 +37,7 @@ class CrossAttentionOptions(QualityOptions):
     use: Literal["attention", "reference"] = Field("attention", description="which mask the scenarios use")
 
 
-class CrossAttentionMasks(MaskProvider):
+class CrossAttentionMasks(CheckedMasks):
     kind = "cross_attention"
     Options = CrossAttentionOptions
 
@@ -46,11 +45,10 @@ class CrossAttentionMasks(MaskProvider):
     def missing_files(cls, config) -> list[str]:
         from pipeline.registry import MASKS
 
-        try:
-            opts = parse_options(cls.Options, config.source.masks.options, cls.kind)
-        except ValueError as err:
-            return [str(err)]
-        problems = []
+        problems = super().missing_files(config)
+        if problems:
+            return problems
+        opts = cls.parsed(config)
         if config.source.kind != "seed":
             problems.append(
                 f"source.masks.kind: 'cross_attention' masks images the build generates (source.kind 'seed'), "
@@ -70,7 +68,7 @@ class CrossAttentionMasks(MaskProvider):
     def setup(self) -> None:
         from pipeline.families.slider import shared_sampler
 
-        self.options = parse_options(self.Options, self.spec.options, self.kind)
+        super().setup()
         kind = "prompt" if self.config.generator.kind == "prompt" else "slider"
         self.sampler = shared_sampler(self.config, kind, self.device, self.dtype)
         from pipeline.sources.attention_maps import recorder_for

@@ -49,20 +49,32 @@ def ink_mask(image: Any, threshold: int) -> "Any":
     return grey >= threshold
 
 
-class InkMasks(MaskProvider):
-    kind = "ink"
-    Options = InkOptions
+class CheckedMasks(MaskProvider):
+    """A mask provider whose ``source.masks.options`` are its typed ``Options`` (quality bounds
+    included): checked before the build starts, parsed into ``self.options`` by ``setup``."""
+
+    Options: type[BaseModel] = QualityOptions
+
+    @classmethod
+    def parsed(cls, config) -> Any:
+        """The config's ``source.masks.options`` as ``Options``; ValueError naming the key."""
+        return parse_options(cls.Options, config.source.masks.options, cls.kind)
 
     @classmethod
     def missing_files(cls, config) -> list[str]:
         try:
-            parse_options(cls.Options, config.source.masks.options, cls.kind)
+            cls.parsed(config)
         except ValueError as err:
             return [str(err)]
         return []
 
     def setup(self) -> None:
-        self.options = parse_options(self.Options, self.spec.options, self.kind)
+        self.options = self.parsed(self.config)
+
+
+class InkMasks(CheckedMasks):
+    kind = "ink"
+    Options = InkOptions
 
     def mask(self, ctx: UnitContext, image: Any, info: dict[str, Any]):
         if not hasattr(self, "options"):
