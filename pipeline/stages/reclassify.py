@@ -98,15 +98,8 @@ class ReclassifyStage(Stage):
         raise RuntimeError(f"[reclassify] the worker crashed {attempts} times while adding predictions to {shards}: "
                            "the run stops here; the next run of the same command redoes it")
 
-    def __init__(
-        self,
-        config,
-        output: str | None = None,
-        device: str | None = None,
-        threads: int | None = None,
-        built_with: list[str] | None = None,
-        lease_token: str | None = None,
-    ) -> None:
+    def __init__(self, config, output: str | None = None, device: str | None = None, threads: int | None = None,
+                 built_with: list[str] | None = None, lease_token: str | None = None) -> None:
         super().__init__(config, output, device, threads)
         self.built_with = list(built_with or [])
         self.lease_token = lease_token  # checked before each commit (pipeline.stages.write.commit_manifest)

@@ -81,14 +81,8 @@ class WriteStage(Stage):
     exact_batches = True
     uses_torch = False
 
-    def __init__(
-        self,
-        config,
-        output: str | None = None,
-        device: str | None = None,
-        threads: int | None = None,
-        lease_token: str | None = None,
-    ) -> None:
+    def __init__(self, config, output: str | None = None, device: str | None = None, threads: int | None = None,
+                 lease_token: str | None = None) -> None:
         super().__init__(config, output, device, threads)
         # The run's lease: checked before each commit, so a writer whose lease was taken
         # over commits nothing more (pipeline.io.lease.check_holder).
