@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from buildproc import tiny_config
 
 VICTIM_TEXT = b"precious data that is not ours\n"
@@ -206,3 +207,13 @@ def cns_entry(image: str, shift: str = "snow", cls: int = 1, seed: int = 0, scal
 
 def nested_json(depth: int) -> str:
     return "[" * depth + "]" * depth
+
+
+@pytest.fixture
+def built(tmp_path):
+    """(config path, output dir): a committed synthetic output of the tiny config (8 trajectories, 4 shards).
+    A test module takes it with ``from hostile import built``."""
+    cfg = tiny_cfg_path(tmp_path)
+    out = tmp_path / "out"
+    synthetic_output(out, cfg)
+    return cfg, out

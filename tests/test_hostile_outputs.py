@@ -7,8 +7,9 @@ import json
 import os
 
 import pytest
-from hostile import (
+from hostile import (  # noqa: F401 (built: a fixture)
     VICTIM_TEXT,
+    built,
     crafted_manifest,
     foreign_directory,
     manifest_paths,
@@ -22,15 +23,6 @@ from hostile import (
 from pipeline.build import clean_uncommitted, committed_trajectories
 from pipeline.cli import main
 from pipeline.io.store import OutputStore
-
-
-@pytest.fixture
-def built(tmp_path):
-    """(config path, output dir): a committed synthetic output of the tiny config (8 trajectories, 4 shards)."""
-    cfg = tiny_cfg_path(tmp_path)
-    out = tmp_path / "out"
-    synthetic_output(out, cfg)
-    return cfg, out
 
 
 def test_manifest_pointing_outside_deletes_nothing_outside(built, tmp_path):

@@ -16,7 +16,8 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hostile import (
+from hostile import (  # noqa: F401 (built: a fixture)
+    built,
     manifest_paths,
     start_holder,
     synthetic_output,
@@ -31,15 +32,6 @@ from pipeline.io.store import OutputStore
 def stop(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-
-
-@pytest.fixture
-def built(tmp_path):
-    """(config path, output dir): a committed synthetic output of the tiny config (8 trajectories, 4 shards)."""
-    cfg = tiny_cfg_path(tmp_path)
-    out = tmp_path / "out"
-    synthetic_output(out, cfg)
-    return cfg, out
 
 
 def write_lease(out, **fields) -> dict:
