@@ -18,16 +18,9 @@ import pyarrow as pa
 from pipeline.executors.base import StageSpec
 from pipeline.stages.base import Stage
 
-JOB = pa.schema(
-    [
-        ("class_id", pa.int64()),
-        ("class_name", pa.string()),
-        ("shift", pa.string()),
-        ("path", pa.string()),
-        ("meta_path", pa.string()),
-        ("seed", pa.int64()),
-    ]
-)
+# One slider to train (SliderJob's fields), and what training it gave.
+JOB = pa.schema([("class_id", pa.int64()), ("class_name", pa.string()), ("shift", pa.string()),
+                 ("path", pa.string()), ("meta_path", pa.string()), ("seed", pa.int64())])
 TRAINED = pa.schema([("label", pa.string()), ("job", pa.string()), ("result", pa.string()), ("error", pa.string())])
 
 
