@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     precisions = {stage: getattr(cfg.resources, stage).precision for stage in ("filter", "classify")}
     if set(precisions.values()) != {"float32"}:
         shown = ", ".join(f"{stage} {value}" for stage, value in precisions.items())
-        print(f"  precision: {shown} (float32 gives the paper's numbers; docs/protocol.md, Precision)")
+        print(f"  precision: {shown} (float32 gives the paper's numbers; docs/protocol.md, \"Precision\")")
     assets = resolve_assets(cfg)
     problems = assets.lines() + report_hub_artefacts(assets.hub(), command_line(args))
     if problems:  # the projection builds every model's shapes: worth it once the config can run
