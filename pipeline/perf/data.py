@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from pathlib import Path
+from typing import Any
+
+from pipeline.io.files import write_text_atomic
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -36,3 +40,15 @@ def gpu_spec(name: str) -> dict:
     if key not in table:
         raise ValueError(f"--gpu {name!r}: unknown GPU; known: {', '.join(sorted(table))} (pipeline/data/gpus.json)")
     return {"key": key, **table[key]}
+
+
+def emit(path: Path, doc: Any, write: bool) -> int:
+    """A generated data file: ``doc`` as JSON written to ``path`` (``--write``, atomically, said on
+    stderr), else printed for review.  Returns the exit code (0)."""
+    text = json.dumps(doc, indent=1) + "\n"
+    if write:
+        write_text_atomic(str(path), text)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.perf.data import DATA, load_data
+from pipeline.perf.data import DATA, emit, load_data
 
 FILE = DATA / "scale_efficiency.json"
 KEPT = ("gpus", "images", "efficiency", "efficiency_without_startup", "compression", "cpu_utilisation",
@@ -70,13 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(FILE.read_text()) if FILE.is_file() else {}
     if "runs" not in data:
         data = {}  # the projections kept before runs were measured are not runs
-    out = json.dumps(with_run(data, json.loads(text)), indent=1) + "\n"
-    if args.write:
-        FILE.write_text(out)
-        print(f"wrote {FILE}", file=sys.stderr)
-    else:
-        sys.stdout.write(out)
-    return 0
+    return emit(FILE, with_run(data, json.loads(text)), args.write)
 
 
 if __name__ == "__main__":

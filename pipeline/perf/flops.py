@@ -24,7 +24,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from pipeline.perf.data import DATA
+from pipeline.perf.data import DATA, emit
 
 TABLE = DATA / "model_flops.json"
 DEFAULT_CONFIGS = ("configs/cns_bench.yaml",)
@@ -211,13 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     recorded = json.loads(TABLE.read_text()) if TABLE.is_file() else {}
     result = table(args.configs, recorded, lambda line: print(line, file=sys.stderr))
-    text = json.dumps(result, indent=1) + "\n"
-    if args.write:
-        TABLE.write_text(text)
-        print(f"wrote {TABLE}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit(TABLE, result, args.write)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.perf.data import DATA, load_data
+from pipeline.perf.data import DATA, emit, load_data
 
 FILE = DATA / "startup.json"
 GIB = 1024**3
@@ -86,13 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", help="the JSON output of `bench/rehearsal.py startup --json`")
     p.add_argument("--write", action="store_true", help="write pipeline/data/startup.json (else print it)")
     args = p.parse_args(argv)
-    text = json.dumps(from_rehearsal(json.loads(Path(args.run).read_text())), indent=1) + "\n"
-    if args.write:
-        FILE.write_text(text)
-        print(f"wrote {FILE}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit(FILE, from_rehearsal(json.loads(Path(args.run).read_text())), args.write)
 
 
 if __name__ == "__main__":
