@@ -46,6 +46,7 @@ from pipeline.perf import data, latency
 from pipeline.plan import schema
 from pipeline.stages.base import Stage
 from pipeline.stages.classify import ClassifyStage
+from pipeline.stages.generate import GenerateStage
 from pipeline.stages.write import WriteStage
 
 BARRIER_TIMEOUT_S = 900
@@ -119,12 +120,7 @@ class StandInGenerate(_Timed, Stage):
     def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
         return [r["unit_id"] for r in rows]
 
-    def fail_rows(self, rows: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
-        return [
-            schema.trajectory_row(class_id=r["class_id"], class_name=r["class_name"], seed=r["seed"], shift=s,
-                                  scales=[], images=[], error=message)
-            for r in rows for s in r["shifts"]
-        ]
+    fail_rows = GenerateStage.fail_rows  # the generate stage's failed trajectory rows
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t0, cpu0 = time.time(), time.process_time()
