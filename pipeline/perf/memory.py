@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from pipeline.io.files import write_text_atomic
 from pipeline.perf.batches import AutoBatch, largest_fitting, stage_budget
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -259,10 +260,7 @@ def _remember(key: str, footprint: Footprint) -> None:
         except (OSError, ValueError):
             data = {}
         data[key] = dataclasses.asdict(footprint)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data))
     except OSError as err:  # a read-only home: measure again next time
         log.debug("could not cache footprints in %s: %s", path, err)
 
