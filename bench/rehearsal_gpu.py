@@ -2,21 +2,24 @@
 real ``SliderSampler`` (eager and compiled, with sliders and bare), and filter and classify at each
 precision and batch, against the FLOP projection.
 
-On a GPU machine (H100 or H200; about 7 minutes), from the repository root:
+On a GPU machine (H100 or H200; about 7 minutes, give it 10), from the repository root:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \\
       && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 python3 bench/rehearsal_gpu.py --json --out $OUT/rehearsal_gpu.json
 
-where ``.whl`` (git-ignored, carried to the machine) holds what its image lacks, fetched here
-once at this project's versions (``.venv``):
+where ``$OUT`` is a folder that outlives the run and ``.whl``, copied to the machine with the
+repository, holds the packages a bare torch image lacks, at this project's versions (``.venv``),
+fetched once beside the repository's files (``echo /.whl/ >> .git/info/exclude`` keeps them out
+of git; 11 MB):
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
       -d .whl diffusers==0.42.1 open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4 pydantic==2.14.4 \\
       pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5
 
-Anywhere, in seconds: ``python bench/rehearsal_gpu.py --smoke --json`` (small widths, 64 px, the CPU;
-``--compile`` adds the compiled sampler with torch's ``eager`` backend, which only traces).
+Anywhere, in seconds: ``python bench/rehearsal_gpu.py --smoke --json`` (the demo world's toy models,
+64 px, one thread of the CPU; ``--compile`` adds the compiled sampler with torch's ``eager``
+backend, which only traces: a minute more).
 
 Every model is built with random weights at its real architecture on the device (timing does
 not depend on the weights; nothing is downloaded), from ``configs/cns_bench.yaml``:
@@ -515,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(HERE.parent / "configs" / "cns_bench.yaml"))
-    ap.add_argument("--smoke", action="store_true", help="small widths, 64 px, two classifiers: the script on a CPU")
+    ap.add_argument("--smoke", action="store_true", help="the demo world's toy models at 64 px, two classifiers: the script on a CPU")
     ap.add_argument("--repeats", type=int, default=5)
     ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
     ap.add_argument("--unet-batches", type=ints, default=[], help="more bare UNet batches to time, e.g. 8,64")
