@@ -518,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(HERE.parent / "configs" / "cns_bench.yaml"))
-    ap.add_argument("--smoke", action="store_true", help="the demo world's toy models at 64 px, two classifiers: the script on a CPU")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the demo world's toy models at 64 px, two classifiers: the script on a CPU")
     ap.add_argument("--repeats", type=int, default=5)
     ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
     ap.add_argument("--unet-batches", type=ints, default=[], help="more bare UNet batches to time, e.g. 8,64")

@@ -50,7 +50,8 @@ def test_batch_size_auto_needs_a_memory_to_fit():
         tiny("resources.filter.batch_size=auto")  # the tiny config's stages have num_gpus 0
     with pytest.raises(ConfigError, match=r"resources\.classify\.batch_size.*auto or an integer"):
         tiny("resources.classify.batch_size=0")
-    assert tiny("resources.classify.batch_size=auto", "resources.classify.memory_budget_gb=2").resources.classify.batch_size == "auto"
+    auto = tiny("resources.classify.batch_size=auto", "resources.classify.memory_budget_gb=2")
+    assert auto.resources.classify.batch_size == "auto"
 
 
 def test_a_precision_other_than_float32_is_part_of_the_output():
@@ -108,10 +109,12 @@ def test_auto_batch_is_the_largest_that_fits(hand_sized):
     assert memory.stage_batch_size(grouped, "classify") == 3
     assert memory.classify_images_per_forward(grouped) == 18
     # a large budget stops at the rows whose images fill one forward (64 // 6 = 10)
-    big = memory.auto_batch(tiny("resources.classify.batch_size=auto", "resources.classify.memory_budget_gb=100"), "classify")
+    big = memory.auto_batch(tiny("resources.classify.batch_size=auto", "resources.classify.memory_budget_gb=100"),
+                            "classify")
     assert (big.batch, big.cap) == (10, 10) and "at most 10" in big.line()
     # not even one row: batch 1, and validate says so
-    small = memory.auto_batch(tiny("resources.classify.batch_size=auto", "resources.classify.memory_budget_gb=1.1"), "classify")
+    small = memory.auto_batch(tiny("resources.classify.batch_size=auto", "resources.classify.memory_budget_gb=1.1"),
+                              "classify")
     assert (small.batch, small.fits) == (1, False) and "over the budget 1.10 GB" in small.line()
 
 
