@@ -32,6 +32,7 @@ class AutoBatch:
     cap: int  # rows whose images fill one forward
     images_per_forward: int
     fits: bool  # False: not even one row fits the budget (the batch is then 1)
+    projected_of: str = ""  # whose projection it is, when not the whole actor's
 
     def line(self) -> str:
         """One line for ``cnsbench validate``."""
@@ -41,7 +42,8 @@ class AutoBatch:
             return f"{head}: even one row needs {self.projected_bytes / GB:.2f} GB, over the {budget}"
         limit = (f"; at most {self.cap}, whose images fill a forward of {self.images_per_forward}"
                  if self.batch == self.cap else "")
-        return f"{head}: projected {self.projected_bytes / GB:.2f} GB, {budget}{limit}"
+        whose = f" ({self.projected_of})" if self.projected_of else ""
+        return f"{head}: projected {self.projected_bytes / GB:.2f} GB{whose}, {budget}{limit}"
 
 
 def stage_budget(cfg: "BuildConfig", stage: str) -> tuple[int, str]:

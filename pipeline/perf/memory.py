@@ -368,7 +368,8 @@ def auto_batch(cfg: "BuildConfig", stage: str) -> AutoBatch:
     cap = max(1, chunk // per_row)
     best = largest_fitting(need, budget, cap)
     batch = max(1, best)
-    return AutoBatch(stage, batch, budget, source, need(batch), cap, chunk, fits=best >= 1)
+    whose = "its largest classifier alone; the groups are packed at this batch" if stage == "classify" and grouped else ""
+    return AutoBatch(stage, batch, budget, source, need(batch), cap, chunk, fits=best >= 1, projected_of=whose)
 
 
 # --------------------------------------------------------------------------- groups
