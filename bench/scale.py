@@ -14,9 +14,9 @@ stand-ins carry real 256 px PNGs through the object store into the shards.  The 
     python bench/scale.py --cluster none --gpus 1 --classes 1 --seeds 1 --shifts 2 --compression 50 --json
 
 Modelled time is divided by the time compression.  Unless ``--compression`` is given, a
-calibration build (``--calibrate-units`` units) measures the simulation's CPU per image on
-this machine, and the main run's compression is the one that keeps it at ``--cpu-target`` of
-the machine (at most 0.6).  Efficiency = the modelled GPU work / (GPUs x the wall time),
+calibration build (``--calibrate-units`` units) measures the simulation's CPU on this machine,
+a base and a cost per image (:func:`calibrate`), and the main run's compression is the one that
+keeps it at ``--cpu-target`` of the machine (at most 0.6).  Efficiency = the modelled GPU work / (GPUs x the wall time),
 both compressed; the wall time from the moment every actor of the chain has started (on a
 cluster each node starts its own actors at once; this machine starts them one after
 another) to the last shard committed, the actors' modelled start-up inside it.
@@ -105,6 +105,14 @@ def layout_for(shared: dict, n_gpus: int) -> dict[str, dict]:
     return {**pools, "write": {"actors": shared["writers"], "gpu_share": 0.0}}
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (``VmHWM``; ``ru_maxrss`` would keep the forking parent's across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def drive(raw: dict, output: str, sim: dict, address: str | None, echo=None) -> dict:
     """Run the real build of ``raw`` into ``output`` with the stand-in stages; return its figures."""
     import ray.cloudpickle
@@ -127,7 +135,7 @@ def drive(raw: dict, output: str, sim: dict, address: str | None, echo=None) -> 
         "images": summary.images_written,
         "shards": summary.shards_written,
         "failed": summary.trajectories_failed,
-        "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "driver_peak_rss_mb": peak_rss_mb(),
         "driver_main_thread_cpu_s": time.thread_time() - cpu_main0,
         "driver_other_threads_cpu_s": (time.process_time() - cpu_proc0) - (time.thread_time() - cpu_main0),
     }
@@ -144,16 +152,22 @@ def read_stats(stats_dir: Path) -> dict[str, list[dict]]:
 
 
 def one_run(args, shared: dict, cluster, n_gpus: int, compression: float, workdir: Path, tag: str,
-            classes: int | None = None) -> dict:
-    """One simulated build (in a driver subprocess on a cluster, else in this process), measured."""
+            classes: int | None = None, calibrating: float = 0.0) -> dict:
+    """One simulated build (in a driver subprocess on a cluster, else in this process), measured.
+
+    ``calibrating``: every actor idles that many seconds once all have started (the base), the
+    start-up is not modelled, and the generation's progress is marked (20 % of the units
+    generated, all of them), so that the CPU per image is read off the steady part."""
     raw = shared["raw"] if classes is None else sim_raw(args, classes)
+    units = len(raw["benchmark"]["classes"]) * len(raw["benchmark"]["seeds"])
     pools = layout_for(shared, n_gpus)
     out, stats = workdir / f"out-{tag}", workdir / f"stats-{tag}"
     sim = {"gpu": args.gpu, "compression": compression, "stats_dir": str(stats), "palette": shared["palette"],
            "shares": {"generate": pools["generate"]["gpu_share"], "filter": scale_model.QUARTER,
                       "classify": scale_model.QUARTER, "write": 0.0},
            "pools": pools, "groups": shared["groups"], "actors": sum(p["actors"] for p in pools.values()),
-           "cpu_model_s": shared["cpu"], "startup_s": shared["startup_s"]}
+           "cpu_model_s": shared["cpu"], "startup_s": {} if calibrating else shared["startup_s"],
+           "hold_s": calibrating}
     pids: list[int] = []
     meter = CpuMeter((lambda: cluster.our_pids() + descendants(pids)) if cluster else (lambda: []))
     stop = threading.Event()
@@ -162,26 +176,38 @@ def one_run(args, shared: dict, cluster, n_gpus: int, compression: float, workdi
         mark = stats / "barrier.json"
         while not stop.wait(0.5):
             if mark.exists():
-                meter.mark("barrier", at=json.loads(mark.read_text())["released"])
+                released = json.loads(mark.read_text())["released"]
+                meter.mark("barrier", at=released)
+                if calibrating and not stop.wait(max(0.0, released + calibrating - 0.5 - time.time())):
+                    meter.mark("held")
+                    for name, share in (("g20", 0.2), ("g100", 1.0)):  # units generated so far: one line each
+                        while not stop.wait(0.25):
+                            done = sum(f.read_text().count("\n") for f in stats.glob("generate-*.jsonl"))
+                            if done >= share * units:
+                                meter.mark(name)
+                                progress[name] = done
+                                break
                 return
 
+    progress: dict[str, int] = {}
     watcher = threading.Thread(target=watch_barrier, daemon=True)
     watcher.start()
     try:
         if cluster is None:
             driver = drive(raw, str(out), sim, None)
         else:
-            job = workdir / f"job-{tag}.json"
-            job.write_text(json.dumps({"raw": raw, "output": str(out), "sim": sim, "address": cluster.address}))
+            job, result = workdir / f"job-{tag}.json", workdir / f"result-{tag}.json"
+            job.write_text(json.dumps({"raw": raw, "output": str(out), "sim": sim, "address": cluster.address,
+                                       "result": str(result)}))
             log = workdir / f"driver-{tag}.log"
-            with open(log, "w") as fh:
+            with open(log, "w") as fh:  # the workers' output reaches the driver's: the figures go to a file
                 proc = subprocess.Popen([sys.executable, __file__, "--driver", str(job)], env=cluster.env,
-                                        stdout=subprocess.PIPE, stderr=fh, text=True)
+                                        stdout=fh, stderr=subprocess.STDOUT, text=True)
                 pids.append(proc.pid)
-                stdout, _ = proc.communicate()
+                proc.wait()
             if proc.returncode:
                 raise RuntimeError(f"the driver failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
-            driver = json.loads(stdout.strip().splitlines()[-1])
+            driver = json.loads(result.read_text())
         meter.mark("end")
     finally:
         stop.set()
@@ -189,6 +215,10 @@ def one_run(args, shared: dict, cluster, n_gpus: int, compression: float, workdi
     if "barrier" not in meter.marks:
         meter.mark("barrier", at=json.loads((stats / "barrier.json").read_text())["released"])
     measured = measure(read_stats(stats), meter, driver, n_gpus, shared, pools, compression)
+    measured["cpu_s_by_process"] = {k: round(v, 1) for k, v in meter.by_process("barrier", "end").items() if v >= 0.5}
+    if "g100" in meter.marks:
+        measured["idle"], measured["steady"] = meter.window("barrier", "held"), meter.window("g20", "g100")
+        measured["steady_images"] = (progress["g100"] - progress["g20"]) * shared["images_per_unit"]
     shutil.rmtree(out, ignore_errors=True)  # the shards were checked by the build; free the disk
     return measured
 
@@ -229,6 +259,7 @@ def measure(stats: dict[str, list[dict]], meter: CpuMeter, driver: dict, n_gpus:
             "driver": driver["driver_main_thread_cpu_s"] * per_k,
             "ray_data_scheduling": driver["driver_other_threads_cpu_s"] * per_k,
             "writer": sum(b["cpu"] for b in stats["write"]) * per_k,
+            **{f"{stage}_batches": sum(b["cpu"] for b in stats[stage]) * per_k for stage in GPU_STAGES},
         },
         "driver_peak_rss_mb": driver["driver_peak_rss_mb"],
     }
@@ -297,8 +328,9 @@ def commit_half(cfg, output: Path) -> None:
 def run_driver_job(path: str) -> None:
     job = json.loads(Path(path).read_text())
     if not job.get("plan_only"):
-        print(json.dumps(drive(job["raw"], job["output"], job["sim"], job["address"],
-                               echo=lambda line: print(line, file=sys.stderr, flush=True))))
+        figures = drive(job["raw"], job["output"], job["sim"], job["address"],
+                        echo=lambda line: print(line, file=sys.stderr, flush=True))
+        Path(job["result"]).write_text(json.dumps(figures))
         return
     from pipeline.build import Stages, build
     from pipeline.config import parse_config
@@ -325,7 +357,7 @@ def run_driver_job(path: str) -> None:
         pass
     print(json.dumps({"seconds": seen["t"] - t0, "t_planned": seen["t"], "planned": seen.get("planned"),
                       "done_before": seen.get("done_before"),
-                      "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+                      "driver_peak_rss_mb": round(peak_rss_mb(), 1)}))
 
 
 # ---------------------------------------------------------------- main
@@ -346,8 +378,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shifts", type=int, default=14)
     p.add_argument("--classifiers", type=int, default=None, help="only the config's first N classifiers")
     p.add_argument("--compression", type=float, default=None, help="time compression (default: calibrated)")
-    p.add_argument("--cpu-target", type=float, default=0.45, help="the simulation's CPU share of the machine to aim at")
-    p.add_argument("--calibrate-units", type=int, default=50, help="units of the calibration build")
+    p.add_argument("--cpu-target", type=float, default=0.5, help="the simulation's CPU share of the machine to aim at")
+    p.add_argument("--calibrate-units", type=int, default=100, help="units of the calibration build")
+    p.add_argument("--calibrate-only", action="store_true", help="print the calibration and stop")
     p.add_argument("--writers", type=int, default=2, help="writer actors (resources.write.pool_size)")
     p.add_argument("--sweep", type=int, nargs="*", default=None, help="also run these GPU counts (same image rate)")
     p.add_argument("--plan-only", action="store_true", help="the driver's plan, manifest scan and resume diff only")
@@ -368,12 +401,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     t_begin = time.time()
     workdir = Path(tempfile.mkdtemp(prefix="cnsscale-"))
-    shared = {**prepare(args, workdir), "writers": args.writers}
     counts = list(dict.fromkeys([*(args.sweep or []), args.gpus]))
     cluster = None
     if args.cluster == "ray":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster is stopped on the way out
     try:
+        shared = {**prepare(args, workdir), "writers": args.writers}
         if args.cluster == "ray":
             gpus = max(counts)
             cluster = SimCluster(args.nodes, gpus, cpus_per_node=math.ceil(gpus / args.nodes) + 6)
@@ -381,11 +414,10 @@ def main(argv: list[str] | None = None) -> dict:
         calibration = None
         compression = args.compression
         if compression is None:
-            c0 = 8.0 * args.gpus / 16
-            classes = max(1, math.ceil(args.calibrate_units / args.seeds))
-            calibration = one_run(args, shared, cluster, args.gpus, c0, workdir, "calibrate", classes=classes)
-            util = calibration["cpu"]["cpu_utilisation"]
-            compression = round(c0 * args.cpu_target / max(util, 1e-3), 1)
+            compression, calibration = calibrate(args, shared, cluster, workdir)
+        if args.calibrate_only:
+            print(json.dumps(calibration))
+            return calibration
         runs = {n: one_run(args, shared, cluster, n, compression * n / args.gpus, workdir, f"g{n}") for n in counts}
     finally:
         if cluster:
@@ -402,10 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
                          if k != "classifier_preprocess"}
                         | {"classifier_preprocess_sum": round(sum(shared["cpu"]["classifier_preprocess"]) * 1e3, 3)},
         "startup_modelled_s": {k: round(v, 1) for k, v in shared["startup_s"].items()},
-        "calibration": None if calibration is None else {
-            "compression": 8.0 * args.gpus / 16, "images": calibration["images"],
-            "cpu_utilisation": round(calibration["cpu"]["cpu_utilisation"], 3),
-            "cpu_s_per_image": round(calibration["cpu_s_per_image"], 5), "target": args.cpu_target},
+        "calibration": calibration,
         "cluster_start_s": round(cluster_s, 1),
         "total_s": round(time.time() - t_begin, 1),
         "load": round(os.getloadavg()[0], 1),
@@ -417,6 +446,33 @@ def main(argv: list[str] | None = None) -> dict:
         result["sweep"] = {str(n): summary(r, n, compression * n / args.gpus) for n, r in runs.items()}
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return result
+
+
+def calibrate(args, shared: dict, cluster, workdir: Path, hold_s: float = 12.0) -> tuple[float, dict]:
+    """The compression that keeps the simulation's CPU at ``--cpu-target`` of this machine.
+
+    The simulation's CPU is a base (the cluster's processes and the chain's actors, idle) plus
+    a cost per image times the image rate, which the compression sets.  A calibration build
+    of ``--calibrate-units`` units measures both: its actors idle ``hold_s`` once all have
+    started (the base), then it runs without start-up; the cost per image is read between 20 %
+    and all of its units generated."""
+    c0 = 8.0 * args.gpus / 16
+    small = argparse.Namespace(**{**vars(args), "seeds": min(args.seeds, args.calibrate_units)})
+    classes = max(1, math.ceil(args.calibrate_units / small.seeds))
+    run = one_run(small, shared, cluster, args.gpus, c0, workdir, "calibrate", classes=classes, calibrating=hold_s)
+    if "steady" not in run:
+        raise RuntimeError("the calibration build never marked its steady part; give --compression")
+    base, after = run["idle"]["cpu_utilisation"], run["steady"]
+    per_image = max(1e-5, (after["cpu_seconds"] - base * after["cores"] * after["wall_s"]) / max(1, run["steady_images"]))
+    pools = layout_for(shared, args.gpus)
+    rate = pools["generate"]["actors"] / sum(shared["seconds"]["generate"])  # images/s at real speed
+    compression = round(max(1.0, (args.cpu_target - base) * after["cores"] / (per_image * rate)), 1)
+    found = {"compression": c0, "images": run["images"], "idle_cpu_utilisation": round(base, 3),
+             "cpu_utilisation": round(after["cpu_utilisation"], 3), "cpu_s_per_image": round(per_image, 5),
+             "images_per_s_real_speed": round(rate, 2), "target": args.cpu_target, "chosen": compression,
+             "cpu_s_by_process": run["cpu_s_by_process"], "cpu_s_per_1000_images": run["cpu_s_per_1000_images"]}
+    print(f"[scale] calibration: {json.dumps(found)}", file=sys.stderr, flush=True)
+    return compression, found
 
 
 def summary(run: dict, n_gpus: int, compression: float) -> dict:
@@ -438,6 +494,7 @@ def summary(run: dict, n_gpus: int, compression: float) -> dict:
         "actors_started_after_s": round(run["actors_started_after_s"], 1),
         "shards": run["shards"],
         "failed": run["failed"],
+        "cpu_s_by_process": run["cpu_s_by_process"],
     }
 
 

@@ -6,6 +6,7 @@ meter of the CPU its processes use.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -91,6 +92,7 @@ class SimCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def descendants(roots: list[int]) -> list[int]:
@@ -151,6 +153,9 @@ class CpuMeter:
         self.pids = pids  # callable -> our pids now
         self.interval = interval
         self.seen: dict[int, float] = {}
+        self.first: dict[int, float] = {}
+        self.names: dict[int, str] = {}
+        self.snapshots: dict[str, dict[int, float]] = {}
         self.marks: dict[str, tuple[float, float, float, float]] = {}
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
@@ -173,6 +178,9 @@ class CpuMeter:
             except (OSError, IndexError):
                 continue
             with self.lock:
+                if pid not in self.first:
+                    self.first[pid] = cpu
+                    self.names[pid] = _name(pid)
                 self.seen[pid] = max(self.seen.get(pid, 0.0), cpu)
 
     def _loop(self) -> None:
@@ -188,6 +196,8 @@ class CpuMeter:
         self._sample()
         busy, total = self._stat()
         self.marks[name] = (at or time.time(), self.ours(), busy, total)
+        with self.lock:
+            self.snapshots[name] = dict(self.seen)
 
     def window(self, first: str, last: str) -> dict:
         """CPU between two marks: our processes' share of the machine and the machine's."""
@@ -202,6 +212,35 @@ class CpuMeter:
             "cores": cores,
         }
 
+    def by_process(self, first: str, last: str) -> dict[str, float]:
+        """CPU seconds each kind of process used between two marks (named by its command line at the end)."""
+        out: dict[str, float] = {}
+        before, after = self.snapshots[first], self.snapshots[last]
+        for pid, cpu in after.items():
+            name = _name(pid) if Path(f"/proc/{pid}").exists() else self.names.get(pid, "?")
+            out[name] = out.get(name, 0.0) + cpu - before.get(pid, self.first.get(pid, 0.0))
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
     def stop(self) -> None:
         self.stop_event.set()
         self.thread.join()
+
+
+def _name(pid: int) -> str:
+    """A process's kind: a Ray actor's stage class, else its program's name."""
+    import re
+
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+    stage = re.search(r"\b(\w+Stage)\b", cmd)
+    if stage:
+        return stage.group(1)
+    if "scale.py --driver" in cmd:
+        return "driver"
+    words = cmd.split()
+    prog = Path(words[0]).name if words else "?"
+    if prog.startswith("python") and len(words) > 1:
+        prog = Path(words[1]).name if not words[1].startswith("-") else " ".join(words[1:3])
+    return prog[:40]

@@ -79,6 +79,9 @@ class _Timed:
             tmp = mark.with_name(f"barrier-{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"released": time.time(), "actors": len(os.listdir(folder))}))
             os.replace(tmp, mark)
+        if self.sim.get("hold_s"):  # a calibration's idle spell: every actor up, nothing moving
+            released = json.loads(mark.read_text())["released"]
+            time.sleep(max(0.0, released + self.sim["hold_s"] - time.time()))
 
     def _record(self, t0: float, cpu0: float, work: float) -> None:
         if self._log is None:

@@ -55,8 +55,9 @@ def with_run(data: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     run = {k: result[k] for k in KEPT if k in result}
     kept = [r for r in data.get("runs", []) if r["gpus"] != run["gpus"]]
     return {
-        "source": "bench/scale.py on a simulated cluster (docs/scale.md): the real driver, Ray Data and writers, "
-                  "the GPU stages' work modelled as time; each run measured, start-up included and excluded",
+        "source": "bench/scale.py on a simulated cluster (docs/scale.md, \"The simulation\"): the real driver, Ray "
+                  "Data, object store and writers, the GPU nodes' work modelled as time; each run measured, with the "
+                  "actors' start-up and without it",
         "runs": sorted([*kept, run], key=lambda r: r["gpus"]),
     }
 
