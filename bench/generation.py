@@ -1,4 +1,4 @@
-"""Generation throughput and memory: the naive loop, the project's per-row hooks, peft's mixed batches.
+"""Generation throughput and memory: the naive loop, the project's per-row slider bank, peft's mixed batches.
 
 Three paths over the same classes, seeds, shifts, scales and steps:
 
@@ -6,11 +6,12 @@ Three paths over the same classes, seeds, shifts, scales and steps:
   per-step callback that toggles the slider at the timestep threshold;
 * ``hooks`` -- the project's path: one ``SliderSampler.generate_group`` per (class, seed)
   (pre-window steps and the scale-0 image once, the other branches ``--branch-batch`` per
-  UNet forward), each row's slider and multiplier applied by ``SliderBank``'s hooks;
+  UNet forward), each row's slider and multiplier applied by ``SliderBank``'s hooks
+  (the loaded sliders stacked per layer and gathered by a per-row slot);
 * ``peft`` -- the same ``generate_group`` (same branches, same batch size) with the rows'
   sliders applied by peft's mixed-adapter batches (``adapter_names``): each slider is
   loaded through diffusers' ``load_lora_adapter``, one adapter per (shift, scale) branch,
-  the adapters of one slider sharing its tensors (``PeftMixedBank``);
+  the adapters of one slider sharing its tensors (``PeftMixedBank``, ``bench/peft_bank.py``);
 * ``peft_copies`` -- the same as ``peft`` with each (shift, scale) adapter holding its own
   copy of the slider, as plain ``load_lora_weights`` per adapter gives.
 
@@ -100,11 +101,13 @@ def _lora_bytes(bank) -> int:
     """Bytes of the distinct LoRA tensors a bank holds (shared storage counted once)."""
     import torch
 
+    from pipeline.models.lora import SliderBank
+
+    if isinstance(bank, SliderBank):  # the stacks, all slots (as allocated)
+        return bank.nbytes
     seen: dict[int, int] = {}
-    if hasattr(bank, "_sliders"):  # SliderBank
-        tensors = [t for adapters in bank._sliders.values() for a in adapters.values() for t in (a.down, a.up)]
-    else:  # PeftMixedBank: the adapters' lora_A / lora_B weights in the UNet
-        tensors = [p for n, p in bank.unet.named_parameters() if ".lora_A." in n or ".lora_B." in n]
+    # PeftMixedBank: the adapters' lora_A / lora_B weights in the UNet
+    tensors = [p for n, p in bank.unet.named_parameters() if ".lora_A." in n or ".lora_B." in n]
     for t in tensors:
         if isinstance(t, torch.Tensor):
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
@@ -140,11 +143,12 @@ def run_worker(args) -> dict:
     sampler.setup(classes, label_space("imagenet"))
     peft = args.worker.startswith("peft")
     if peft:
-        from pipeline.models.peft_lora import PeftMixedBank
+        from bench.peft_bank import PeftMixedBank
 
         sampler.bank.detach()
         sampler.bank = PeftMixedBank(sampler.pipe.unet, share_weights=args.worker == "peft")
     t_load = time.perf_counter()
+    sampler.bank.reserve(len(classes) * len(shifts))  # every slider stays loaded
     for c in classes:  # load every slider outside the timed region
         for s in shifts:
             sampler.load_slider(c, s)

@@ -65,6 +65,14 @@ def test_latency(capsys):
     assert out["classifiers"][0]["gflop_per_image"] == pytest.approx(3.63, abs=0.01)  # resnet18 at 224 px
 
 
+def test_slider_ops(capsys):
+    # Ops of one tiny UNet forward: the same for 1 and 16 distinct sliders in a batch of 16 rows.
+    out = _load("slider_ops").main(["--size", "tiny", "--repeats", "0", "--json"])
+    ops = out["ops_by_sliders"]
+    assert out["contract_ok"] and set(ops) == {"1", "2", "4", "8", "16"}
+    assert len(set(ops.values())) == 1 and ops["1"] > out["ops_bare"] and out["wall_ratio"] > 0
+
+
 @pytest.mark.slow
 def test_generation(capsys):
     out = _load("generation").main(["--shifts", "1", "--steps", "2", "--paths", "hooks", "--json"])

@@ -49,9 +49,8 @@ def test_lora_window_follows_timestep_threshold(sampler):
 
     def record(module, args, kwargs):
         t = int(args[1])
-        route = sampler.bank._route
-        mult = route[0][2] if route else 0.0
-        seen.append((t, float(mult) if not torch.is_tensor(mult) else float(mult[0])))
+        mults = sampler.bank.multipliers  # None: no slider routed
+        seen.append((t, 0.0 if mults is None else float(mults[0])))
 
     handle = sampler.pipe.unet.register_forward_pre_hook(record, with_kwargs=True)
     try:

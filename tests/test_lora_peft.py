@@ -11,6 +11,7 @@ target (``Attention``; for "c3lier" also ``ResnetBlock2D``, ``Downsample2D``,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from pipeline.config import ClassTokens, SliderTrainingSpec, load_config
 from pipeline.labels import label_space
 from pipeline.models import diffusion
 from pipeline.models.lora import SliderBank, load_slider_file, random_slider, save_slider_file
-from pipeline.models.peft_lora import PeftMixedBank, PeftSlider
+from pipeline.models.peft_lora import PeftSlider
 from pipeline.train import sliders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,6 +209,11 @@ def test_peft_mixed_batch_equals_the_per_row_bank(tiny_world):
     """One UNet batch, one (slider, multiplier) per row: peft's ``adapter_names`` path and
     the project's hooks agree, including rows without a slider and a repeated slider."""
     from diffusers import UNet2DConditionModel
+
+    spec = importlib.util.spec_from_file_location("bench_peft_bank", ROOT / "bench" / "peft_bank.py")
+    peft_bank = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peft_bank)  # bench/ is not a package the tests import
+    PeftMixedBank = peft_bank.PeftMixedBank
 
     unet = UNet2DConditionModel.from_pretrained(tiny_world["model"], subfolder="unet")
     a = random_slider(unet, targets="attn_conv", seed=1, std=0.1)

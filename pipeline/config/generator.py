@@ -53,7 +53,12 @@ class GeneratorSpec(Strict):
     branch_batch_size: int = Field(16, ge=1, le=bounds.MAX_BATCH, description="(shift, scale) branches per UNet forward")
     attention: Literal["auto", "sdpa", "xformers"] = "auto"
     channels_last: bool = False
-    compile: bool = False
+    compile: bool = Field(
+        False,
+        description="torch.compile the UNet with the slider application in its graph: static shapes "
+        "(a unit's last window chunk padded to branch_batch_size), no recompilation when sliders or "
+        "multipliers change; CUDA graphs (mode reduce-overhead) on CUDA",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="options of the primary family (generator.kind)")
 
     @field_validator("resolution")

@@ -14,7 +14,15 @@ Two facts make most of the reference's per-image work redundant, and
 * scale 0 is the same image for every shift, so it is one branch, not one per shift.
 
 The remaining branches -- one per (shift, nonzero scale) -- run together, several per
-UNet forward, each row with its own slider and multiplier (``SliderBank.route``).
+UNet forward, each row with its own slider and multiplier (``SliderBank.route``: the
+sliders stacked per layer, gathered by a per-row slot, so a forward costs the same
+whatever the number of distinct sliders in it).
+
+``generator.compile`` compiles the UNet with the slider hooks inside its graph
+(:meth:`SliderSampler.compile_unet`); the window's last chunk of a unit is padded to
+``branch_batch_size`` so every window forward has the same shapes, and a change of
+sliders, multipliers or rows is a change of tensor values, not a new graph.
+
 :meth:`SliderSampler.reference_image` is the plain per-image diffusers loop with a
 per-step callback that toggles the slider; it is the oracle in tests and the naive
 baseline in ``bench/generation.py``.
@@ -25,6 +33,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -58,6 +67,8 @@ class SliderSampler:
         self.bank: SliderBank | None = None
         self.tokens: dict[int, str] = {}
         self._embeds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.compiled = False  # the UNet runs compiled (static shapes: chunks are padded)
+        self.cuda_graphs = False  # ... in mode reduce-overhead (CUDA graphs)
 
     # ------------------------------------------------------------------ setup
     def setup(self, class_ids: list[int], labels: LabelSpace) -> None:
@@ -66,7 +77,9 @@ class SliderSampler:
         self._configure_runtime()
         self.labels = labels
         self.tokens = diffusion.install_class_tokens(self.pipe, self.spec.class_tokens, class_ids, labels)
-        self.bank = SliderBank(self.pipe.unet)
+        self.bank = SliderBank(self.pipe.unet, capacity=max(16, self.spec.branch_batch_size))
+        if self.spec.compile:
+            self.compile_unet()
 
     def _configure_runtime(self) -> None:
         unet = self.pipe.unet
@@ -78,12 +91,42 @@ class SliderSampler:
                     raise RuntimeError(f"generator.attention=xformers but xformers is unusable: {err}") from err
         if self.spec.channels_last:
             unet.to(memory_format=torch.channels_last)
-        if self.spec.compile:
-            self.pipe.unet = torch.compile(unet)
+
+    def compile_unet(self, backend: Any = "inductor") -> None:
+        """Compile the UNet in place, the slider hooks inside its graph (``generator.compile``).
+
+        Shapes are static (``dynamic=False``): the steps before the window (a CFG batch of 2)
+        are one graph and the window's chunks, padded to ``branch_batch_size``, another,
+        whatever their sliders, multipliers and rows.  The UNet stays the same module
+        (``nn.Module.compile``), so the bank's hooks and module paths are unchanged.  On CUDA
+        with inductor the mode is ``reduce-overhead`` (CUDA graphs, where torch finds them
+        valid) and the bank's stacks are marked static: loading a slider writes into them in
+        place.  ``backend`` is any ``torch.compile`` backend.
+        """
+        cuda = self.device.startswith("cuda")
+        self.cuda_graphs = cuda and backend == "inductor"
+        if cuda:
+            self.bank.mark_static()
+        self.pipe.unet.compile(backend=backend, mode="reduce-overhead" if self.cuda_graphs else None, dynamic=False)
+        self.compiled = True
+
+    @staticmethod
+    def slider_name(class_id: int, shift: str) -> str:
+        """The bank name of the (class, shift) slider."""
+        return f"{shift}/{class_id}"
+
+    def add_slider(self, class_id: int, shift: str, state: dict[str, torch.Tensor]) -> str:
+        """Put an in-memory slider (e.g. random weights for a benchmark) in the bank as the
+        (class, shift) slider, instead of its file; returns its bank name.  The bank keeps
+        ``bank.capacity`` sliders (``bank.reserve`` grows it): one pushed out would be read
+        from the slider store when next needed."""
+        name = self.slider_name(class_id, shift)
+        self.bank.add(name, state, source=f"<in-memory slider {name}>")
+        return name
 
     def load_slider(self, class_id: int, shift: str) -> str:
         """Load the (class, shift) slider into the bank (once); returns its bank name."""
-        name = f"{shift}/{class_id}"
+        name = self.slider_name(class_id, shift)
         if name not in self.bank:
             path = diffusion.slider_path(self.spec, class_id, shift, self.labels.name(class_id))
             self.bank.add(name, load_slider_file(path), source=path)
@@ -122,6 +165,12 @@ class SliderSampler:
         latents = randn_tensor(shape, generator=gen, device=torch.device(self.device), dtype=pipe.unet.dtype)
         return latents * pipe.scheduler.init_noise_sigma
 
+    def run_unet(self, sample: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """One UNet forward as the sampler runs it, with the bank's current route."""
+        if self.cuda_graphs:  # the previous forward's outputs are consumed: their graph memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.pipe.unet(sample, t, encoder_hidden_states=embeds, return_dict=False)[0]
+
     def _step(self, sched, latents, t, neg, pos) -> torch.Tensor:
         """One denoising step for a batch of latents [n, ...] with per-row cond embeds [n, L, D]."""
         n = latents.shape[0]
@@ -131,7 +180,7 @@ class SliderSampler:
         else:
             model_in, embeds = latents, pos
         model_in = sched.scale_model_input(model_in, t)
-        out = self.pipe.unet(model_in, t, encoder_hidden_states=embeds, return_dict=False)[0]
+        out = self.run_unet(model_in, t, embeds)
         self._evals += model_in.shape[0]
         if self.do_cfg:
             uncond, cond = out.chunk(2)
@@ -145,6 +194,7 @@ class SliderSampler:
         start = time.perf_counter()
         self._evals = 0
         neg, pos = self.prompt_embeds(class_id)
+        self.bank.reserve(len(shifts))  # every shift of the unit stays loaded while it runs
         sliders = {s: self.load_slider(class_id, s) for s in shifts}
         sched = self._timesteps()
         timesteps = sched.timesteps
@@ -168,16 +218,19 @@ class SliderSampler:
         for lo in range(0, len(branches), size):
             chunk = branches[lo : lo + size]
             n = len(chunk)
+            # Compiled: a chunk with sliders is padded to the branch batch (rows without a
+            # slider, dropped after), so every window forward has the same shapes.
+            pad = size - n if self.compiled and any(s is not None for s, _ in chunk) else 0
             # Each chunk continues from the shared prefix with its own scheduler copy, since
             # schedulers keep per-run counters (and multistep ones a history) across steps.
             csched = copy.deepcopy(sched)
-            lat = latents.expand(n, -1, -1, -1).clone()
-            rows = [sliders[s] if s is not None else None for s, _ in chunk]
-            mults = [m for _, m in chunk]
+            lat = latents.expand(n + pad, -1, -1, -1).clone()
+            rows = [sliders[s] if s is not None else None for s, _ in chunk] + [None] * pad
+            mults = [m for _, m in chunk] + [0.0] * pad
             route_rows = rows * 2 if self.do_cfg else rows
             route_mults = mults * 2 if self.do_cfg else mults
             self.bank.route(route_rows, route_mults)
-            cond = pos.expand(n, -1, -1)
+            cond = pos.expand(n + pad, -1, -1)
             for t in timesteps[first_window:]:
                 lat = self._step(csched, lat, t, neg, cond)
             self.bank.clear_route()
@@ -316,9 +369,10 @@ class PromptSampler(SliderSampler):
         size = self.spec.branch_batch_size
         for lo in range(0, len(branches), size):
             chunk = branches[lo : lo + size]
+            pad = size - len(chunk) if self.compiled and len(branches) > 1 else 0  # static shapes
             csched = copy.deepcopy(sched)
-            lat = latents.expand(len(chunk), -1, -1, -1).clone()
-            cond = torch.cat([pos if s is None else self._shift_embeds(class_id, s) for s in chunk])
+            lat = latents.expand(len(chunk) + pad, -1, -1, -1).clone()
+            cond = torch.cat([pos if s is None else self._shift_embeds(class_id, s) for s in chunk] + [pos] * pad)
             for t in sched.timesteps:
                 lat = self._step(csched, lat, t, neg, cond)
             for b, shift in enumerate(chunk):
