@@ -140,3 +140,26 @@ def test_measured_runs_feed_the_estimate(tmp_path):
     out = startup.from_rehearsal(rehearsal)
     assert out["load_s_per_gib"] == {"all": 2.0, "generate": 2.0} and out["imports_s"] == {"generate": 9.0, "write": 2.0}
     json.dumps(out)
+
+
+def test_a_vlm_group_counts_its_dtype_and_generation_cache(tmp_path):
+    # A vlm's projection (pipeline/perf/memory.py, through the vlm kind's footprint) grows with
+    # its token limit (the generation cache) and halves its weights in float16.
+    from pipeline.demo.tiny_vlm import build_tiny_llava
+    from pipeline.perf.estimate import actors
+
+    model = str(build_tiny_llava(tmp_path / "m", ["a photo of", "yes", "no"], seed=3))
+    base = [c.model_dump(mode="json", exclude_defaults=True) for c in load_config(TINY_CONFIG).classifiers]
+
+    def vlm_group(dtype: str, tokens: int):
+        vlm = {"name": "llava", "kind": "vlm", "model": model, "dtype": dtype,
+               "protocol": {"kind": "two_choice", "distractors": "classifier:tiny-resnet", "max_new_tokens": tokens}}
+        cfg = load_config(TINY_CONFIG, sets=["classifiers=" + json.dumps([*base, vlm]),
+                                             "resources.classify.num_gpus=0.5", "resources.classify.memory_budget_gb=auto"])
+        found = [a for a in actors(cfg, gpu_spec("h100"))[1] if a.stage == "classify"]
+        assert [a.members for a in found][-1] == [3] and "vlm" in found[-1].name  # vlms apart, last
+        return found[-1]
+
+    short, long, wide = vlm_group("float16", 4), vlm_group("float16", 512), vlm_group("float32", 4)
+    assert long.projected > short.projected and wide.projected > short.projected
+    assert "float16" in short.detail and long.fits

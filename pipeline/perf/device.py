@@ -134,11 +134,16 @@ def detect(device_memory_gb: float | None = None) -> Device:
         return gpu_device(gpu_spec(kind))
     if device_memory_gb:
         return Device("gpu", int(device_memory_gb * GIB), "resources.device_memory_gb")
+    return host_device("no GPU here")
+
+
+def host_device(why: str = "this host") -> Device:
+    """This host's memory, for actors that run on its CPU."""
     try:
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         host = 16 * GIB
-    return Device("cpu", host, "no GPU here")
+    return Device("cpu", host, why)
 
 
 def run_device(cfg: "BuildConfig") -> Device:
@@ -150,13 +155,16 @@ def classify_budget(cfg: "BuildConfig", device: Device | None = None) -> tuple[i
     """Bytes one classify actor's group may project to, and whence; None: no budget (one group).
 
     A number is ``memory_budget_gb`` GiB; ``auto`` is the classify actor's share of ``device``
-    (default: the device found at run time, :func:`run_device`)."""
+    (default: the device found at run time, :func:`run_device`), or of this host's memory
+    when the actor asks for no GPU (``num_gpus: 0``)."""
     res = cfg.resources.classify
     budget = res.memory_budget_gb
     if budget is None:
         return None
     if budget != "auto":
         return int(float(budget) * GIB), "resources.classify.memory_budget_gb"
+    if res.num_gpus <= 0:
+        device = host_device("resources.classify.num_gpus 0: the actors run on a CPU")
     device = device or run_device(cfg)
     share = f"{min(1.0, res.num_gpus):g} of " if device.kind == "gpu" else ""
     return device.allowance(res.num_gpus), f"memory_budget_gb auto: {share}{device.describe()}"

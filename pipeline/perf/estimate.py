@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable
 from pipeline.perf import data, efficiency, latency, startup
 from pipeline.perf.device import ALLOCATOR_RESERVE, MIN_RESERVE_BYTES, Device, gpu_device
 from pipeline.perf.evals import unit_evals
+from pipeline.perf.report import significant
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig
@@ -34,6 +35,7 @@ GIB = 1024**3
 GENERATING_FAMILIES = ("slider",)  # families whose UNet work the model counts
 MAX_GPUS = 100_000
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+MEASURED_RESOLUTION = 768  # the generate actor's activation figures of data/gpus.json (SD2, bf16, an H100)
 STORED_BYTES = 4  # weights as the hub's float32 files hold them (what start-up reads)
 
 
@@ -44,7 +46,7 @@ class Actor:
     name: str
     stage: str
     projected: int | None  # bytes; None: not projectable here
-    allowed: int
+    allowed: int | None  # bytes of its GPU share; None: it asks for no GPU (runs on a CPU)
     num_gpus: float
     detail: str
     remedy: str = ""
@@ -53,7 +55,11 @@ class Actor:
 
     @property
     def fits(self) -> bool:
-        return self.projected is None or self.projected <= self.allowed
+        return self.projected is None or self.allowed is None or self.projected <= self.allowed
+
+
+def _allowance(device: Device, num_gpus: float) -> int | None:
+    return device.allowance(num_gpus) if num_gpus > 0 else None
 
 
 class DoesNotFit(ValueError):
@@ -92,18 +98,27 @@ def generate_bytes(cfg: "BuildConfig", branch_batch_size: int | None = None) -> 
     """The generate actor on a GPU: the pipeline's weights at its dtype, the larger of one
     branch batch's UNet forward (with CFG) and its VAE decode, and the actor's runtime.
 
-    Activations are the peaks measured in bf16 at 768 px on an H100 (``data/gpus.json``),
-    scaled by the pixels and the dtype."""
-    from pipeline.perf.memory import RUNTIME_BYTES
+    A generator in the FLOP table (SD2) takes the peaks measured in bf16 at 768 px on an H100
+    (``data/gpus.json``), scaled by the pixels and the dtype; another is projected on the meta
+    device from its diffusers configs (:func:`pipeline.perf.memory.project_stage_memory`)."""
+    from pipeline.perf.memory import RUNTIME_BYTES, project_stage_memory
 
     gen = cfg.generator
-    flops = latency.generator_flops(gen.model)
+    batch_size = branch_batch_size or gen.branch_batch_size
+    e = unit_evals(cfg, max(len(g.shifts) for g in cfg.family_groups()))
+    batch = min(batch_size, e["branches"])
+    if latency.generator_source(gen.model, gen.resolution) == "counted":
+        other = cfg.model_copy(update={"generator": gen.model_copy(update={"branch_batch_size": batch_size})})
+        projected = project_stage_memory(other, "cuda", ("generate",))["generate"]
+        if projected is not None:
+            return projected, (f"projected on the meta device from its configs: weights in {gen.dtype}, a UNet forward "
+                               f"and a VAE decode of {batch} branches at {gen.resolution} px, runtime "
+                               f"{RUNTIME_BYTES / GIB:g} GiB")
+    flops = latency.generator_flops(gen.model, gen.resolution)
     util = data.utilisation()
     params = (flops["unet_params_m"] + flops["text_encoder_params_m"] + flops["vae_params_m"]) * 1e6
     nbytes = BYTES.get(gen.dtype, 2)
-    e = unit_evals(cfg, max(len(g.shifts) for g in cfg.family_groups()))
-    batch = min(branch_batch_size or gen.branch_batch_size, e["branches"])
-    scale = (gen.resolution / flops["resolution"]) ** 2 * nbytes / 2
+    scale = (gen.resolution / MEASURED_RESOLUTION) ** 2 * nbytes / 2
     samples = (2 if gen.guidance_scale > 1.0 else 1) * batch
     unet = util["unet_activation_gib_per_sample"] * samples * scale * GIB
     decode = util["vae_decode_activation_gib_per_image"] * batch * scale * GIB
@@ -115,16 +130,16 @@ def generate_bytes(cfg: "BuildConfig", branch_batch_size: int | None = None) -> 
 
 def _generate_actor(cfg: "BuildConfig", device: Device) -> Actor:
     share = cfg.resources.generate.num_gpus
-    allowed = device.allowance(share)
+    allowed = _allowance(device, share)
     projected, detail = generate_bytes(cfg)
     remedy = ""
-    if projected > allowed:
+    if allowed is not None and projected > allowed:
         fits = _largest(lambda b: generate_bytes(cfg, b)[0] <= allowed, cfg.generator.branch_batch_size)
         remedy = (f"set generator.branch_batch_size={fits} (projected {generate_bytes(cfg, fits)[0] / GIB:.1f} GiB; "
                   f"now {cfg.generator.branch_batch_size})" if fits else
                   f"no generator.branch_batch_size fits (1 projects {generate_bytes(cfg, 1)[0] / GIB:.1f} GiB): "
                   "choose a GPU with more memory")
-    gflop = latency.generator_flops(cfg.generator.model)
+    gflop = latency.generator_flops(cfg.generator.model, cfg.generator.resolution)
     params = (gflop["unet_params_m"] + gflop["text_encoder_params_m"] + gflop["vae_params_m"]) * 1e6
     return Actor("generate", "generate", projected, allowed, share, detail, remedy,
                  startup.actor_seconds("generate", int(params * STORED_BYTES)))
@@ -137,10 +152,10 @@ def _filter_actor(cfg: "BuildConfig", device: Device) -> Actor | None:
     if not flt.enabled or flt.kind == "none":
         return None
     res = cfg.resources.filter
-    allowed = device.allowance(res.num_gpus)
+    allowed = _allowance(device, res.num_gpus)
     projected = project_stage_memory(cfg, "cuda", ("filter",))["filter"]
     remedy = ""
-    if projected is not None and projected > allowed and isinstance(res.batch_size, int):
+    if projected is not None and allowed is not None and projected > allowed and isinstance(res.batch_size, int):
         def fits(b: int) -> bool:
             other = _with_resource(cfg, "filter", batch_size=b)
             return (project_stage_memory(other, "cuda", ("filter",))["filter"] or 0) <= allowed
@@ -170,7 +185,7 @@ def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
     from pipeline.perf.memory import classifier_footprints, classifier_groups, group_bytes
 
     res = cfg.resources.classify
-    allowed = device.allowance(res.num_gpus)
+    allowed = _allowance(device, res.num_gpus)
     groups = classifier_groups(cfg, device)
     feet = classifier_footprints(cfg)
     budget = res.memory_budget_gb
@@ -182,7 +197,7 @@ def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
         kind = "vlm " if all(_asks(s.kind) for s in specs) else ""
         names = ", ".join(s.name for s in specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
         remedy = ""
-        if projected > allowed:
+        if allowed is not None and projected > allowed:
             alone = max(members, key=lambda f: group_bytes([f]))
             if len(group) > 1 and group_bytes([alone]) <= allowed:
                 remedy = ("set resources.classify.memory_budget_gb: auto (groups of at most "
@@ -197,7 +212,8 @@ def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
         actors.append(Actor(
             f"classify {kind}group {k} of {len(groups)}" if len(groups) > 1 else "classify", "classify",
             projected, allowed, res.num_gpus,
-            f"{len(specs)} {kind}classifiers ({names}), {res.precision}", remedy,
+            f"{len(specs)} {kind}classifiers ({names}), "
+            f"{', '.join(sorted({s.dtype or 'float32' for s in specs})) if kind else res.precision}", remedy,
             startup.actor_seconds("classify", stored, heads), list(group)))
     return actors
 
@@ -275,13 +291,14 @@ class Estimate:
                     f"after the allocator's reserve of {d.reserve_bytes / GIB:.1f})"]
         out += table([("actor", "projected", "may use", "GPU share", "start-up", "")]
                      + [(a.name, f"{a.projected / GIB:.1f}" if a.projected is not None else "unknown",
-                         f"{a.allowed / GIB:.1f}", f"{min(1.0, a.num_gpus):g}", duration(a.startup_s), a.detail)
+                         f"{a.allowed / GIB:.1f}" if a.allowed is not None else "(CPU)",
+                         f"{min(1.0, a.num_gpus):g}", duration(a.startup_s), a.detail)
                         for a in self.actors], numeric=(1, 2, 3, 4))
         rows = [("time", "", "")] + [(s.name, duration(s.gpu_seconds), s.detail) for s in self.stages]
         rows += [
             ("GPU time", duration(self.gpu_seconds), f"on one {g['key']}"),
             ("start-up", duration(self.startup_s), "the first unit's path: each stage loads its models at its first batch"),
-            (f"wall time on {self.n_gpus} GPUs", duration(self.wall_seconds),
+            (f"wall time on {self.n_gpus} GPU{'s' if self.n_gpus != 1 else ''}", duration(self.wall_seconds),
              f"start-up + GPU time / ({self.n_gpus} x efficiency {self.efficiency:.3f})"),
         ]
         if self.cost is not None:
@@ -323,9 +340,15 @@ def _assumptions(cfg: "BuildConfig", spec: dict, eff: float, eff_source: str) ->
         (f"wall time = start-up + GPU time / (GPUs x the pipeline's efficiency without start-up, {eff:.3f})",
          eff_source),
     ]
-    if not latency.generator_known(gen.model):
-        out.append((f"generator {gen.model!r} not in the FLOP table: counted as Stable Diffusion 2",
-                    "pipeline/data/model_flops.json"))
+    source = latency.generator_source(gen.model, gen.resolution)
+    if source != "table":
+        out.append((f"generator {gen.model!r} not in the FLOP table: " + (
+            "its FLOPs and memory counted on the meta device from its configs" if source == "counted"
+            else "counted as Stable Diffusion 2 (its configs are not here)"), "pipeline/perf/flops.py"))
+    cpu = [stage for stage in ("generate", "filter", "classify") if getattr(cfg.resources, stage).num_gpus <= 0]
+    if cpu:
+        out.append((f"resources.{{{', '.join(cpu)}}}.num_gpus is 0: those actors run on a CPU; their memory is not "
+                    "checked against the GPU and their time is the GPU's", "the config"))
     return out
 
 
@@ -365,7 +388,7 @@ def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | 
             assumptions.append((f"{stage} models without a FLOP count, counted as 0: {', '.join(missing)}",
                                 "pipeline/perf/latency.py"))
         n = len(latency.stage_models(cfg, stage))
-        stages.append(StageTime(stage, images * per_image, f"{n} models, {gflop:,.0f} GFLOP per image"))
+        stages.append(StageTime(stage, images * per_image, f"{n} models, {significant(gflop)} GFLOP per image"))
     writer = ("write", startup.actor_seconds("write", 0))
     start = startup.chain_seconds([(a.stage, a.startup_s) for a in found] + [writer])
     return Estimate(config, spec, device, n_gpus, images, units, evals, unshared, found, stages, start, eff,

@@ -11,6 +11,7 @@ projection and the scale simulation's stand-in stages all time model work with i
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Sequence
 
@@ -38,16 +39,31 @@ def model_gflop(model: str, model_kwargs: dict | None = None) -> float | None:
         return None
 
 
-def generator_flops(model: str) -> dict:
-    """The generator's FLOP entry; a generator not in the table is counted as SD2 (see :func:`generator_note`)."""
+def _tabled(model: str) -> dict | None:
     gens = load_data("model_flops.json")["generators"]
     tail = model.rstrip("/").rsplit("/", 2)[-1] if "/" in model else model
-    return gens.get(model) or gens.get(tail) or gens[REFERENCE_GENERATOR]
+    return gens.get(model) or gens.get(tail)
 
 
-def generator_known(model: str) -> bool:
-    gens = load_data("model_flops.json")["generators"]
-    return model in gens or (model.rstrip("/").rsplit("/", 2)[-1] if "/" in model else model) in gens
+@functools.lru_cache(maxsize=16)
+def _counted(model: str, resolution: int) -> dict | None:
+    try:
+        from pipeline.perf.flops import count_generator
+
+        return count_generator(model, resolution)
+    except Exception:  # noqa: BLE001 - its diffusers configs are not here (a hub id not cached)
+        return None
+
+
+def generator_flops(model: str, resolution: int = 768) -> dict:
+    """The generator's FLOP entry: the table's, else counted on the meta device from its
+    diffusers configs (a local directory, the hub cache), else SD2's (:func:`generator_source`)."""
+    return _tabled(model) or _counted(model, resolution) or load_data("model_flops.json")["generators"][REFERENCE_GENERATOR]
+
+
+def generator_source(model: str, resolution: int = 768) -> str:
+    """``table``, ``counted`` (its configs, on the meta device) or ``sd2`` (counted as SD2)."""
+    return "table" if _tabled(model) else "counted" if _counted(model, resolution) else "sd2"
 
 
 def unet_utilisation(images_per_forward: int) -> float:
@@ -66,7 +82,7 @@ def unit_seconds(cfg: "BuildConfig", spec: dict, n_shifts: int, scales: list[flo
     and its UNet evaluation counts (:func:`pipeline.perf.evals.unet_evals_per_unit`)."""
     gen = cfg.generator
     peak = spec["bf16_tflops"] * 1e12
-    gflop = generator_flops(gen.model)
+    gflop = generator_flops(gen.model, gen.resolution)
     px = (gen.resolution / gflop["resolution"]) ** 2
     e = unit_evals(cfg, n_shifts, scales)
     per_step = 2 if gen.guidance_scale > 1.0 else 1
@@ -113,7 +129,7 @@ def grid_seconds_per_image(cfg: "BuildConfig", spec: dict) -> dict[str, dict[str
     """Per stage, GPU-seconds and TFLOPs per image of ``cfg``'s own benchmark grid on ``spec``."""
     n_shifts, scales = len(cfg.benchmark.shifts), list(cfg.benchmark.scales)
     unit_s, e = unit_seconds(cfg, spec, n_shifts, scales)
-    gflop = generator_flops(cfg.generator.model)
+    gflop = generator_flops(cfg.generator.model, cfg.generator.resolution)
     px = (cfg.generator.resolution / gflop["resolution"]) ** 2
     gen_tflop = (e["evals"] * gflop["unet_gflop_per_sample"] + e["branches"] * gflop["vae_gflop_per_decode"]) * px / 1e3
     out = {"generate": {"seconds": unit_s / e["images"], "tflop": gen_tflop / e["images"],
