@@ -456,7 +456,7 @@ def calibrate(args, shared: dict, cluster, workdir: Path, hold_s: float = 12.0) 
     of ``--calibrate-units`` units measures both: its actors idle ``hold_s`` once all have
     started (the base), then it runs without start-up; the cost per image is read between 20 %
     and all of its units generated."""
-    c0 = 8.0 * args.gpus / 16
+    c0 = 8.0
     small = argparse.Namespace(**{**vars(args), "seeds": min(args.seeds, args.calibrate_units)})
     classes = max(1, math.ceil(args.calibrate_units / small.seeds))
     run = one_run(small, shared, cluster, args.gpus, c0, workdir, "calibrate", classes=classes, calibrating=hold_s)

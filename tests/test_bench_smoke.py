@@ -100,6 +100,16 @@ def test_scale(capsys, ray_session):
     assert out["cpu_model_ms"]["encode"] > 0 and out["cpu_model_ms"]["classifier_preprocess_sum"] > 0
 
 
+def test_scale_calibration(capsys, ray_session):
+    # The compression's calibration: the idle actors' base, then the CPU per image of a small build.
+    out = _load("scale").main(
+        ["--cluster", "none", "--gpus", "1", "--classes", "1", "--seeds", "2", "--shifts", "2", "--classifiers", "3",
+         "--writers", "1", "--calibrate-units", "2", "--calibrate-only"]
+    )
+    assert out["images"] == 24 and 0 <= out["idle_cpu_utilisation"] <= 1 and out["cpu_s_per_image"] > 0
+    assert out["chosen"] >= 1 and out["target"] == 0.5
+
+
 def test_scale_plan_only(capsys):
     # Half the plan committed, then the real driver's scan, plan and resume diff in a fresh process.
     out = _load("scale").main(["--plan-only", "--classes", "2", "--seeds", "3", "--shifts", "2", "--json"])
