@@ -7,8 +7,9 @@ branch batch.  Compilations are counted by torch's own ``CompileCounterWithBacke
 The counting runs on the ``aot_eager`` backend: it traces the UNet with dynamo and
 functionalizes it through AOTAutograd exactly as inductor's front end does (so graph
 breaks, guards and recompilations are the same), but skips inductor's C++ code generation,
-which on this 2-core CPU takes minutes for the tiny UNet and would say nothing more about
-recompilation.  The ``generator.compile: true`` path (inductor) is checked to compile the
+which on the 2-core CPU VM took 85 s for the tiny UNet's first graph and would say nothing
+more about recompilation (that run: inductor's output within 1.8e-6 of eager over six
+routes, one graph, no recompilation when a slider was added).  The ``generator.compile: true`` path (inductor) is checked to compile the
 UNet in place without running it.
 """
 
