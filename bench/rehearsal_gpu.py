@@ -394,7 +394,7 @@ def window_forward(sampler, rows: list[str | None], mults: list[float], repeats:
     x = torch.randn(n, unet.config.in_channels, side, side, device=device, dtype=dtype)
     ctx = torch.randn(n, 77, unet.config.cross_attention_dim, device=device, dtype=dtype)
     t = torch.tensor(501, device=device)
-    graphs = getattr(sampler, "_cudagraphs", False)
+    graphs = getattr(sampler, "cuda_graphs", False)
     sampler.bank.route(rows * 2 if sampler.do_cfg else rows, mults * 2 if sampler.do_cfg else mults)
 
     def call() -> None:
