@@ -75,7 +75,12 @@ def comparison_keys(card: dict[str, Any]) -> dict[str, Any]:
 def check_comparable(cards: list[dict[str, Any]]) -> None:
     """Raise :class:`CardsNotComparable` naming every key on which the cards differ."""
     keys = [comparison_keys(c) for c in cards]
-    names = sorted(set().union(*keys), key=lambda k: (k.count("."), k))
+    # A benchmark some card lacks is named once (in ``benchmarks``), not by each of its keys.
+    common = set.intersection(*(set(x["benchmarks"]) for x in keys))
+    names = sorted(
+        (k for k in set().union(*keys) if not k.startswith("benchmarks.") or k.split(".")[1] in common),
+        key=lambda k: (not k.startswith("suite."), k.count("."), k),
+    )
     differ = [k for k in names if any(x.get(k) != keys[0].get(k) for x in keys[1:])]
     if differ:
         lines = []
