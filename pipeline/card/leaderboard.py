@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.aggregate.compare import NotComparable
+from pipeline.io.safejson import loads as safe_loads
 from pipeline.io.store import OutputStore
 
 COLUMNS = ["model", "benchmark", "family", "metric", "value", "ci_low", "ci_high", "higher_is_better", "rank", "tier",
@@ -49,7 +50,7 @@ def load_card(location: str) -> dict[str, Any]:
     if not store.exists(name):
         raise FileNotFoundError(f"{location}: no card here ({path} not found); make one with `cnsbench card`")
     try:
-        card = json.loads(store.read_bytes(name))
+        card = safe_loads(store.read_bytes(name), path)
     except ValueError as err:
         raise ValueError(f"{path}: not a card ({err})") from None
     if not isinstance(card, dict) or not {"model", "suite", "benchmarks"} <= set(card):

@@ -26,6 +26,7 @@ from pipeline.card.model import identity
 from pipeline.card.outputs import Prepared, prepare
 from pipeline.card.suite import ALEXNET, Suite
 from pipeline.config import BuildConfig, ClassifierSpec, resolved_dict
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
 CARD_VERSION = 1
@@ -169,7 +170,7 @@ def make_card(
         entry["benchmark_hash"] = benchmark_hash(p.config)
         entry["images_digest"] = key["images"]
         entry["key"] = key
-        store.write_text(f"benchmarks/{b.name}.json", json.dumps(entry, indent=1, allow_nan=False) + "\n")
+        store.write_text(f"benchmarks/{b.name}.json", strict_dumps(entry, indent=1) + "\n")
         entries.append(entry)
         echo(f"[cnsbench] card: {b.name}: {entry['metric']} {_show(entry['value'])} "
              f"[{_show(entry['ci_low'])}, {_show(entry['ci_high'])}] ({p.work}, {time.perf_counter() - start:.1f} s)")
@@ -183,7 +184,7 @@ def make_card(
     previous = _read_card(store)
     if previous is None or {k: v for k, v in previous.items() if k != "created"} != card:
         card["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        store.write_text(MARKER, json.dumps(card, indent=1, allow_nan=False) + "\n")
+        store.write_text(MARKER, strict_dumps(card, indent=1) + "\n")
         store.write_text("card.html", card_html(card))
     else:
         card = previous
