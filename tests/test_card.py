@@ -368,3 +368,57 @@ def test_bench_card_at_its_smallest(tiny_reference, tmp_path):
     assert all(s["wall_s"] > 0 and s["cpu_s"] > 0 for s in steps) and res["built"]["wall_s"] >= steps[0]["wall_s"]
     card = json.loads((work / "cards" / "tiny-resnet" / "card.json").read_text())
     assert card["benchmarks"][0]["metric"] == "accuracy_drop" and (work / "leaderboard" / "leaderboard.csv").is_file()
+
+
+# --------------------------------------------------------------------------- a released dataset
+def _imagenet_c(root: Path) -> Path:
+    """A few images in the ImageNet-C release's layout, <corruption>/<severity>/<wnid>/*.JPEG."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for wnid in ("n01443537", "n01614925"):  # goldfish, bald eagle: classes of configs/tiny.yaml
+        for i in range(2):
+            img = rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)
+            for cor in ("gaussian_noise", "fog"):
+                for sev in range(1, 6):
+                    d = root / cor / str(sev) / wnid
+                    d.mkdir(parents=True, exist_ok=True)
+                    Image.fromarray(np.clip(img.astype(int) + 20 * sev, 0, 255).astype(np.uint8)).save(
+                        d / f"ILSVRC2012_val_{i:08d}.JPEG", "JPEG", quality=85)
+    return root
+
+
+def test_a_release_is_evaluated_once_under_its_protocol_then_given_each_model(tmp_path, capsys):
+    """The first card evaluates the release with its model and the baseline under ImageNet-C's
+    protocol; the next adds its model to the committed shards with the same protocol; each
+    card's mCE is its report's."""
+    from pipeline.cli import main
+    from pipeline.demo.assets import ensure_tiny_assets
+
+    ensure_tiny_assets()
+    release = _imagenet_c(tmp_path / "ImageNet-C")
+    suite = _write(tmp_path / "suite.yaml", f"""
+suite: rel
+baseline: tiny-resnet
+outputs: {tmp_path}/outputs
+benchmarks:
+  - {{name: c, family: corruptions, release: {release}, source_kind: imagenet_c, protocol: imagenet_c,
+     config: {REPO}/configs/tiny.yaml, sets: [aggregate.plots=false, aggregate.strips.count=0]}}
+""")
+    assert main(["validate", str(suite)]) == 0, capsys.readouterr().out
+    for model in ("tiny-vit", "tiny-clip-zs"):
+        assert main(["card", model, "--suite", str(suite), "--output", str(tmp_path / model), "--runner", "local"]) == 0
+    out = tmp_path / "outputs" / "c"
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert [c["name"] for c in cfg["classifiers"]] == ["tiny-resnet", "tiny-vit", "tiny-clip-zs"]
+    crop_only = {"resize": 256, "crop": 224, "interpolation": "bilinear", "mean": [0.485, 0.456, 0.406],
+                 "std": [0.229, 0.224, 0.225], "shifted_crop_only": True}
+    assert cfg["classifiers"][1]["preprocess"] == crop_only  # test.py's input, as evaluate gives it
+    protocol = next(a for a in cfg["aggregate"]["analyses"] if isinstance(a, dict) and a["name"] == "release_protocol")
+    assert set(protocol["classifiers"]) == {"tiny-resnet", "tiny-vit", "tiny-clip-zs"}
+    ce = pd.read_csv(out / "report" / "corruption_error.csv").set_index(["classifier", "corruption"])
+    for model in ("tiny-vit", "tiny-clip-zs"):
+        entry = json.loads((tmp_path / model / "card.json").read_text())["benchmarks"][0]
+        assert entry["protocol"] == "imagenet_c" and entry["metric"] == "mce"
+        want = ce.at[(model, "mean"), "ce_baseline"]
+        assert (entry["value"] is None) if pd.isna(want) else entry["value"] == pytest.approx(want, abs=1e-12), (model, want, entry["value"])

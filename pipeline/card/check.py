@@ -43,6 +43,17 @@ def _config(b: Benchmark, problems: list[str]) -> BuildConfig | None:
         return None
 
 
+def _output_config(b: Benchmark, problems: list[str]) -> BuildConfig | None:
+    from pipeline.aggregate.run import load_output_config
+    from pipeline.io.store import OutputStore
+
+    try:
+        return load_output_config(OutputStore(b.output))
+    except (ConfigError, OSError, ValueError) as err:
+        problems.append(f"{b.where}.output: {err}")
+        return None
+
+
 def _asset_problems(b: Benchmark, cfg: BuildConfig) -> list[str]:
     from pipeline.assets import check_registry_keys, missing_assets
 
@@ -58,12 +69,15 @@ def _baseline_problems(b: Benchmark, cfg: BuildConfig | None, baseline: str | No
     if b.family != "corruptions" or baseline in (None, ALEXNET) or cfg is None:
         return []
     names = [c.name for c in cfg.classifiers]
+    where = b.config or b.output
     if baseline not in names:
-        return [f"{b.where}: the suite's baseline {baseline!r} is not a classifier of {b.config} ({', '.join(names)})"]
+        return [f"{b.where}: the suite's baseline {baseline!r} is not a classifier of {where} ({', '.join(names)})"]
     configured = dict(cfg.aggregate.analysis_entries()).get("corruption_error", {}).get("baseline")
-    if configured not in (None, baseline):
+    # A release is evaluated with the suite's baseline in its report (pipeline.card.outputs); a
+    # build or an output must say it itself, or its report's mCE is not the card's.
+    if configured != baseline and not (b.kind == "release" and configured is None):
         return [f"{b.where}: the suite's baseline {baseline!r} differs from aggregate.analyses[corruption_error].baseline "
-                f"{configured!r} of {b.config}: the card's mCE would not be its report's"]
+                f"{configured!r} of {where}: the card's mCE would not be its report's"]
     return []
 
 
@@ -79,6 +93,11 @@ def _protocol_problem(b: Benchmark, cfg: BuildConfig | None) -> str | None:
             return None  # detected from the folder when it is evaluated, and checked then
         proto = protocol_of(kind)
         actual = proto.name if proto is not None else (cfg.protocol if cfg is not None else None)
+    elif b.kind == "output" and cfg is not None:
+        from pipeline.card.outputs import protocol_of_output, release_kind
+        from pipeline.io.store import OutputStore
+
+        actual = protocol_of_output(cfg, release_kind(OutputStore(b.output)))["name"]
     else:
         actual = cfg.protocol if cfg is not None else None
     if actual is not None and actual != stated:
@@ -112,7 +131,9 @@ def check_suite(suite: Suite) -> tuple[list[str], list[str]]:
             lines.append(f"  {b.name} ({b.family}): output {b.output}")
             if not _is_output(b.output):
                 problems.append(f"{b.where}.output: {b.output}: no cnsbench output there (config.json not found)")
-        if cfg is not None:
+            else:
+                cfg = _output_config(b, problems)
+        if cfg is not None and b.kind != "output":
             problems += _asset_problems(b, cfg)
         problems += _baseline_problems(b, cfg, suite.baseline)
         proto = _protocol_problem(b, cfg)

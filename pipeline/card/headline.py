@@ -199,7 +199,7 @@ def corruptions(t: Tables) -> Headline:
         low, high = interval(got[c], level) if value is not None and c in got else (None, None)
         return Value(metric, value, low, high, key)
 
-    means = {column: np.nanmean(np.stack([draws[column][c] for c in averaged if c in draws[column]]), axis=0)
+    means = {column: _quiet_nanmean(np.stack([draws[column][c] for c in averaged if c in draws[column]]), axis=0)
              for column in draws if any(c in draws[column] for c in averaged)}
     draws = {k: {**v, MEAN_ROW: means[k]} if k in means else v for k, v in draws.items()}
     head = val("mce", MEAN_ROW, col, {"normalised_by": base or "none", "corruptions": len(averaged)})

@@ -247,10 +247,11 @@ def _prepared(b: Benchmark, uri: str, cfg: BuildConfig, model: ClassifierSpec, k
     return Prepared(b, uri, cfg, config_hash(cfg), spec, protocol_of_output(cfg, kind), work)
 
 
-def _baseline_entries(raw: dict[str, Any], b: Benchmark, baseline: str | None) -> list[dict[str, Any]]:
+def _baseline_entries(cfg: BuildConfig, b: Benchmark, baseline: str | None) -> list[dict[str, Any]]:
+    """The corruption baseline's entry of a release's config, with only the keys it sets."""
     if b.family != "corruptions" or baseline in (None, ALEXNET):
         return []
-    found = [c for c in raw["classifiers"] if c["name"] == baseline]
+    found = [c.model_dump(mode="json", exclude_unset=True) for c in cfg.classifiers if c.name == baseline]
     if not found:
         raise ConfigError(f"{b.where}: the suite's baseline {baseline!r} is not a classifier of {b.config}")
     return found
@@ -264,8 +265,12 @@ def _evaluate_release(b: Benchmark, model: ClassifierSpec, baseline: str | None,
     base = b.load_config()
     ready(base)
     raw = resolved_dict(base)
-    raw["classifiers"] = _baseline_entries(raw, b, baseline)
-    raw, _ = with_model({**raw, "classifiers": raw["classifiers"]}, model, None, f"{b.where} {b.config}")
+    # Each entry with only the keys it sets, as in a config file: the release's protocol fills
+    # the rest (an entry that sets its own transform keeps it, with evaluate's warning).
+    raw["classifiers"] = _baseline_entries(base, b, baseline) + [model.model_dump(mode="json", exclude_unset=True)]
+    if raw["classifiers"][:-1]:  # the report's corruption errors normalised by the suite's baseline, as the card's
+        others = [a for a in raw["aggregate"]["analyses"] if (a if isinstance(a, str) else a.get("name")) != "corruption_error"]
+        raw["aggregate"]["analyses"] = [*others, {"name": "corruption_error", "baseline": baseline}]
     cfg = parse_config(raw, source=f"{b.config} with the card's model {model.name}")
     source = open_source(b.release, base.benchmark.label_space, kind=b.entry.source_kind)
     eff = effective_config(cfg, source, use_filter=b.entry.filter)

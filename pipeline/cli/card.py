@@ -25,14 +25,14 @@ def validate_suite(path: str, outputs: str | None = None) -> int:
 
 
 def config_loaders(suite) -> list:
-    """Loaders of the configs of the suite's build entries and existing outputs (where a
-    model named by a classifier name is looked up)."""
+    """Loaders of the configs of the suite's entries (a build's or a release's config, an
+    existing output's), where a model named by a classifier name is looked up."""
     from pipeline.aggregate.run import load_output_config
     from pipeline.io.store import OutputStore
 
     loaders = []
     for b in suite.benchmarks:
-        if b.kind == "build":
+        if b.kind in ("build", "release"):
             loaders.append(b.load_config)
         elif b.kind == "output":
             loaders.append(lambda b=b: load_output_config(OutputStore(b.output)))
