@@ -1,7 +1,7 @@
 """The measured and published figures the cost model reads: ``pipeline/data/*.json``, read once per process.
 
 ``gpus.json`` (each GPU's peak dense BF16 throughput and memory, from its datasheet, and the
-utilisations measured for each kind of model work), ``model_flops.json``
+utilisations measured for each kind of model work: :mod:`pipeline.perf.gpus`), ``model_flops.json``
 (:mod:`pipeline.perf.flops`), ``startup.json`` (:mod:`pipeline.perf.startup`) and
 ``scale_efficiency.json`` (:mod:`pipeline.perf.efficiency`).
 """
