@@ -382,3 +382,24 @@ def test_the_strict_writer_turns_every_non_finite_number_into_null():
     text = dumps(doc)
     assert strict_load(text, "doc") == {"a": None, "b": [None, None, 1.5, None, 2.0], "c": {"d": [None, 3]}, "e": 4,
                                         "f": [1.0, None]}
+
+
+# --------------------------------------------------------------------------- a build's distractors
+QUESTIONS_VLM = "classifiers[0]={name: v, kind: vlm, model: org/llava, protocol: {kind: two_choice, distractors: questions}}"
+
+
+def test_validate_refuses_released_questions_as_a_builds_distractors(tmp_path, capsys):
+    tiny_cfg_path(tmp_path)
+    capsys.readouterr()
+    assert main(["validate", str(REPO / "configs" / "tiny.yaml"), "--set", QUESTIONS_VLM]) == 2
+    out = capsys.readouterr()
+    assert "classifiers[0] (v).protocol.distractors: 'questions' needs a released ImageNet-D" in out.out + out.err
+
+
+def test_build_refuses_released_questions_before_any_image(tmp_path, capsys):
+    cfg = tiny_cfg_path(tmp_path)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["build", str(cfg), "--output", str(out), "--runner", "local", "--set", QUESTIONS_VLM]) == 2
+    assert "classifiers[0] (v).protocol.distractors" in capsys.readouterr().err
+    assert not (out / "images").exists()

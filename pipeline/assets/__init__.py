@@ -168,5 +168,15 @@ def resolve_assets(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = N
 
 
 def check_build(cfg: BuildConfig, pairs: Iterable[tuple[int, str]] | None = None) -> Assets:
-    """The build's check: :func:`resolve_assets`, raising :class:`AssetError` unless everything is there."""
-    return resolve_assets(cfg, pairs).require()
+    """The build's check: :func:`resolve_assets` and what only a build refuses
+    (:func:`build_problems`), raising :class:`AssetError` unless everything is there."""
+    assets = resolve_assets(cfg, pairs)
+    assets.problems.extend(build_problems(cfg))
+    return assets.require()
+
+
+def build_problems(cfg: BuildConfig) -> list[str]:
+    """What a config may hold for ``cnsbench evaluate`` of a release but not for a build."""
+    from pipeline.config.vqa import questions_in_a_build
+
+    return questions_in_a_build(cfg.classifiers)

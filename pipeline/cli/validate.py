@@ -12,7 +12,7 @@ VALIDATE_SHOWN = 40  # problem lines `validate` prints (a paper-size build misse
 
 def run(args: argparse.Namespace) -> int:
     from pipeline import plan
-    from pipeline.assets import resolve_assets
+    from pipeline.assets import build_problems, resolve_assets
     from pipeline.config import config_hash
 
     from pipeline.card.suite import is_suite_file
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{stage} {value}" for stage, value in precisions.items())
         print(f"  precision: {shown} (float32 gives the paper's numbers; docs/protocol.md, \"Precision\")")
     assets = resolve_assets(cfg)
-    problems = assets.lines() + report_hub_artefacts(assets.hub(), command_line(args))
+    problems = assets.lines() + build_problems(cfg) + report_hub_artefacts(assets.hub(), command_line(args))
     if problems:  # the projection builds every model's shapes: worth it once the config can run
         print("  projected memory per actor: shown once the problems below are fixed")
     else:

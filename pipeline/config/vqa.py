@@ -113,3 +113,17 @@ def check_distractor_sources(classifiers: Sequence[Any], describe: Callable[[int
             )
         if kinds[src] == "vlm":
             raise ProtocolError(f"{where}.protocol.distractors: {src!r} is a vlm; the distractors need a ranking classifier")
+
+
+def questions_in_a_build(classifiers: Sequence[Any]) -> list[str]:
+    """A build's problems with ``distractors: questions``: the released questions/*.csv exist
+    only in an ImageNet-D release, never beside the images a build makes or reads (``seed``,
+    ``folders``, ``webdataset``), so no image could be asked.  ``cnsbench evaluate`` on a release
+    checks the same against the files it finds (:mod:`pipeline.sources.imagenet_d_questions`)."""
+    return [
+        f"classifiers[{i}] ({c.name}).protocol.distractors: {DISTRACTOR_FILE!r} needs a released ImageNet-D's "
+        f"questions/*.csv, which a build has not (no image could be asked); set '{CLASSIFIER}NAME' or {RANDOM!r}, "
+        "or evaluate the release with cnsbench evaluate"
+        for i, c in enumerate(classifiers)
+        if c.kind == "vlm" and (c.protocol or {}).get("distractors") == DISTRACTOR_FILE
+    ]
