@@ -8,8 +8,8 @@ and the achieved TFLOP/s.
     python bench/latency.py --json --size tiny --device cpu --models resnet18 --iters 1
 
 FLOPs are counted by :mod:`pipeline.perf.flops` (``python -m pipeline.perf.flops --write`` writes
-the table the latency model reads); the utilisations measured here are what
-``pipeline/data/gpus.json`` records.
+the table the latency model reads); the UNet and VAE utilisations measured here go into
+``pipeline/data/gpus.json`` with ``python -m pipeline.perf.gpus --gpu h100 --latency FILE --write``.
 """
 
 from __future__ import annotations

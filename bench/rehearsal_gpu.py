@@ -7,7 +7,7 @@ On a GPU machine (H100 or H200; about 7 minutes, give it 10), from the repositor
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \\
       && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 python3 bench/rehearsal_gpu.py --json --out $OUT/rehearsal_gpu.json
 
-then, here, ``python -m pipeline.perf.gpus rehearsal_gpu.json --gpu h100 --write`` writes the
+then, here, ``python -m pipeline.perf.gpus --gpu h100 --rehearsal rehearsal_gpu.json --write`` writes the
 measured stage utilisations and slider factor into ``pipeline/data/gpus.json``;
 ``$OUT`` is a folder that outlives the run and ``.whl``, copied to the machine with the
 repository, holds the packages a bare torch image lacks, at this project's versions (``.venv``),
