@@ -4,9 +4,10 @@ print the output's digest: the check that the code around the sliders computes w
     python tests/demo_reference_hooks.py OUT            # the former hooks (tests/slider_reference.py)
     python tests/demo_reference_hooks.py OUT --bank     # the stacked bank, as the demo runs
 
-The digest of the first equals, on the same machine, that of ``cnsbench demo --runner local``
-at a commit from before the bank (BENCHMARKS.md, "The demo's digest across the restructure").
-Image bytes depend on the CPU's kernels, so digests are compared on one machine only.
+The digest of the first equals that of ``cnsbench demo --runner local`` at a commit from
+before the bank (BENCHMARKS.md, "The demo's digest across the restructure").  Pixels depend
+on the threads a process runs, so a digest is compared with one made by the same runner
+(here: in process) on the same kind of machine.
 """
 
 from __future__ import annotations
