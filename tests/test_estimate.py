@@ -163,3 +163,27 @@ def test_a_vlm_group_counts_its_dtype_and_generation_cache(tmp_path):
     short, long, wide = vlm_group("float16", 4), vlm_group("float16", 512), vlm_group("float32", 4)
     assert long.projected > short.projected and wide.projected > short.projected
     assert "float16" in short.detail and long.fits
+
+
+def test_a_stage_is_projected_at_its_precisions_utilisation_where_measured(monkeypatch):
+    from pipeline.perf import estimate, latency
+
+    cfg = load_config(CNS)
+    bf16 = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={
+        "classify": cfg.resources.classify.model_copy(update={"precision": "bfloat16"})})})
+    spec = gpu_spec("h100")
+    base = latency.utilisation()
+    f32_s, gflop, _ = latency.image_seconds(bf16, spec, "classify")
+    # nothing measured for bfloat16 (the shipped gpus.json): float32's figure stands in, and is said
+    assert latency.stage_utilisation(bf16, "classify") == (base["classifier"], "float32")
+    assert f32_s == pytest.approx(gflop * 1e9 / (spec["bf16_tflops"] * 1e12 * base["classifier"]))
+    said = estimate.stage_precisions(bf16)
+    assert "classify runs bfloat16 in this config" in said and "float32's is used" in said
+    assert "runs" not in estimate.stage_precisions(cfg)  # float32 config: measured at its own precision
+    # measured (python -m pipeline.perf.gpus --rehearsal ...): the stage's own figure, 10x the utilisation
+    monkeypatch.setattr(latency, "utilisation", lambda: {**base, "classifier_by_precision": {
+        "float32": base["classifier"], "bfloat16": base["classifier"] * 10}})
+    assert latency.stage_utilisation(bf16, "classify") == (pytest.approx(base["classifier"] * 10), "bfloat16")
+    assert latency.image_seconds(bf16, spec, "classify")[0] == pytest.approx(f32_s / 10)
+    assert latency.image_seconds(cfg, spec, "classify")[0] == pytest.approx(f32_s)
+    assert "runs bfloat16" not in estimate.stage_precisions(bf16)

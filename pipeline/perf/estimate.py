@@ -310,6 +310,23 @@ class Estimate:
         return out
 
 
+def stage_precisions(cfg: "BuildConfig") -> str:
+    """What the classify and filter stages' times assume: the utilisation each is projected at,
+    and where the config's precision has no measured figure, that float32's stands in."""
+    parts, standing_in = [], []
+    for stage, name in (("classify", "classifiers"), ("filter", "filter")):
+        util, measured_at = latency.stage_utilisation(cfg, stage)
+        precision = getattr(cfg.resources, stage).precision
+        parts.append(f"{name} {util:.3f} of the peak ({measured_at})")
+        if measured_at != precision:
+            standing_in.append(f"{stage} runs {precision}")
+    text = " and ".join(parts)
+    if standing_in:
+        text += (f"; {', '.join(standing_in)} in this config, with no utilisation measured for it "
+                 "(pipeline/data/gpus.json), so float32's is used (likely conservative)")
+    return text
+
+
 def _assumptions(cfg: "BuildConfig", spec: dict, eff: float, eff_source: str) -> list[tuple[str, str]]:
     from pipeline.perf.memory import RUNTIME_BYTES
 
@@ -323,8 +340,7 @@ def _assumptions(cfg: "BuildConfig", spec: dict, eff: float, eff_source: str) ->
          f"{util['vae_decode']:.3f}", util["source"]),
         (f"the window's forwards with the rows' sliders {util.get('slider_window_factor', 1.0):g}x the bare UNet",
          util.get("slider_window_source", "pipeline/data/gpus.json")),
-        (f"classifiers {util['classifier']:.3f} and filter {util['filter']:.3f} of the peak (float32)",
-         util.get("float32_source", "pipeline/data/gpus.json")),
+        (stage_precisions(cfg), util.get("float32_source", "pipeline/data/gpus.json")),
         ("model FLOPs per image; UNet and VAE FLOPs scale with the latent pixels",
          "pipeline/data/model_flops.json (python -m pipeline.perf.flops; models not in it counted on the meta device)"),
         (f"an actor may use its GPU share of the memory less the allocator's reserve ({ALLOCATOR_RESERVE:.0%}, at "

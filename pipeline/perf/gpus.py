@@ -18,8 +18,10 @@ image over its seconds per image at each CFG batch it timed, over the peak),
 decode.  From ``--rehearsal``, per stage (``filter``, ``classify``): the stage's TFLOP per
 image (the sum of its models', each ``achieved_tflops x seconds_per_image`` as the bench
 measured it) over its measured seconds per image and the peak; ``classifier`` / ``filter``
-stay the float32 figures at the bench's batch (what ``cnsbench estimate`` reads);
-``classifier_by_precision`` / ``filter_by_precision`` add each precision the bench ran;
+stay the float32 figures at the bench's batch; ``classifier_by_precision`` /
+``filter_by_precision`` add each precision the bench ran (``cnsbench estimate`` projects a
+stage at its configured precision's figure, float32's where that is missing:
+:func:`pipeline.perf.latency.stage_utilisation`);
 ``slider_window_factor`` is the window forward with sliders over the bare one, from the
 compiled sampler where it ran, else the eager one.  What a run does not give is kept.
 """

@@ -121,8 +121,22 @@ def image_seconds(cfg: "BuildConfig", spec: dict, stage: str, members: Sequence[
         if g is None:
             missing.append(name)
         gflop += g or 0.0
-    util = utilisation()["filter" if stage == "filter" else "classifier"]
+    util, _ = stage_utilisation(cfg, stage)
     return gflop * 1e9 / (spec["bf16_tflops"] * 1e12 * util), gflop, missing
+
+
+def stage_utilisation(cfg: "BuildConfig", stage: str) -> tuple[float, str]:
+    """The utilisation the ``filter`` or ``classify`` stage's time is projected at, and the
+    precision it was measured at: the stage's own precision where ``data/gpus.json`` has a
+    figure for it (``classifier_by_precision`` / ``filter_by_precision``), else float32's
+    (conservative for tf32 and bfloat16, which run faster)."""
+    util = utilisation()
+    key = "filter" if stage == "filter" else "classifier"
+    precision = getattr(cfg.resources, stage).precision
+    measured = util.get(f"{key}_by_precision") or {}
+    if precision in measured:
+        return float(measured[precision]), precision
+    return float(util[key]), "float32"
 
 
 def grid_seconds_per_image(cfg: "BuildConfig", spec: dict) -> dict[str, dict[str, float]]:
