@@ -324,6 +324,9 @@ def test_leaderboard_ranks_with_intervals_and_correlates_benchmarks(tmp_path, ca
     x = table[table["benchmark"] == "x"].set_index("model")
     assert x["rank"].to_dict() == {"a": 1, "c": 2, "b": 3}  # lower drop ranks first
     assert x["tier"].to_dict() == {"a": 1, "c": 1, "b": 3}  # b's interval is beaten by both others
+    lines = (out / "leaderboard.csv").read_text().splitlines()
+    assert lines[1].startswith("a,x,") and ",False,1,1,custom," in lines[1]  # ranks and tiers as whole numbers
+    assert "<td>1.0000</td>" not in (out / "index.html").read_text().split("Rank correlation")[0]
     corr = pd.read_csv(out / "correlations.csv")
     assert corr[["benchmark_a", "benchmark_b", "n_models"]].values.tolist() == [["x", "y", 3]]
     assert corr["spearman_rho"].item() == pytest.approx(0.5) and corr["kendall_tau"].item() == pytest.approx(1 / 3)

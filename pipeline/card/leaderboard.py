@@ -123,10 +123,11 @@ def rank_table(cards: list[dict[str, Any]]) -> pd.DataFrame:
         part = table[table["benchmark"] == bench].copy()
         up = bool(part["higher_is_better"].iloc[0])
         score = part["value"] if up else -part["value"]
-        part["rank"] = score.rank(ascending=False, method="min")
+        part["rank"] = score.rank(ascending=False, method="min").astype("Int64")  # whole numbers; <NA> without a value
         lo, hi = (part["ci_low"], part["ci_high"]) if up else (-part["ci_high"], -part["ci_low"])
         # Oriented so that larger is better: a model is beaten when another's low end exceeds its high end.
-        part["tier"] = [1 + int(((lo > h) & lo.notna()).sum()) if not math.isnan(h) else math.nan for h in hi]
+        part["tier"] = pd.array([1 + int(((lo > h) & lo.notna()).sum()) if not math.isnan(h) else None for h in hi],
+                                dtype="Int64")
         out.append(part.sort_values(["rank", "model"], na_position="last"))
     return pd.concat(out, ignore_index=True)[COLUMNS]
 
