@@ -330,6 +330,8 @@ def test_leaderboard_ranks_with_intervals_and_correlates_benchmarks(tmp_path, ca
     corr = pd.read_csv(out / "correlations.csv")
     assert corr[["benchmark_a", "benchmark_b", "n_models"]].values.tolist() == [["x", "y", 3]]
     assert corr["spearman_rho"].item() == pytest.approx(0.5) and corr["kendall_tau"].item() == pytest.approx(1 / 3)
+    # three models: every one of the 6 orderings is at least as far from 0 as 0.5 (or 1/3)
+    assert corr["spearman_p"].item() == 1.0 and corr["kendall_p"].item() == 1.0
     assert "Rank correlation between benchmarks" in (out / "index.html").read_text()
 
 
@@ -425,3 +427,18 @@ benchmarks:
         assert entry["protocol"] == "imagenet_c" and entry["metric"] == "mce"
         want = ce.at[(model, "mean"), "ce_baseline"]
         assert (entry["value"] is None) if pd.isna(want) else entry["value"] == pytest.approx(want, abs=1e-12), (model, want, entry["value"])
+
+
+@pytest.mark.parametrize("x,y,rho,p_rho,tau,p_tau", [
+    ([1, 2, 3], [1, 2, 3], 1.0, 2 / 6, 1.0, 2 / 6),  # identity and reversal of 3! orderings reach |1|
+    # a tie: 2 of 6 orderings are [1, 1, 3] (scipy's permutation_test doubles the one-sided share instead: 2/3)
+    ([1, 1, 3], [1, 1, 3], 1.0, 2 / 6, 1.0, 2 / 6),
+    ([1, 3, 2], [1, 2, 3], 0.5, 1.0, 1 / 3, 1.0),
+    # six models, two swaps: scipy's exact Kendall p (0.13611) and permutation_test's Spearman p (42 of 720)
+    ([1, 2, 3, 4, 5, 6], [2, 1, 4, 3, 6, 5], 29 / 35, 42 / 720, 0.6, 0.1361111111111111),
+])
+def test_rank_association_p_values_are_exact_for_few_models(x, y, rho, p_rho, tau, p_tau):
+    from pipeline.card.leaderboard import rank_association
+
+    got = rank_association(np.array(x, float), np.array(y, float))
+    assert got == pytest.approx((rho, p_rho, tau, p_tau))
