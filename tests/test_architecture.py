@@ -324,6 +324,59 @@ def test_the_split_packages_are_in_the_graph():
     assert declared_layers()[-1] == ["cli"]
 
 
+def bench_only_modules(pkg: Path = PKG, bench: Path = ROOT / "bench") -> list[str]:
+    """Modules of ``pkg`` that the bench imports but the product does not use: no module of the
+    package imports them, no registry string names them (``"pipeline.x.y:Name"``), and they are
+    no entry point of their own (``if __name__ == "__main__"``) nor a command of ``cli``."""
+    mods = modules(pkg)
+    known = set(mods)
+    used: set[str] = set()
+    text = ""
+    for name, path in mods.items():
+        used.update(i.target for i in imports_of(name, path, known))
+        text += path.read_text()
+    named = set(re.findall(r"[\"']((?:%s)(?:\.\w+)+)[:\"']" % re.escape(pkg.name), text))
+    benched: set[str] = set()
+    for path in sorted(bench.glob("*.py")):
+        benched.update(i.target for i in imports_of(f"bench.{path.stem}", path, known))
+    return sorted(
+        m for m in benched
+        if m not in used and m not in named and mods[m].name != "__init__.py"
+        and ".cli." not in f"{m}." and "__main__" not in mods[m].read_text()
+    )
+
+
+def bench_writes_into_the_package(bench: Path = ROOT / "bench", pkg_name: str = "pipeline") -> list[str]:
+    """Places in the bench that could write into the package: a path literal into it
+    (``"pipeline/data/x.json"``, ``... / "pipeline" / ...``), or the package's own data-file
+    handles (``DATA``, ``FILE``, ``emit`` of ``pipeline.perf``), which only its generators use."""
+    found = []
+    path_literal = re.compile(r"^(\./)?%s(/\S*)?$" % re.escape(pkg_name))
+    for path in sorted(bench.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and path_literal.match(node.value)):
+                found.append(f"{path.name}:{node.lineno}: path {node.value!r}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{pkg_name}.perf"):
+                found += [f"{path.name}:{node.lineno}: imports {a.name} from {node.module}"
+                          for a in node.names if a.name in ("DATA", "FILE", "emit")]
+    return found
+
+
+def test_no_module_of_the_package_serves_only_the_bench():
+    only = bench_only_modules()
+    assert not only, f"used only by bench/ (move them there): {only}"
+
+
+def test_the_bench_writes_nothing_into_the_package():
+    found = bench_writes_into_the_package()
+    assert not found, "bench/ must write only its own output; pipeline/perf generates pipeline/data:\n" + "\n".join(found)
+
+
 # -- each check can fail (synthetic trees) --------------------------------------------------
 
 
@@ -400,3 +453,31 @@ def test_a_path_the_page_names_that_does_not_exist_is_found(tmp_path):
     )
     assert missing_doc_paths(doc, tmp_path) == ["pipeline/io/manifest.py", "pipeline/gone"]
     assert declared_layers(doc) == [["io"], ["build", "evaluate"], ["cli"]]
+
+
+def test_a_module_only_the_bench_uses_is_found(tmp_path):
+    pkg = _tree(tmp_path, {
+        "a/used.py": "x = 1\n", "a/lazy.py": "x = 1\n", "a/tool.py": "x = 1\n", "a/entry.py": "if __name__ == '__main__':\n    pass\n",
+        "b/user.py": "from pkg.a import used\nREG = {'k': 'pkg.a.lazy:Thing'}\n",
+    })
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "one.py").write_text("from pkg.a import used, tool, entry, lazy\n")
+    assert bench_only_modules(pkg, bench) == ["pkg.a.tool"]
+
+
+def test_a_bench_that_writes_into_the_package_is_found(tmp_path):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "good.py").write_text(
+        '"""Writes pipeline/data/x.json? No: its own --output."""\nprint("pipeline/data/gpus.json records it")\n'
+        "from pipeline.perf.latency import image_seconds\n")
+    (bench / "bad.py").write_text(
+        "from pipeline.perf.data import DATA, load_data\n"
+        "open('pipeline/data/x.json', 'w')\n"
+        "out = ROOT / 'pipeline' / 'data'\n")
+    assert bench_writes_into_the_package(bench) == [
+        "bad.py:1: imports DATA from pipeline.perf.data",
+        "bad.py:2: path 'pipeline/data/x.json'",
+        "bad.py:3: path 'pipeline'",
+    ]
