@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cpu-target", type=float, default=0.5, help="the simulation's CPU share of the machine to aim at")
     p.add_argument("--calibrate-units", type=int, default=100, help="units of the calibration build")
     p.add_argument("--calibrate-only", action="store_true", help="print the calibration and stop")
+    p.add_argument("--calibrate-hold-s", type=float, default=12.0,
+                   help="seconds the calibration's actors idle, started, to measure the base CPU")
     p.add_argument("--writers", type=int, default=2, help="writer actors (resources.write.pool_size)")
     p.add_argument("--sweep", type=int, nargs="*", default=None, help="also run these GPU counts (same image rate)")
     p.add_argument("--plan-only", action="store_true", help="the driver's plan, manifest scan and resume diff only")
@@ -414,7 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
         calibration = None
         compression = args.compression
         if compression is None:
-            compression, calibration = calibrate(args, shared, cluster, workdir)
+            compression, calibration = calibrate(args, shared, cluster, workdir, args.calibrate_hold_s)
         if args.calibrate_only:
             print(json.dumps(calibration))
             return calibration
