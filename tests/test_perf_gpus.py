@@ -58,7 +58,7 @@ def test_write_keeps_the_datasheets_and_the_unet_figures(tmp_path, capsys):
 
 @pytest.mark.parametrize("device,gpu,said", [
     ("cpu", "h100", "not a GPU"),
-    ("NVIDIA H200", "h100", "not an H100"),
+    ("NVIDIA H200", "h100", "which is no H100"),
     ("NVIDIA H100 80GB HBM3", "h999", "unknown GPU"),
 ])
 def test_a_run_not_on_that_gpu_is_refused(tmp_path, capsys, device, gpu, said):

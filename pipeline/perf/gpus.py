@@ -57,7 +57,7 @@ def gpu_key(result: dict[str, Any], gpu: str, table: dict[str, dict]) -> str:
         raise ValueError(f"the run was measured on {device or 'no device'!r}, not a GPU: utilisations come from a GPU run")
     family = key.split("-")[0].upper()
     if family not in device.upper():
-        raise ValueError(f"--gpu {gpu}: the run was measured on {device!r}, not an {family}")
+        raise ValueError(f"--gpu {gpu}: the run was measured on {device!r}, which is no {family}")
     return key
 
 
