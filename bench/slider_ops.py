@@ -35,19 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 ROWS = 16
 DISTINCT = (1, 2, 4, 8, 16)
 
-# "small": the SD2 UNet's layout (4 blocks, 2 layers each, cross-attention in the first 3,
-# 64-channel heads, 1024-wide text states) at a quarter of its width, on a 16x16 latent.
-SMALL_UNET = dict(
-    sample_size=16,
-    block_out_channels=(64, 128, 256, 256),
-    layers_per_block=2,
-    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-    attention_head_dim=(1, 2, 4, 4),
-    cross_attention_dim=1024,
-    norm_num_groups=32,
-    use_linear_projection=True,
-)
+# "small": the SD2 UNet's layout (pipeline.demo.tiny_sd.ARCH["full"]: 4 blocks, 2 layers each,
+# cross-attention in the first 3, 64-channel heads, 1024-wide text states) at a quarter of its
+# width, on a 16x16 latent.
+SMALL = dict(sample_size=16, block_out_channels=(64, 128, 256, 256), attention_head_dim=(1, 2, 4, 4))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 def unet_config(size: str) -> dict:
     from pipeline.demo.tiny_sd import ARCH
 
-    return dict(ARCH["tiny"]["unet"]) if size == "tiny" else dict(SMALL_UNET)
+    return dict(ARCH["tiny"]["unet"]) if size == "tiny" else {**ARCH["full"]["unet"], **SMALL}
 
 
 def count_ops(fn) -> int:
