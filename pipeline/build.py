@@ -46,6 +46,10 @@ EXTENSIBLE = {
 }
 
 
+WEIGHTS_HINT = ("give the classifier another name (its predictions are then made anew from its present weights), "
+                "or pass --new-version to archive the output and build it again")
+
+
 class IncompatibleOutput(ValueError):
     """The output was built with settings that would change existing rows."""
 
@@ -237,13 +241,34 @@ def add_classifiers(
             pass
 
 
-def write_config(store: OutputStore, cfg: BuildConfig) -> str:
-    """Write the marker ``config.json``, then ``config.yaml`` (never before the marker: a
-    ``config.yaml`` alone is a user's, :mod:`pipeline.io.ownership`)."""
+def check_weights(store: OutputStore, cfg: BuildConfig, hint: str) -> dict[str, str | None]:
+    """The weights digest of each of ``cfg``'s classifiers, after checking that none of those
+    with predictions in ``store`` changed (:func:`pipeline.assets.weights.check_weights`)."""
+    from pipeline.assets import weights
+    from pipeline.io.ownership import read_marker
+
+    current = weights.digests(cfg)
+    weights.check_weights(store.uri, read_marker(store), current, hint)
+    return current
+
+
+def write_config(
+    store: OutputStore, cfg: BuildConfig, weights: dict[str, str | None] | None = None, forget: set[str] = frozenset()
+) -> str:
+    """Write the marker ``config.json`` (with each classifier's weights digest, ``weights``:
+    those recorded before, updated with the given ones, less ``forget``'s: classifiers no
+    shard holds), then ``config.yaml`` (never before the marker: a ``config.yaml`` alone is a
+    user's, :mod:`pipeline.io.ownership`).  A classifier dropped from the config keeps its
+    record: its predictions stay in the shards."""
+    from pipeline.assets.weights import merged
+    from pipeline.io.ownership import read_marker
+
     digest = config_hash(cfg)
+    recorded = {k: v for k, v in merged(read_marker(store), weights or {}).items() if k not in forget}
     store.write_text(
         "config.json",
-        strict_dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__}, indent=1),
+        strict_dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__,
+                      "weights": recorded}, indent=1),
     )
     store.write_text("config.yaml", dump_yaml(cfg))
     return digest
@@ -362,12 +387,13 @@ def _build(
         echo(f"[cnsbench] archived the previous build under {archive_previous(store)}")
     done, _ = committed_trajectories(store, deep=verify, echo=echo)
     built_with = [c["name"] for c in stored["classifiers"]] if stored else []
+    weights = check_weights(store, cfg, WEIGHTS_HINT)
     units = plan.plan_units(cfg, done)
     summary_plan = plan.summarize(cfg)
     stages.check(cfg, {(u.class_id, s) for u in units for s in u.shifts})
     clean_uncommitted(store, echo)
     ensure_held(lease)
-    digest = write_config(store, cfg)
+    digest = write_config(store, cfg, weights)
     todo = sum(len(u.shifts) for u in units)
     done_before = summary_plan.n_trajectories - todo
     echo(f"[cnsbench] {summary_plan.n_trajectories} trajectories planned, {done_before} already done, {todo} to make")

@@ -38,6 +38,8 @@ from pipeline.build import (
     guarding,
     lease_kwargs,
     write_config,
+    WEIGHTS_HINT,
+    check_weights,
 )
 from pipeline.config import (
     BuildConfig,
@@ -158,9 +160,10 @@ def _evaluate(
     done, _ = committed_trajectories(store, echo=echo)
     todo = [r for r in source.rows if r["trajectory_id"] not in done]
     _check_assets(cfg)
+    weights = check_weights(store, cfg, WEIGHTS_HINT)
     clean_uncommitted(store, echo)  # files of an interrupted run, stale attempt markers
     ensure_held(lease)
-    digest = write_config(store, cfg)
+    digest = write_config(store, cfg, weights)
     store.write_text("source.json", strict_dumps(source.describe(), indent=1))
     total = len(source.rows)
     done_before = total - len(todo)

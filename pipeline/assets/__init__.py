@@ -108,6 +108,28 @@ def check_registry_keys(cfg: BuildConfig) -> list[str]:
             if problem:
                 problems.append(f"classifiers[{i}] ({clf.name}).model: {problem}")
     problems.extend(analysis_option_problems(cfg))
+    problems.extend(weight_file_problems(cfg))
+    return problems
+
+
+def weight_file_problems(cfg: BuildConfig) -> list[str]:
+    """Classifier files that must not be read: a FIFO, device, socket or directory where the
+    kind loads a file (:mod:`pipeline.io.regular`), and an ``exported`` archive holding more
+    than tensors (pickles or compiled code: :mod:`pipeline.models.pt2_check`)."""
+    from pipeline.assets.weights import check_readable
+    from pipeline.io.regular import NotRegularFile
+    from pipeline.models.exported import archive_problems
+
+    problems = []
+    for i, clf in enumerate(cfg.classifiers):
+        where = f"classifiers[{i}] ({clf.name})"
+        try:
+            check_readable(clf)
+        except NotRegularFile as err:
+            problems.append(f"{where}: {err}")
+            continue
+        if clf.kind == "exported":
+            problems.extend(archive_problems(clf, where))
     return problems
 
 

@@ -18,7 +18,6 @@ TorchScript / ``torch.export`` archive).  Nothing here loads weights.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
+from pipeline.assets.weights import combined_digest, weights
 from pipeline.config import ClassifierSpec, ConfigError
 from pipeline.io import bounds
 
@@ -128,68 +128,6 @@ def resolve_model(
 
 
 # --------------------------------------------------------------------------- identity
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def path_sha256(path: str) -> str:
-    """SHA-256 of a file, or of a directory's files (relative path and digest, sorted)."""
-    if os.path.isfile(path):
-        return file_sha256(path)
-    h = hashlib.sha256()
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for f in sorted(files):
-            full = os.path.join(root, f)
-            h.update(f"{os.path.relpath(full, path)}\0{file_sha256(full)}\n".encode())
-    return h.hexdigest()
-
-
-def _hub_weights(spec: ClassifierSpec) -> tuple[str | None, str | None]:
-    """(cached file, hub reference) of a timm model's pretrained weights."""
-    if spec.kind != "timm" or spec.checkpoint:
-        return None, None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-        from timm.models import get_pretrained_cfg
-
-        pcfg = get_pretrained_cfg(spec.model)
-    except Exception:
-        return None, None
-    if pcfg is None or not pcfg.hf_hub_id:
-        return None, getattr(pcfg, "url", None) or None
-    for fname in ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin"):
-        hit = try_to_load_from_cache(pcfg.hf_hub_id, fname)
-        if isinstance(hit, str):
-            return hit, f"hf-hub:{pcfg.hf_hub_id}"
-    return None, f"hf-hub:{pcfg.hf_hub_id}"
-
-
-def weights(spec: ClassifierSpec) -> list[dict[str, Any]]:
-    """The files the entry loads, each with its SHA-256 (None where not available here)."""
-    out = []
-    local = [(k, getattr(spec, k)) for k in ("checkpoint", "model_config_file")]
-    if spec.kind == "vlm":
-        local.insert(0, ("model", spec.model))
-    if isinstance(spec.label_map, str):
-        local.append(("label_map", spec.label_map))
-    for key, value in local:
-        if value and os.path.exists(value):
-            out.append({"key": key, "path": os.path.abspath(value), "sha256": path_sha256(value)})
-        elif value:
-            out.append({"key": key, "ref": value, "sha256": None})
-    cached, ref = _hub_weights(spec)
-    if cached:
-        out.append({"key": "pretrained", "ref": ref, "path": cached, "sha256": file_sha256(cached)})
-    elif ref:
-        out.append({"key": "pretrained", "ref": ref, "sha256": None})
-    return out
-
-
 def own_preprocess(spec: ClassifierSpec) -> dict[str, Any] | str:
     """The model's own input transform as numbers, or ``"model"`` where the kind states none."""
     if spec.kind in ARCHIVE_KINDS and spec.checkpoint and os.path.isfile(spec.checkpoint):
@@ -214,13 +152,7 @@ def own_preprocess(spec: ClassifierSpec) -> dict[str, Any] | str:
 def identity(spec: ClassifierSpec) -> dict[str, Any]:
     """Name, entry, weights (files and SHA-256) and the own input transform of the model."""
     files = weights(spec)
-    digests = [f["sha256"] for f in files if f.get("sha256")]
-    if len(digests) == 1:
-        combined = digests[0]
-    elif digests:
-        combined = hashlib.sha256("\n".join(f"{f['key']}:{f['sha256']}" for f in files if f.get("sha256")).encode()).hexdigest()
-    else:
-        combined = None
+    combined = combined_digest(files)
     return {
         "name": spec.name,
         "kind": spec.kind,

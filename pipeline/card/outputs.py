@@ -41,6 +41,17 @@ class ModelConflict(ConfigError):
     """The output already has a classifier of the model's name that is another model."""
 
 
+WEIGHTS_HINT = "pass --name to add the model under another name (its predictions are then made from its present weights)"
+
+
+def check_model_weights(uri: str, marker: dict[str, Any] | None, model: ClassifierSpec) -> None:
+    """Refuse (:class:`pipeline.assets.weights.WeightsChanged`) a model whose weights differ from
+    those that made its predictions in ``uri``: its old numbers are never put on a card."""
+    from pipeline.assets.weights import check_weights, weights_digest
+
+    check_weights(uri, marker, {model.name: weights_digest(model)}, WEIGHTS_HINT)
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A benchmark's output holding the model: its config (with the model) and what was done."""
@@ -153,6 +164,7 @@ def add_to_output(uri: str, cfg: BuildConfig, *, runner: str, echo: Echo, report
         ShardTally,
         add_classifiers,
         check_compatible,
+        check_weights,
         clean_uncommitted,
         committed_trajectories,
         ensure_held,
@@ -167,9 +179,10 @@ def add_to_output(uri: str, cfg: BuildConfig, *, runner: str, echo: Echo, report
         stored = check_compatible(store, cfg)
         built_with = [c["name"] for c in stored["classifiers"]] if stored else []
         done, _ = committed_trajectories(store, repair=False, echo=echo)
+        weights = check_weights(store, cfg, WEIGHTS_HINT)
         clean_uncommitted(store, echo)
         ensure_held(lease)
-        digest = write_config(store, cfg)
+        digest = write_config(store, cfg, weights)
         tally = ShardTally(len(done), len(done), echo, what="card")
         add_classifiers(store, cfg, built_with, runner, None, echo, lease)
         finish_run(store, cfg, digest, tally, start=start, runner=runner, aggregate=report, run_name="-card", lease=lease)
@@ -208,7 +221,7 @@ def forget_stale(uri: str, echo: Echo) -> dict[str, Any] | None:
     cfg = parse_config(raw, source=f"{store.url('config.json')} without {', '.join(sorted(stale))}")
     with hold_lease(uri, "card", echo) as lease:
         ensure_held(lease)
-        write_config(store, cfg)
+        write_config(store, cfg, forget=stale)
     echo(f"[cnsbench] card: {uri}: its config named {', '.join(sorted(stale))}, which no shard holds "
          "(an addition that failed): dropped from the config")
     return read_marker(store)
@@ -230,6 +243,7 @@ def _prepare_build(b: Benchmark, model: ClassifierSpec, runner: str, echo: Echo,
     ready(cfg)
     store = OutputStore(b.output)
     marker = forget_stale(b.output, echo)
+    check_model_weights(b.output, marker, model)
     raw, _ = with_model(_kept_classifiers(resolved_dict(cfg), marker), model, None, f"{b.where} {b.config}")
     cfg = parse_config(raw, source=f"{b.config} with the card's model {model.name}")
     work = "none"
@@ -309,6 +323,7 @@ def _prepare_existing(
         work = "evaluated"
     if forget_stale(b.output, echo) != marker:
         stored = load_output_config(store)
+    check_model_weights(b.output, read_marker(store), model)
     kind = release_kind(store)
     raw, new = with_model(resolved_dict(stored), model, kind, f"{b.where} {b.output}")
     cfg = parse_config(raw, source=f"{b.output}/config.json with the card's model {model.name}") if new else stored

@@ -9,6 +9,10 @@ the transform it expects (:mod:`pipeline.models.stored_preprocess`: ``input_size
 with a dynamic batch dimension (``torch.export.Dim``) so any batch size runs;
 :func:`export_classifier` does that for an ``nn.Module``.  Outputs map to class ids as for
 the other kinds (identity when K equals the label space's size, else ``label_map``).
+
+The archive must hold tensors only (:mod:`pipeline.models.pt2_check`): pickled weights or
+constants and compiled code are refused before anything is loaded, by the up-front asset
+check (:func:`archive_problems`) and again on the bytes the actor loads.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import torch
 
 from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace
-from pipeline.models import stored_preprocess
+from pipeline.io.regular import NotRegularFile, regular_file
+from pipeline.models import pt2_check, stored_preprocess
 from pipeline.models.classifiers import Classifier
 
 
@@ -30,8 +35,9 @@ def read_preprocess(spec: ClassifierSpec, where: str | None = None) -> dict[str,
     where = where or f"classifiers[{spec.name}]"
     if not spec.checkpoint:
         raise ValueError(f"{where}.checkpoint: the exported kind needs the .pt2 file (torch.export.save)")
-    if not os.path.isfile(spec.checkpoint):
+    if not os.path.lexists(spec.checkpoint):
         raise FileNotFoundError(f"{where}.checkpoint: checkpoint file not found: {spec.checkpoint}")
+    regular_file(spec.checkpoint, f"{where}.checkpoint")
     saved = stored_preprocess.archive_preprocess(spec.checkpoint)
     return stored_preprocess.resolve(saved, spec.model_kwargs, where, spec.checkpoint, "exported")
 
@@ -42,8 +48,13 @@ class ExportedClassifier(Classifier):
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
         self.preprocess_cfg = read_preprocess(spec, self.where)
+        path = str(regular_file(spec.checkpoint, f"{self.where}.checkpoint"))
+        with open(path, "rb") as fh:  # one read: the bytes checked are the bytes loaded
+            data = fh.read()
         try:
-            program = torch.export.load(spec.checkpoint)
+            program = pt2_check.load_checked(data, spec.checkpoint)
+        except pt2_check.UnsafeArchive as err:
+            raise ValueError(f"{self.where}.checkpoint: {err}") from None
         except Exception as err:
             raise RuntimeError(f"{self.where}: could not load torch.export program {spec.checkpoint}: {err}") from err
         self.model = program.module().to(device)
@@ -80,6 +91,20 @@ class ExportedClassifier(Classifier):
         weights; a program's activations are not known without running it."""
         size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
         return size // 4, 0
+
+
+def archive_problems(spec: ClassifierSpec, where: str) -> list[str]:
+    """What the up-front asset check refuses in an ``exported`` entry's archive: not a regular
+    file, not a torch.export archive, or anything but tensors (:mod:`pipeline.models.pt2_check`)."""
+    if not spec.checkpoint or not os.path.lexists(spec.checkpoint):
+        return []  # missing: the asset check's own line
+    try:
+        path = regular_file(spec.checkpoint, f"{where}.checkpoint")
+        with open(path, "rb") as fh:
+            pt2_check.check_archive(fh.read(), spec.checkpoint)
+    except (NotRegularFile, pt2_check.UnsafeArchive, OSError) as err:
+        return [f"{where}.checkpoint: {err}"]
+    return []
 
 
 def export_classifier(module: torch.nn.Module, path: str, preprocess: dict[str, Any]) -> str:
