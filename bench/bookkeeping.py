@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     from pipeline import plan
 
     from pipeline.plan import schema
-    from pipeline.build import committed_trajectories
+    from pipeline.output_run import committed_trajectories
     from pipeline.config import BenchmarkSpec
     from pipeline.io.store import OutputStore, ShardManifest
     from pipeline.stages.write import shard_name

@@ -125,7 +125,7 @@ def drive(raw: dict, output: str, sim: dict, address: str | None, echo=None) -> 
     cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
     ray.cloudpickle.register_pickle_by_value(standins)  # the workers need not find bench/
     cfg = parse_config(raw)
-    stages = Stages(chain=lambda cfg, lease: standins.standin_chain(cfg, sim, lease),
+    stages = Stages(chain=lambda cfg, commit: standins.standin_chain(cfg, sim, commit),
                     check=lambda cfg, todo: None)  # no weights or sliders: the stand-ins load none
     summary = build(cfg, output, address=address, runner="ray", aggregate=False, echo=echo or (lambda line: None),
                     stages=stages)
@@ -300,7 +300,7 @@ def commit_half(cfg, output: Path) -> None:
     import pyarrow.parquet as pq
 
     from pipeline import plan
-    from pipeline.build import write_config
+    from pipeline.output_run import write_config
     from pipeline.io.ownership import claim_output
     from pipeline.io.store import OutputStore, ShardManifest
     from pipeline.plan import schema
@@ -340,7 +340,7 @@ def run_driver_job(path: str) -> None:
 
     seen: dict = {}
 
-    def stop(cfg, lease):  # the stages would start here: the plan is done
+    def stop(cfg, commit):  # the stages would start here: the plan is done
         seen["t"] = time.time()
         raise Planned
 

@@ -236,10 +236,10 @@ class TimedWriteStage(_Timed, WriteStage):
         return out
 
 
-def standin_chain(cfg, sim: dict, lease=None) -> list:
+def standin_chain(cfg, sim: dict, commit: dict | None = None) -> list:
     """The build's chain (``pipeline.build.build_chain``) with the model stages stood in for:
-    one classify stage per group of ``sim["groups"]``, each pool as ``sim["pools"]`` says."""
-    from pipeline.build import lease_kwargs
+    one classify stage per group of ``sim["groups"]``, each pool as ``sim["pools"]`` says;
+    ``commit``: the writer's commit kwargs, from the run."""
     from pipeline.executors import StageSpec
 
     res = cfg.resources
@@ -256,6 +256,6 @@ def standin_chain(cfg, sim: dict, lease=None) -> list:
         chain.append(StageSpec(StandInClassify, {"sim": sim, "classifiers": group, "done": list(done)},
                                resources=sized("classify", f"classify:{k}")))
         done = sorted(done + group)
-    chain.append(StageSpec(TimedWriteStage, {"sim": sim, **lease_kwargs(lease)},
+    chain.append(StageSpec(TimedWriteStage, {"sim": sim, **(commit or {})},
                            resources=sized("write", "write"), batch_size=cfg.output.trajectories_per_shard))
     return chain

@@ -22,35 +22,19 @@ shards are skipped, and a second run with settings that would change existing ro
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 from pipeline.sources import release_protocol
 from pipeline.sources.detect import protocol_of
-from pipeline.build import (
-    BuildSummary,
-    ShardTally,
-    check_compatible,
-    clean_uncommitted,
-    committed_trajectories,
-    ensure_held,
-    finish_run,
-    guarding,
-    lease_kwargs,
-    write_config,
-    WEIGHTS_HINT,
-    check_weights,
-)
 from pipeline.config import (
     BuildConfig,
     ConfigError,
     parse_config,
     resolved_dict,
 )
-from pipeline.executors import StageSpec, get_executor
-from pipeline.io.lease import Lease
+from pipeline.executors import StageSpec
+from pipeline.output_run import BuildSummary, OutputRun
 from pipeline.io.safejson import dumps as strict_dumps
-from pipeline.io.store import OutputStore
 from pipeline.sources import Source
 from pipeline.sources.imagenet_d_questions import check_distractor_sources
 from pipeline.stages.load import LoadStage
@@ -110,8 +94,9 @@ def _check_assets(cfg: BuildConfig) -> None:
     resolve_assets(cfg, []).require(without=("generator",), what="the evaluation")
 
 
-def _stages(cfg: BuildConfig, lease: Lease | None = None) -> list[StageSpec]:
-    """load -> [filter ->] classify (a stage per classifier group) -> write."""
+def _stages(cfg: BuildConfig, commit: dict[str, str]) -> list[StageSpec]:
+    """load -> [filter ->] classify (a stage per classifier group) -> write; ``commit``: the
+    writer's commit kwargs (:meth:`pipeline.output_run.OutputRun.commit_kwargs`)."""
     from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
     from pipeline.stages.write import WriteStage
@@ -124,25 +109,11 @@ def _stages(cfg: BuildConfig, lease: Lease | None = None) -> list[StageSpec]:
     if cfg.filter.enabled:
         chain.append(StageSpec(FilterStage))
     chain += classify_specs(cfg)
-    chain.append(StageSpec(WriteStage, lease_kwargs(lease), batch_size=cfg.output.trajectories_per_shard))
+    chain.append(StageSpec(WriteStage, dict(commit), batch_size=cfg.output.trajectories_per_shard))
     return chain
 
 
 def evaluate(
-    cfg: BuildConfig, source: Source, output: str, *, echo: Callable[[str], None] = print, **kwargs: Any
-) -> BuildSummary:
-    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
-
-    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
-    build (generation fields None).  Holds the output's lease throughout.
-    """
-    from pipeline.io.lease import hold_lease
-
-    with hold_lease(output, "evaluate", echo) as lease:
-        return _evaluate(cfg, source, output, echo=echo, lease=lease, **kwargs)
-
-
-def _evaluate(
     cfg: BuildConfig,
     source: Source,
     output: str,
@@ -151,48 +122,29 @@ def _evaluate(
     address: str | None = None,
     aggregate: bool = True,
     echo: Callable[[str], None] = print,
-    lease: Lease | None = None,
 ) -> BuildSummary:
+    """Run (or resume) the evaluation of ``source`` with the effective config ``cfg``.
 
-    start = time.perf_counter()
-    store = OutputStore(output)
-    check_compatible(store, cfg)
-    done, _ = committed_trajectories(store, echo=echo)
-    todo = [r for r in source.rows if r["trajectory_id"] not in done]
-    _check_assets(cfg)
-    weights = check_weights(store, cfg, WEIGHTS_HINT)
-    clean_uncommitted(store, echo)  # files of an interrupted run, stale attempt markers
-    ensure_held(lease)
-    digest = write_config(store, cfg, weights)
-    store.write_text("source.json", strict_dumps(source.describe(), indent=1))
-    total = len(source.rows)
-    done_before = total - len(todo)
-    echo(
-        f"[cnsbench] {source.kind} source {source.location}: {total} trajectories ({source.n_images} images), "
-        f"{done_before} already done, {len(todo)} to evaluate"
-    )
-    for note in source.notes:
-        echo(f"[cnsbench] note: {note}")
-
-    tally = ShardTally(total, done_before, echo, what="evaluate")
-
-    if todo:
-        executor = get_executor(runner, cfg, address)
-        # Rows are light pointers; a few per block keeps the load pool busy from the start.
-        with guarding(lease):
-            for _ in executor.run(todo, store.uri, _stages(cfg, lease), num_blocks=min(len(todo), 1000), on_shard=tally):
-                pass
-
-    return finish_run(
-        store,
-        cfg,
-        digest,
-        tally,
-        start=start,
-        runner=runner,
-        aggregate=aggregate,
-        run_name="-evaluate",
-        run_info={"source": source.describe()},
-        lease=lease,
-    )
-
+    ``cfg`` should come from :func:`effective_config`.  Returns the same summary as a
+    build (generation fields None).  Holds the output's lease throughout.
+    """
+    with OutputRun.claim(output, "evaluate", echo, runner=runner, address=address) as run:
+        # 1. compare with the output's config, read what is committed, check the weights
+        run.prepare(cfg)
+        todo = [r for r in source.rows if r["trajectory_id"] not in run.done]
+        # 2. everything the evaluation loads is there
+        _check_assets(cfg)
+        # 3. clean, write the config and what the source is, start counting
+        total = len(source.rows)
+        run.start(total, total - len(todo), what="evaluate")
+        run.store.write_text("source.json", strict_dumps(source.describe(), indent=1))
+        echo(
+            f"[cnsbench] {source.kind} source {source.location}: {total} trajectories ({source.n_images} images), "
+            f"{total - len(todo)} already done, {len(todo)} to evaluate"
+        )
+        for note in source.notes:
+            echo(f"[cnsbench] note: {note}")
+        # 4. the chain (rows are light pointers; a few per block keeps the load pool busy)
+        run.run_chain(todo, _stages(cfg, run.commit_kwargs()), num_blocks=min(len(todo), 1000))
+        # 5. report and summary
+        return run.finish(aggregate=aggregate, run_name="-evaluate", run_info={"source": source.describe()})

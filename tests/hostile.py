@@ -92,7 +92,7 @@ def synthetic_output(out: Path, cfg_path: Path, per_shard: int = 2, correct=None
     and every image is kept; ``correct`` / ``kept`` (``f(class_id, seed, shift, scale index)
     -> bool``) say otherwise."""
     from pipeline import plan
-    from pipeline.build import write_config
+    from pipeline.output_run import write_config
     from pipeline.config import load_config
     from pipeline.io.ownership import claim_output
     from pipeline.io.store import OutputStore

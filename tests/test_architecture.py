@@ -377,6 +377,31 @@ def test_the_bench_writes_nothing_into_the_package():
     assert not found, "bench/ must write only its own output; pipeline/perf generates pipeline/data:\n" + "\n".join(found)
 
 
+LIFECYCLE = ("check_compatible", "clean_uncommitted", "write_config", "finish_run", "archive_previous")
+
+
+def lifecycle_calls(pkg: Path = PKG, run_module: str = "pipeline.output_run") -> list[str]:
+    """Calls of the steps of an output's run (by name or as an attribute) outside the run module:
+    every driver goes through :class:`pipeline.output_run.OutputRun`."""
+    run_module = run_module.replace("pipeline", pkg.name, 1)
+    found = []
+    for name, path in modules(pkg).items():
+        if name == run_module:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                if called in LIFECYCLE:
+                    found.append(f"{name}:{node.lineno} calls {called}")
+    return found
+
+
+def test_only_the_run_module_performs_the_steps_of_a_run():
+    found = lifecycle_calls()
+    assert not found, "steps of an output's run outside pipeline/output_run.py (use OutputRun):\n" + "\n".join(found)
+
+
 # -- each check can fail (synthetic trees) --------------------------------------------------
 
 
@@ -481,3 +506,12 @@ def test_a_bench_that_writes_into_the_package_is_found(tmp_path):
         "bad.py:2: path 'pipeline/data/x.json'",
         "bad.py:3: path 'pipeline'",
     ]
+
+
+def test_a_lifecycle_step_called_outside_the_run_module_is_found(tmp_path):
+    pkg = _tree(tmp_path, {
+        "output_run.py": "def write_config(s, c):\n    return 1\nwrite_config(1, 2)\n",
+        "driver.py": "from pkg import output_run\n\ndef go(s, c):\n    output_run.write_config(s, c)\n",
+        "other.py": "def f(run):\n    run.finish(aggregate=True)\n",
+    })
+    assert lifecycle_calls(pkg) == ["pkg.driver:4 calls write_config"]

@@ -210,7 +210,7 @@ def test_evaluate_published_layout_local(tiny_assets, cns, tmp_path, capsys):
     assert evaluate_cli(argv) == 0
     assert "8 already done, 0 to evaluate" in capsys.readouterr().out
     # settings that would change existing rows are refused
-    from pipeline.build import IncompatibleOutput
+    from pipeline.output_run import IncompatibleOutput
 
     with pytest.raises(IncompatibleOutput, match="filter.enabled"):
         evaluate_cli(argv + ["--filter"])

@@ -117,7 +117,7 @@ def test_card_with_a_crafted_archive_exits_2_naming_it_and_nothing_runs(tmp_path
     assert code == 2, err
     assert str(evil) in err and "stored pickled" in err and "Traceback" not in err
     assert not marker.exists()
-    assert not (tmp_path / "card").exists()
+    assert not (tmp_path / "card" / "card.json").exists()
 
 
 def test_a_zip_without_a_program_is_refused_by_the_classifier_without_traceback(tmp_path):

@@ -20,7 +20,7 @@ from hostile import (  # noqa: F401 (built: a fixture)
     victim,
 )
 
-from pipeline.build import clean_uncommitted, committed_trajectories
+from pipeline.output_run import clean_uncommitted, committed_trajectories
 from pipeline.cli import main
 from pipeline.io.store import OutputStore
 
@@ -164,7 +164,7 @@ def test_overlapping_manifests_count_once_and_the_later_is_quarantined(built, ca
 
 
 def test_trajectories_per_shard_cannot_change_on_resume(built, tmp_path):
-    from pipeline.build import IncompatibleOutput, check_compatible
+    from pipeline.output_run import IncompatibleOutput, check_compatible
     from pipeline.config import load_config
 
     _, out = built

@@ -82,7 +82,7 @@ def test_a_writer_that_lost_its_lease_commits_nothing(built, tmp_path):
 
 
 def test_a_build_that_loses_its_lease_stops_and_says_so(built, tmp_path, capsys, monkeypatch):
-    import pipeline.build as B
+    import pipeline.output_run as B
 
     cfg, out = built
     config_json = (out / "config.json").read_bytes()
@@ -103,7 +103,7 @@ def test_a_build_that_loses_its_lease_stops_and_says_so(built, tmp_path, capsys,
 
 
 def test_status_sees_shards_larger_than_config_json_allows(built, capsys):
-    from pipeline.build import committed_trajectories
+    from pipeline.output_run import committed_trajectories
 
     _, out = built
     doc = json.loads((out / "config.json").read_text())
@@ -215,7 +215,7 @@ def test_build_never_overwrites_a_users_config_yaml(tmp_path, capsys, extra):
 
 
 def test_what_a_build_leaves_before_its_marker_is_still_ours(built, tmp_path):
-    from pipeline.build import archive_previous
+    from pipeline.output_run import archive_previous
     from pipeline.io.ownership import claim_output
 
     _, out = built
@@ -331,7 +331,7 @@ def _damage(out, kind: str, how: str) -> str:
     ("kind", "how"), [("samples", "garbage"), ("predictions", "duplicates"), ("samples", "schema")]
 )
 def test_status_sees_a_shard_not_readable_as_its_schema(built, capsys, kind, how):
-    from pipeline.build import committed_trajectories
+    from pipeline.output_run import committed_trajectories
 
     _, out = built
     shard = _damage(out, kind, how)

@@ -226,7 +226,7 @@ def test_review_undo_and_redecide_merge_by_time(review_output):
 def test_serve_while_the_output_is_replaced_answers_503_then_404(tmp_path):
     from starlette.testclient import TestClient
 
-    from pipeline.build import archive_previous
+    from pipeline.output_run import archive_previous
     from pipeline.io.store import OutputStore
     from pipeline.serve.deployments import in_process_api
 

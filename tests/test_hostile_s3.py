@@ -34,7 +34,7 @@ def upload(local_dir, uri: str) -> None:
 def test_crafted_manifest_on_s3_is_quarantined_and_nothing_else_deleted(s3, tmp_path, capsys):
     import fsspec
 
-    from pipeline.build import clean_uncommitted, committed_trajectories
+    from pipeline.output_run import clean_uncommitted, committed_trajectories
     from pipeline.io.store import OutputStore
 
     local = tmp_path / "out"

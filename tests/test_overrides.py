@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.build import IncompatibleOutput, check_compatible, write_config
+from pipeline.output_run import IncompatibleOutput, check_compatible, write_config
 from pipeline.runtime.checkout import TINY_CONFIG
 from pipeline.cli import main
 from pipeline.config import ConfigError, config_hash, load_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.build import differing_keys
+from pipeline.output_run import differing_keys
 from pipeline.config import config_hash, load_config, resolved_dict
 from pipeline.perf import memory
 from pipeline.perf.memory import GB, RUNTIME_BYTES, Footprint

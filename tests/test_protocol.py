@@ -127,7 +127,7 @@ def test_explicit_preprocess_is_validated():
 
 
 def test_output_written_before_the_protocol_counts_as_custom():
-    from pipeline.build import _with_current_defaults, differing_keys
+    from pipeline.output_run import differing_keys, with_current_defaults as _with_current_defaults
     from pipeline.config import resolved_dict
 
     old = resolved_dict(cfg_of(protocol="custom"))

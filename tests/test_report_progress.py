@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from pipeline.build import ShardTally
+from pipeline.output_run import ShardTally
 from pipeline.runtime.progress import Progress
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -140,7 +139,7 @@ def needs_build(
     classifier's predictions, another config recorded, or (with ``report``) a report not
     made from it."""
     from pipeline import plan
-    from pipeline.build import committed_trajectories
+    from pipeline.output_run import committed_trajectories
     from pipeline.stages.reclassify import missing_classifiers
 
     if marker is None:
@@ -160,32 +159,13 @@ def add_to_output(uri: str, cfg: BuildConfig, *, runner: str, echo: Echo, report
     """Add ``cfg``'s new classifiers to the committed shards of ``uri`` (the reclassify stage)
     and (with ``report``) aggregate the report again, under the output's lease (as a build
     that adds classifiers does, without planning any new image)."""
-    from pipeline.build import (
-        ShardTally,
-        add_classifiers,
-        check_compatible,
-        check_weights,
-        clean_uncommitted,
-        committed_trajectories,
-        ensure_held,
-        finish_run,
-        write_config,
-    )
-    from pipeline.io.lease import hold_lease
+    from pipeline.output_run import OutputRun
 
-    with hold_lease(uri, "card", echo) as lease:
-        start = time.perf_counter()
-        store = OutputStore(uri)
-        stored = check_compatible(store, cfg)
-        built_with = [c["name"] for c in stored["classifiers"]] if stored else []
-        done, _ = committed_trajectories(store, repair=False, echo=echo)
-        weights = check_weights(store, cfg, WEIGHTS_HINT)
-        clean_uncommitted(store, echo)
-        ensure_held(lease)
-        digest = write_config(store, cfg, weights)
-        tally = ShardTally(len(done), len(done), echo, what="card")
-        add_classifiers(store, cfg, built_with, runner, None, echo, lease)
-        finish_run(store, cfg, digest, tally, start=start, runner=runner, aggregate=report, run_name="-card", lease=lease)
+    with OutputRun.claim(uri, "card", echo, runner=runner) as run:
+        run.prepare(cfg, repair=False, weights_hint=WEIGHTS_HINT)
+        run.start(len(run.done), len(run.done), what="card")
+        run.add_classifiers()
+        run.finish(aggregate=report, run_name="-card")
 
 
 def stale_classifiers(store: OutputStore, marker: dict[str, Any] | None) -> set[str]:
@@ -208,8 +188,7 @@ def stale_classifiers(store: OutputStore, marker: dict[str, Any] | None) -> set[
 def forget_stale(uri: str, echo: Echo) -> dict[str, Any] | None:
     """The output's marker, after rewriting its config without the classifiers no shard holds
     (:func:`stale_classifiers`), so their names can be used again."""
-    from pipeline.build import ensure_held, write_config
-    from pipeline.io.lease import hold_lease
+    from pipeline.output_run import OutputRun
 
     store = OutputStore(uri)
     marker = read_marker(store)
@@ -219,9 +198,8 @@ def forget_stale(uri: str, echo: Echo) -> dict[str, Any] | None:
     raw = marker["config"]
     raw = {**raw, "classifiers": [c for c in raw.get("classifiers", []) if c.get("name") not in stale]}
     cfg = parse_config(raw, source=f"{store.url('config.json')} without {', '.join(sorted(stale))}")
-    with hold_lease(uri, "card", echo) as lease:
-        ensure_held(lease)
-        write_config(store, cfg, forget=stale)
+    with OutputRun.claim(uri, "card", echo) as run:
+        run.rewrite_config(cfg, forget=stale)
     echo(f"[cnsbench] card: {uri}: its config named {', '.join(sorted(stale))}, which no shard holds "
          "(an addition that failed): dropped from the config")
     return read_marker(store)

@@ -1,7 +1,7 @@
 """Which outputs are ours: a build writes into, and cleans, only a cnsbench output.
 
 An output directory (or prefix) is *ours* when it carries our marker, ``config.json``
-holding ``{"config_hash": str, "config": {...}}`` as :func:`pipeline.build.write_config`
+holding ``{"config_hash": str, "config": {...}}`` as :func:`pipeline.output_run.write_config`
 writes it (before ``config.yaml``, so a ``config.yaml`` alone is never ours); or when it
 is empty or missing (a new output); or when it holds nothing but what a build leaves
 before its marker exists, each checked to be ours: a lease file that parses as a lease,
@@ -30,7 +30,7 @@ MARKER = "config.json"
 COMPARE_MARKER = "compare.json"
 ARCHIVE = "previous"
 QUARANTINE = "quarantine"
-# previous/<first 12 hex digits of the config hash>-<UTC time> (pipeline.build.archive_previous)
+# previous/<first 12 hex digits of the config hash>-<UTC time> (pipeline.output_run.archive_previous)
 ARCHIVE_NAME = re.compile(r"[0-9a-f]{12}-\d{8}T\d{6}")
 
 

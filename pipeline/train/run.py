@@ -102,17 +102,19 @@ def train_sliders(
                 progress.update(done=1)
 
     if todo:
-        from pipeline.executors import get_executor
+        from pipeline.output_run import OutputRun
         from pipeline.train.stage import JOB, train_chain
 
         def on_row(row: dict[str, Any]) -> None:
             job = SliderJob(**json.loads(row["job"]))
             record(job, json.loads(row["result"]) if row["result"] else None, row["error"])
 
-        executor = get_executor(runner, _for_training(cfg), address, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
-        rows = [job.to_dict() for job in todo]
-        for _ in executor.run(rows, store, train_chain(cfg, store), num_blocks=len(rows), first_schema=JOB, on_shard=on_row):
-            pass
+        # The slider store is not an output (it may hold the user's own sliders): only its
+        # lease is held, so two trainings never write one store at once.
+        with OutputRun.claim(store, "train-sliders", echo, runner=runner, address=address, output=False) as run:
+            rows = [job.to_dict() for job in todo]
+            run.run_chain(rows, train_chain(cfg, store), cfg=_for_training(cfg), num_blocks=len(rows),
+                          first_schema=JOB, on_shard=on_row, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
     if progress:
         progress.close()
     summary.seconds = time.perf_counter() - start

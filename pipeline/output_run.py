@@ -1,0 +1,431 @@
+"""One run of a command that writes an output: the lifecycle every driver shares.
+
+Every command that writes an output (``build``, ``evaluate``, a card adding its model,
+``refine``) runs the same steps, and only :class:`OutputRun` performs them:
+
+1. claim the output and hold its lease for the run's life (:meth:`OutputRun.claim`);
+2. compare with the config it was made with, or archive it (``--new-version``), read
+   the committed set, check the classifiers' weights against those that made the
+   predictions (:meth:`OutputRun.prepare`, nothing written yet);
+3. clean what no manifest vouches for, write the config, start the tally
+   (:meth:`OutputRun.start`);
+4. run one or more chains of stages (:meth:`OutputRun.run_chain`; committing stages get
+   the lease's token from :meth:`OutputRun.commit_kwargs`) and add classifiers to the
+   committed shards (:meth:`OutputRun.add_classifiers`);
+5. finish: drop crash bookkeeping, aggregate, record the summary (:meth:`OutputRun.finish`).
+
+What is already done is read from the output itself (the shard manifests), never from
+memory or logs, so running the same command again resumes it.  The lease is the run's
+own: no other module takes it as a parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+from pipeline import __version__
+from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
+from pipeline.config.resources import OUTPUT_CHANGING
+from pipeline.executors import get_executor
+from pipeline.io.lease_file import LEASE
+from pipeline.io.manifest import quarantine
+from pipeline.io.ownership import ARCHIVE, claim_output, read_marker
+from pipeline.io.safejson import dumps as strict_dumps
+from pipeline.io.shard_check import check_committed, quarantine_shard
+from pipeline.io.store import OutputStore
+
+Echo = Callable[[str], None]
+
+# Config sections a run may change on an existing output: they extend the plan or only
+# affect how the work runs.  Any other difference would make old and new rows disagree.
+EXTENSIBLE = {
+    "benchmark.classes",
+    "benchmark.seeds",
+    "benchmark.shifts",
+    "benchmark.name",
+    "output.path",
+    "aggregate",
+    "slider_training",
+    "refine",
+}
+
+WEIGHTS_HINT = ("give the classifier another name (its predictions are then made anew from its present weights), "
+                "or pass --new-version to archive the output and build it again")
+
+
+class IncompatibleOutput(ValueError):
+    """The output was made with settings that would change existing rows."""
+
+
+# --------------------------------------------------------------------------- summary
+@dataclass
+class BuildSummary:
+    output: str
+    config_hash: str
+    trajectories_planned: int
+    trajectories_done_before: int
+    trajectories_written: int
+    trajectories_failed: int
+    images_written: int
+    shards_written: int
+    unet_evals_per_image: float | None
+    images_per_s_per_generator: float | None
+    wall_seconds: float
+    failed: dict[str, str] = field(default_factory=dict)
+    report: str | None = None
+
+    def lines(self) -> list[str]:
+        out = [
+            f"output: {self.output}",
+            f"trajectories: {self.trajectories_done_before} already done, {self.trajectories_written} written, "
+            f"{self.trajectories_failed} failed (of {self.trajectories_planned} planned)",
+            f"images written: {self.images_written} in {self.shards_written} shards, {self.wall_seconds:.1f} s",
+        ]
+        if self.unet_evals_per_image is not None:
+            out.append(
+                f"generation: {self.unet_evals_per_image:.1f} UNet sample-evaluations per image, "
+                f"{self.images_per_s_per_generator:.2f} images/s per generation actor"
+            )
+        for tid, err in list(self.failed.items())[:10]:
+            out.append(f"FAILED {tid}: {err.splitlines()[0]}")
+        if self.report:
+            out.append(f"report: {self.report}")
+        return out
+
+
+class ShardTally:
+    """Counts the shards a runner reports as committed and shows the run's progress
+    (:class:`pipeline.runtime.progress.Progress`: a live line on a terminal, periodic lines otherwise)."""
+
+    def __init__(self, total: int, done_before: int, echo: Echo, what: str = "build") -> None:
+        from pipeline.runtime.progress import Progress
+
+        self.total, self.done_before, self.echo = total, done_before, echo
+        self.traj = self.images = self.shards = self.failed = 0
+        self.evals = self.gen_s = 0.0
+        # The live line only when printing to a terminal; a caller's own echo gets plain lines.
+        self.progress = Progress(what, total, done=done_before, echo=None if echo is print else echo)
+
+    def __call__(self, row: dict) -> None:
+        self.traj += row["n_trajectories"]
+        self.images += row["n_samples"]
+        self.shards += 1
+        self.failed += row["n_failed"]
+        self.evals += row["unet_evals"]
+        self.gen_s += row["gen_seconds"]
+        if row["n_failed"]:
+            self.progress.log(f"[cnsbench] shard {row['shard']}: {row['n_failed']} trajectories failed")
+        self.progress.update(done=row["n_trajectories"], images=row["n_samples"], failed=row["n_failed"])
+
+
+# --------------------------------------------------------------------------- compatibility
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: d}
+
+
+def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Key paths whose values differ, ignoring resources and sections a run may extend."""
+    a, b = _flatten(old), _flatten(new)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+    def allowed(k: str) -> bool:
+        # A stage's precision changes scores and predictions: shards of two precisions must not mix.
+        if k.startswith("resources."):
+            return k not in OUTPUT_CHANGING
+        return any(k == e or k.startswith(e + ".") for e in EXTENSIBLE)
+
+    # Scales are not extensible: they define every trajectory and its failure point.
+    return [k for k in keys if not allowed(k)]
+
+
+def _by_name(classifiers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {c["name"]: {k: v for k, v in c.items() if k != "name"} for c in classifiers}
+
+
+def with_current_defaults(old: dict[str, Any]) -> dict[str, Any]:
+    """An older output's config with the keys added since filled with their defaults.
+
+    Keys a newer version added (``families``, ``source``, ...) are absent from an older
+    ``config.json``; their defaults reproduce what the older version did, so they must not
+    count as changes.  A config the current version cannot parse is compared as stored.
+    """
+    from pipeline.config import ConfigError, parse_config
+
+    if isinstance(old, dict) and "protocol" not in old:
+        # Written before the protocol existed: its rows were made with each model's own
+        # preprocessing and the label space's names, which is what ``custom`` does.
+        old = {**old, "protocol": "custom"}
+    try:
+        return resolved_dict(parse_config(old, source="config.json"))
+    except (ConfigError, ValueError):
+        return old
+
+
+def check_compatible(store: OutputStore, cfg: BuildConfig) -> dict[str, Any] | None:
+    """Claim the output and compare with the config it was made with; raise if incompatible.
+
+    The output must be ours (:func:`pipeline.io.ownership.claim_output`: a new or empty
+    directory, or one with our marker), else OwnershipError and nothing is touched.
+    Classifiers are compared by name: adding or dropping one is fine (only the new ones
+    run, on the committed images), changing the spec behind a name is not.
+    ``output.trajectories_per_shard`` may not change: it decides which trajectories share
+    a shard, and committed shards must not overlap new ones.
+    """
+    marker = claim_output(store)
+    if marker is None:
+        return None
+    old = marker["config"]
+    stored = old
+    old = with_current_defaults(old)
+    new = resolved_dict(cfg)
+    old_c, new_c = _by_name(old.get("classifiers", [])), _by_name(new["classifiers"])
+    old = {**old, "classifiers": {n: old_c[n] for n in old_c if n in new_c}}
+    new = {**new, "classifiers": {n: new_c[n] for n in new_c if n in old_c}}
+    bad = differing_keys(old, new)
+    if bad:
+        flat_old, flat_new = _flatten(old), _flatten(new)
+        detail = "\n".join(f"  {k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in bad[:30])
+        raise IncompatibleOutput(
+            f"{store.uri} was built with a different config; these keys would change existing outputs:\n{detail}\n"
+            "Pass --new-version to archive the existing build under previous/ and start a new one, "
+            "or use a new output directory."
+        )
+    return stored
+
+
+def archive_previous(store: OutputStore) -> str | None:
+    """Move an existing output's files to ``previous/<old config hash>/`` (nothing is deleted)."""
+    marker = read_marker(store)
+    if marker is None:
+        return None
+    old_hash = marker["config_hash"][:12]
+    dest = f"{ARCHIVE}/{old_hash}-{time.strftime('%Y%m%dT%H%M%S')}"
+    for name in store.top_level():
+        if name not in (ARCHIVE, LEASE):  # the lease stays with its holder
+            store.move(name, f"{dest}/{name}")
+    return dest
+
+
+# --------------------------------------------------------------------------- committed set
+def committed_trajectories(
+    store: OutputStore, repair: bool = True, deep: bool = False, echo: Echo | None = None
+) -> tuple[set[str], dict[str, str]]:
+    """Trajectory ids of sound committed shards, and failures not since redone.
+
+    A shard whose files are missing, have the wrong size (truncated), with ``deep`` the
+    wrong SHA-256 (corrupted), or whose tables are not readable as their schemas with the
+    manifest's row counts (:mod:`pipeline.io.shard_check`) does not count; with ``repair``
+    it is moved to ``previous/quarantine/`` (manifest first, then its files), so its
+    trajectories are planned and written again.  A manifest that is malformed or overlaps
+    an earlier one never counts; with ``repair`` it is quarantined too
+    (:func:`pipeline.io.manifest.quarantine`).  Read-only without ``repair``.
+    """
+    committed = check_committed(store, deep=deep)
+    if repair and committed.problems:
+        quarantine(store, committed.problems, echo)
+    for shard, (manifest, problems) in committed.damaged.items():
+        if echo:
+            echo(f"[cnsbench] shard {shard} is damaged ({'; '.join(problems)})")
+        if repair:
+            quarantine_shard(store, manifest, echo)
+    return committed.done, committed.failed
+
+
+def clean_uncommitted(store: OutputStore, echo: Echo) -> None:
+    """Remove files no manifest vouches for, and the previous run's attempt markers."""
+    orphans = store.orphans(list(store.manifests()))
+    for rel in orphans:
+        store.remove(rel)
+    if orphans:
+        echo(f"[cnsbench] removed {len(orphans)} uncommitted file(s) left by an interrupted run")
+    store.remove_tree("attempts")
+
+
+def write_config(
+    store: OutputStore, cfg: BuildConfig, weights: dict[str, str | None] | None = None, forget: Iterable[str] = ()
+) -> str:
+    """Write the marker ``config.json`` (with each classifier's weights digest, ``weights``:
+    those recorded before, updated with the given ones, less ``forget``'s: classifiers no
+    shard holds), then ``config.yaml`` (never before the marker: a ``config.yaml`` alone is a
+    user's, :mod:`pipeline.io.ownership`).  A classifier dropped from the config keeps its
+    record: its predictions stay in the shards."""
+    from pipeline.assets.weights import merged
+
+    digest = config_hash(cfg)
+    forget = set(forget)
+    recorded = {k: v for k, v in merged(read_marker(store), weights or {}).items() if k not in forget}
+    store.write_text(
+        "config.json",
+        strict_dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__,
+                      "weights": recorded}, indent=1),
+    )
+    store.write_text("config.yaml", dump_yaml(cfg))
+    return digest
+
+
+# --------------------------------------------------------------------------- the run
+class OutputRun:
+    """One run writing ``uri`` (see the module doc): made by :meth:`claim`, which holds the lease."""
+
+    def __init__(self, store: OutputStore, lease: Any, command: str, echo: Echo,
+                 runner: str = "ray", address: str | None = None) -> None:
+        self.store, self._lease, self.command, self.echo = store, lease, command, echo
+        self.runner, self.address = runner, address
+        self.cfg: BuildConfig | None = None
+        self.stored: dict[str, Any] | None = None  # the config the output was made with
+        self.done: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self.weights: dict[str, str | None] = {}
+        self.digest = ""
+        self.tally: ShardTally | None = None
+        self.start_time = time.perf_counter()
+
+    @classmethod
+    @contextlib.contextmanager
+    def claim(cls, uri: str, command: str, echo: Echo = print, *, runner: str = "ray",
+              address: str | None = None, output: bool = True) -> Iterator["OutputRun"]:
+        """Claim ``uri`` (ours or new), hold its lease while the block runs, give it back.
+
+        ``output=False``: a store that is not an output (a slider store, which may hold the
+        user's own files) is not claimed; only its lease is held (one writer at a time)."""
+        from pipeline.io.lease import acquire
+
+        store = OutputStore(uri)
+        if output:
+            claim_output(store)
+        lease = acquire(store, command, echo)
+        try:
+            yield cls(store, lease, command, echo, runner, address)
+        finally:
+            lease.release()
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    @property
+    def built_with(self) -> list[str]:
+        """The classifiers the output's config named before this run."""
+        return [c["name"] for c in self.stored["classifiers"]] if self.stored else []
+
+    def ensure_held(self) -> None:
+        """Stop (:class:`pipeline.io.lease.LeaseLost`) unless the run still holds its lease."""
+        self._lease.ensure_held()
+
+    def commit_kwargs(self) -> dict[str, str]:
+        """Constructor kwargs of a stage that commits: the token it checks before each commit."""
+        return {"lease_token": self._lease.info.token}
+
+    # 2. read what is there
+    def prepare(self, cfg: BuildConfig, *, new_version: bool = False, verify: bool = False, repair: bool = True,
+                weights_hint: str = WEIGHTS_HINT) -> "OutputRun":
+        """Compare with the output's config (archive it with ``new_version``), read the committed
+        set (``verify``: every file's SHA-256; ``repair``: quarantine damaged shards) and check
+        the classifiers' weights; writes nothing but an archive or a quarantine."""
+        from pipeline.assets import weights
+
+        self.cfg = cfg
+        try:
+            self.stored = check_compatible(self.store, cfg)
+        except IncompatibleOutput:
+            if not new_version:
+                raise
+            self.ensure_held()  # never archive an output another writer holds
+            self.echo(f"[cnsbench] archived the previous build under {archive_previous(self.store)}")
+            self.stored = None
+        self.done, self.failed = committed_trajectories(self.store, repair=repair, deep=verify, echo=self.echo)
+        self.weights = weights.digests(cfg)
+        weights.check_weights(self.uri, read_marker(self.store), self.weights, weights_hint)
+        return self
+
+    # 3. begin writing
+    def start(self, total: int, done_before: int, what: str | None = None) -> ShardTally:
+        """Clean files of an interrupted run, write the config, start the tally."""
+        clean_uncommitted(self.store, self.echo)
+        self.ensure_held()
+        self.digest = write_config(self.store, self.cfg, self.weights)
+        self.tally = ShardTally(total, done_before, self.echo, what=what or self.command)
+        return self.tally
+
+    # 4. run chains
+    def run_chain(self, rows: list[dict], chain: Any, *, cfg: BuildConfig | None = None,
+                  num_blocks: int | None = None, first_schema: Any = None, count: bool = True,
+                  on_shard: Callable[[dict], None] | None = None, notice: Echo | None = None) -> None:
+        """Run ``rows`` through ``chain`` on the run's executor (``cfg``: the config it runs
+        with, default the run's); each row the chain returns goes to ``on_shard``, by default
+        the tally (none with ``count`` False); ``notice``: where the executor says what it
+        changed about the resources."""
+        if not rows:
+            return
+        executor = get_executor(self.runner, cfg or self.cfg, self.address, notice=notice)
+        with self._lease.guarding():
+            for _ in executor.run(rows, self.uri, chain, num_blocks=num_blocks, first_schema=first_schema,
+                                  on_shard=on_shard or (self.tally if count else None)):
+                pass
+
+    def add_classifiers(self) -> None:
+        """Run the config's classifiers that committed shards lack on their images (the
+        reclassify stage, which commits each shard itself: no writer after it)."""
+        from pipeline.executors import StageSpec
+        from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage, missing_classifiers
+
+        rows = missing_classifiers(self.store, [c.name for c in self.cfg.classifiers], self.built_with)
+        if not rows:
+            return
+        names = sorted({n for r in rows for n in r["classifiers"]})
+        self.echo(f"[cnsbench] adding predictions of {', '.join(names)} to {len(rows)} committed shard(s)")
+        chain = [StageSpec(ReclassifyStage, {"built_with": self.built_with, **self.commit_kwargs()}, batch_size=1)]
+        self.run_chain(rows, chain, num_blocks=len(rows), first_schema=RECLASSIFY, count=False)
+
+    # 5. finish
+    def finish(self, *, aggregate: bool, run_name: str = "", run_info: dict | None = None) -> BuildSummary:
+        """Drop crash bookkeeping, aggregate (with ``aggregate``), and record the run's summary
+        (each write only while the lease is still ours)."""
+        tally = self.tally
+        tally.progress.close()
+        self.ensure_held()
+        self.store.remove_tree("attempts")  # crash bookkeeping is per run
+        _, failed = committed_trajectories(self.store, repair=False)
+        report = None
+        if aggregate:
+            from pipeline.aggregate.run import aggregate_output
+
+            self.ensure_held()
+            report = aggregate_output(self.store, self.cfg, self.digest, echo=tally.echo)
+        summary = BuildSummary(
+            output=self.uri,
+            config_hash=self.digest,
+            trajectories_planned=tally.total,
+            trajectories_done_before=tally.done_before,
+            trajectories_written=tally.traj,
+            trajectories_failed=len(failed),
+            images_written=tally.images,
+            shards_written=tally.shards,
+            unet_evals_per_image=tally.evals / tally.images if tally.evals and tally.images else None,
+            images_per_s_per_generator=tally.images / tally.gen_s if tally.gen_s else None,
+            wall_seconds=time.perf_counter() - self.start_time,
+            failed=failed,
+            report=report,
+        )
+        self.ensure_held()
+        self.store.write_text(
+            f"runs/{time.strftime('%Y%m%dT%H%M%S')}-{self.digest[:8]}{run_name}.json",
+            strict_dumps({**asdict(summary), "host": platform.node(), "runner": self.runner, **(run_info or {})},
+                         indent=1),
+        )
+        return summary
+
+    # an output's config rewritten without work (classifiers no shard holds)
+    def rewrite_config(self, cfg: BuildConfig, forget: Iterable[str]) -> None:
+        """Write ``cfg`` as the output's config, forgetting the weights of ``forget``."""
+        self.ensure_held()
+        write_config(self.store, cfg, forget=forget)
