@@ -431,7 +431,7 @@ benchmarks:
 
 @pytest.mark.parametrize("x,y,rho,p_rho,tau,p_tau", [
     ([1, 2, 3], [1, 2, 3], 1.0, 2 / 6, 1.0, 2 / 6),  # identity and reversal of 3! orderings reach |1|
-    # a tie: 2 of 6 orderings are [1, 1, 3] (scipy's permutation_test doubles the one-sided share instead: 2/3)
+    # a tie: 2 of 6 orderings are [1, 1, 3] (doubling the one-sided share, permutation_test's default, would say 2/3)
     ([1, 1, 3], [1, 1, 3], 1.0, 2 / 6, 1.0, 2 / 6),
     ([1, 3, 2], [1, 2, 3], 0.5, 1.0, 1 / 3, 1.0),
     # six models, two swaps: scipy's exact Kendall p (0.13611) and permutation_test's Spearman p (42 of 720)
@@ -442,3 +442,80 @@ def test_rank_association_p_values_are_exact_for_few_models(x, y, rho, p_rho, ta
 
     got = rank_association(np.array(x, float), np.array(y, float))
     assert got == pytest.approx((rho, p_rho, tau, p_tau))
+
+
+# The world's leaderboard (docs/card.md, "The world's leaderboard"): each model's headline on
+# each benchmark, and the rank correlations the exact enumeration gave before permutation_test.
+WORLD_VALUES = {  # benchmark: (family, {model: value})
+    "cns": ("cns", {"linear": 0.152, "cnn": 0.578, "vit": 0.267, "clip-zs": 0.078}),
+    "corruptions": ("corruptions", {"linear": 1.0, "cnn": 10.77, "vit": 3.60, "clip-zs": 6.24}),
+    "imagenet_d": ("imagenet_d", {"linear": 0.728, "cnn": 0.772, "vit": 0.767, "clip-zs": 0.994}),
+    "ximagenet": ("ximagenet", {"linear": 0.964, "cnn": 0.921, "vit": 0.956, "clip-zs": 0.925}),
+    "imagenet_e": ("imagenet_e", {"linear": 0.460, "cnn": 0.510, "vit": 0.460, "clip-zs": 0.560}),
+}
+WORLD_CORRELATIONS = [  # rho, p, tau, p
+    ("cns", "corruptions", 0.4, 0.75, 1 / 3, 0.75),
+    ("cns", "imagenet_d", 0.2, 11 / 12, 0.0, 1.0),
+    ("cns", "ximagenet", 0.4, 0.75, 1 / 3, 0.75),
+    ("cns", "imagenet_e", -0.316227766017, 2 / 3, -0.182574185835, 1.0),
+    ("corruptions", "imagenet_d", -0.8, 1 / 3, -2 / 3, 1 / 3),
+    ("corruptions", "ximagenet", 1.0, 1 / 12, 1.0, 1 / 12),
+    ("corruptions", "imagenet_e", 0.737864787373, 1 / 3, 0.547722557505, 0.5),
+    ("imagenet_d", "ximagenet", -0.8, 1 / 3, -2 / 3, 1 / 3),
+    ("imagenet_d", "imagenet_e", -0.948683298051, 1 / 6, -0.912870929175, 1 / 6),
+    ("ximagenet", "imagenet_e", 0.737864787373, 1 / 3, 0.547722557505, 0.5),
+]
+
+
+def test_the_worlds_leaderboard_gives_the_same_rank_correlations(tmp_path):
+    from pipeline.card.leaderboard import rank_correlations, rank_table
+
+    metric = {"cns": "accuracy_drop", "corruptions": "mce", "imagenet_d": "accuracy", "ximagenet": "robustness_score",
+              "imagenet_e": "mean_drop_published"}
+    cards = [
+        {"model": {"name": m, "weights_sha256": None}, "_location": m, "benchmarks": [
+            {"benchmark": b, "family": f, "metric": metric[f], "value": v[m], "ci_low": v[m], "ci_high": v[m],
+             "protocol": "custom"} for b, (f, v) in WORLD_VALUES.items()]}
+        for m in ("linear", "cnn", "vit", "clip-zs")
+    ]
+    table = rank_table(cards)
+    assert table[table["benchmark"] == "imagenet_e"].set_index("model")["rank"].to_dict() == {
+        "linear": 1, "vit": 1, "cnn": 3, "clip-zs": 4}  # a tie shares the smaller rank
+    got = rank_correlations(table)
+    assert got[["benchmark_a", "benchmark_b"]].values.tolist() == [[a, b] for a, b, *_ in WORLD_CORRELATIONS]
+    assert (got["n_models"] == 4).all()
+    want = np.array([row[2:] for row in WORLD_CORRELATIONS])
+    assert got[["spearman_rho", "spearman_p", "kendall_tau", "kendall_p"]].to_numpy() == pytest.approx(want, abs=1e-9)
+
+
+def test_rank_association_is_exact_at_nine_models():
+    """Nine models: every one of the 9! pairings counted (checked against an enumeration here
+    and, for Kendall without ties, scipy's exact distribution); with ties too."""
+    import itertools
+    import math
+
+    from scipy import stats
+
+    from pipeline.card.leaderboard import rank_association
+
+    orders = np.array(list(itertools.permutations(range(9))))
+    for x, y in (
+        (np.arange(1.0, 10.0), np.array([2, 1, 4, 3, 6, 5, 8, 7, 9.0])),
+        (np.array([1, 2, 2, 4, 5, 6, 7, 7, 9.0]), np.array([3, 1, 2, 5, 4, 9, 6, 8, 7.0])),
+    ):
+        rho, p_rho, tau, p_tau = rank_association(x, y)
+        rx, ry = stats.rankdata(x), stats.rankdata(y)
+        cx, cy = rx - rx.mean(), ry - ry.mean()
+        all_rho = (cy[orders] @ cx) / np.sqrt((cx @ cx) * (cy @ cy))
+        i, j = np.triu_indices(9, 1)
+        sx = np.sign(x[i] - x[j])
+        yo = y[orders]
+        pairs = len(i)
+        denom = np.sqrt((pairs - (sx == 0).sum()) * (pairs - (np.sign(y[i] - y[j]) == 0).sum()))
+        all_tau = (np.sign(yo[:, i] - yo[:, j]) @ sx) / denom
+        assert rho == pytest.approx(stats.spearmanr(x, y).statistic) and tau == pytest.approx(stats.kendalltau(x, y).statistic)
+        assert p_rho == np.mean(np.abs(all_rho) >= abs(rho) - 1e-12)
+        assert p_tau == np.mean(np.abs(all_tau) >= abs(tau) - 1e-12)
+        assert (p_rho * math.factorial(9)) == pytest.approx(round(p_rho * math.factorial(9)))  # a count of pairings
+        if len(set(x)) == len(set(y)) == 9:
+            assert p_tau == pytest.approx(stats.kendalltau(x, y, method="exact").pvalue)

@@ -4,7 +4,8 @@ Per benchmark: its config parses and names files that exist (as ``cnsbench valid
 checks a config; a release's evaluate config only for what evaluating uses), a release's
 folder and an existing output are there, a stated protocol is the one the benchmark is
 evaluated with, and the corruption baseline is a classifier of that benchmark (and the one
-its report normalises by).  Returns the lines to print and the problems, each naming the
+its report normalises by).  Across benchmarks: no two entries make one output with
+different settings.  Returns the lines to print and the problems, each naming the
 benchmark and the key.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline.card.suite import ALEXNET, Benchmark, Suite
+from pipeline.card.suite import ALEXNET, Benchmark, Suite, shared_output_problems
 from pipeline.config import BuildConfig, ConfigError
 
 
@@ -139,4 +140,5 @@ def check_suite(suite: Suite) -> tuple[list[str], list[str]]:
         proto = _protocol_problem(b, cfg)
         if proto:
             problems.append(proto)
+    problems += shared_output_problems(suite)
     return lines, problems

@@ -40,6 +40,7 @@ import pandas as pd
 
 from pipeline.aggregate import bootstrap
 from pipeline.aggregate.analysis import AnalysisContext
+from pipeline.card.schema import higher_is_better
 from pipeline.card.suite import ALEXNET
 from pipeline.config import BuildConfig
 from pipeline.config.output import BootstrapSpec
@@ -159,7 +160,7 @@ def cns(t: Tables) -> Headline:
     details.append(summary_value("fp_avg", "fp_avg", {}))
     details.append(summary_value("margin_fp_avg", "margin_fp_avg", {"margin_max_scale": margin}))
     n = int(summ.at[t.model, "n_trajectories"]) if t.model in summ.index else 0
-    return Headline(head.metric, head.value, head.ci_low, head.ci_high, False,
+    return Headline(head.metric, head.value, head.ci_low, head.ci_high, higher_is_better("cns", head.metric),
                     f"accuracy(0) - accuracy({top:g}), mean over the {len(m.shifts)} shifts of family {group.kind}",
                     n, details)
 
@@ -212,7 +213,7 @@ def corruptions(t: Tables) -> Headline:
     details.append(Value("error_clean", num(mine.at[MEAN_ROW, "error_clean"]) if MEAN_ROW in mine.index else None))
     n = int(t.samples.loc[t.samples["shift"].isin(names), "trajectory_id"].nunique())
     what = {ALEXNET: "AlexNet's published errors", None: "nothing (unnormalised)"}.get(base, f"classifier {base}")
-    return Headline("mce", head.value, head.ci_low, head.ci_high, False,
+    return Headline("mce", head.value, head.ci_low, head.ci_high, higher_is_better("corruptions", "mce"),
                     f"mean corruption error over {len(averaged)} corruptions, normalised by {what}", n, details)
 
 
@@ -320,7 +321,7 @@ def imagenet_d(t: Tables) -> Headline:
     low = high = None
     if per_shift:
         low, high = interval(_quiet_nanmean(at_top[:, per_shift], axis=1), spec.level)
-    return Headline("accuracy", value, low, high, True,
+    return Headline("accuracy", value, low, high, higher_is_better("imagenet_d", "accuracy"),
                     f"top-1 accuracy at scale {top:g}, mean over the {len(details)} nuisances", len(d.trajectories), details)
 
 
@@ -333,7 +334,8 @@ def ximagenet(t: Tables) -> Headline:
     result = rs.run(ctx)  # the probes for C'(i) load the model: cards keep their results
     table = result.tables.get("robustness_score")
     if table is None or table.empty or t.model not in set(table["classifier"]):
-        return Headline("robustness_score", None, None, None, True, "no kept images: no robustness score", 0, [])
+        return Headline("robustness_score", None, None, None, higher_is_better("ximagenet", "robustness_score"),
+                        "no kept images: no robustness score", 0, [])
     row = table.set_index("classifier").loc[t.model]
     acc = result.tables["scenario_accuracy"]
     acc = acc[acc["classifier"] == t.model].set_index("scenario")
@@ -349,7 +351,8 @@ def ximagenet(t: Tables) -> Headline:
     for sc in scenarios:
         if sc in acc.index:
             details.append(Value("accuracy_probe", num(acc.at[sc, "C_prime"]), key={"scenario": sc}))
-    return Headline("robustness_score", num(row["score"]), low, high, True,
+    return Headline("robustness_score", num(row["score"]), low, high,
+                    higher_is_better("ximagenet", "robustness_score"),
                     f"S = 1 - (var_cross + var_inner) over {len(scenarios)} scenarios ({opts.variance} variant)",
                     n_units, details)
 
@@ -404,7 +407,8 @@ def imagenet_e(t: Tables) -> Headline:
     ctx = t.context()
     table, _ = attribute_tables(ctx)
     if table.empty:
-        return Headline("mean_drop", None, None, None, False, "no attribute with level 0 and edited levels", 0, [])
+        return Headline("mean_drop", None, None, None, higher_is_better("imagenet_e", "mean_drop"),
+                        "no attribute with level 0 and edited levels", 0, [])
     curves, release_sets = split_release_sets(table)
     summ = summary(curves, release_sets).set_index("classifier")
     draws = _attribute_draws(t, ctx)
@@ -424,7 +428,8 @@ def imagenet_e(t: Tables) -> Headline:
     low, high = interval(_quiet_nanmean(np.stack(stack), axis=0), level) if stack and value is not None else (None, None)
     details.insert(0, Value("accuracy_original", num(summ.at[t.model, "accuracy_original"]) if t.model in summ.index else None))
     n = int(t.samples["trajectory_id"].nunique())
-    return Headline(column, value, low, high, False, f"accuracy(0) - accuracy(level), mean over {len(use)} cells: {what}",
+    return Headline(column, value, low, high, higher_is_better("imagenet_e", column),
+                    f"accuracy(0) - accuracy(level), mean over {len(use)} cells: {what}",
                     n, details)
 
 

@@ -1,6 +1,8 @@
 """``cnsbench leaderboard CARDS... --output DIR``: models x benchmarks from robustness cards.
 
-The cards must be made on the same suite, with the same protocols, on the same outputs:
+Each card is read strictly (:mod:`pipeline.card.schema`): a regular file of bounded size,
+finite numbers, each benchmark once, refused naming the file and the key otherwise.  The
+cards must be made on the same suite, with the same protocols, on the same outputs:
 the suite's hash and baseline, the set of benchmarks, and per benchmark its family,
 metric, protocol, benchmark hash (the output's config without its classifiers) and the
 digest of its images must agree.  Otherwise the cards are refused
@@ -8,12 +10,15 @@ digest of its images must agree.  Otherwise the cards are refused
 code 2) naming each differing key and its value on every card.  The outputs' config
 hashes may differ: each card adds its model to the outputs, which changes their config.
 
-Per benchmark the models are ranked by the headline metric (1 = most robust; ties share
-the smaller rank), and each gets a *tier*: 1 plus the number of models whose interval lies
+Per benchmark the models are ranked by the headline metric in the direction of its
+definition (:data:`pipeline.card.schema.METRICS`, never the card's say; 1 = most robust;
+ties share the smaller rank), and each gets a *tier*: 1 plus the number of models whose interval lies
 entirely on the better side of its own, so models that the intervals cannot tell apart
 share a tier.  Between every two benchmarks the ranks are compared by Spearman's rho and
-Kendall's tau-b over the models that have both (do CNS shifts rank models as corruptions
-do?).  Written: ``leaderboard.csv`` (one row per model and benchmark),
+Kendall's tau-b over the models that have both, with permutation p-values
+(:func:`rank_association`; do CNS shifts rank models as corruptions do?).  Written into a
+new or empty folder or an earlier leaderboard's (its marker :data:`LEADERBOARD_MARKER`,
+written first): ``leaderboard.csv`` (one row per model and benchmark),
 ``correlations.csv`` and ``index.html``.
 """
 
@@ -23,38 +28,45 @@ import itertools
 import json
 import math
 import os
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from pipeline.aggregate.compare import NotComparable
-from pipeline.io.safejson import loads as safe_loads
+from pipeline.card.schema import TMP, CardError, higher_is_better, read_card, read_json
+from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
 COLUMNS = ["model", "benchmark", "family", "metric", "value", "ci_low", "ci_high", "higher_is_better", "rank", "tier",
            "protocol", "weights_sha256", "card"]
 CORRELATION_COLUMNS = ["benchmark_a", "benchmark_b", "n_models", "spearman_rho", "spearman_p", "kendall_tau", "kendall_p"]
-MARKER = "leaderboard.csv"
+TABLE = "leaderboard.csv"
 
 
 class CardsNotComparable(NotComparable):
     """The cards were made on different suites, protocols or outputs."""
 
 
+def card_file(location: str) -> tuple[OutputStore, str]:
+    """(store, name) of a card's file: ``location`` itself when it is a file (or names a
+    ``.json``), else its ``card.json``."""
+    path = location.rstrip("/") or location
+    is_file = path.endswith(".json") or ("://" not in path and os.path.lexists(path) and not os.path.isdir(path))
+    if not is_file:
+        path = path + "/card.json"
+    root, _, name = path.rpartition("/")
+    return OutputStore(root or "."), name
+
+
 def load_card(location: str) -> dict[str, Any]:
-    """A card from its folder (or its ``card.json``); ValueError naming what is wrong."""
-    path = location if location.endswith(".json") else location.rstrip("/") + "/card.json"
-    store_root, _, name = path.rpartition("/")
-    store = OutputStore(store_root or ".")
-    if not store.exists(name):
-        raise FileNotFoundError(f"{location}: no card here ({path} not found); make one with `cnsbench card`")
-    try:
-        card = safe_loads(store.read_bytes(name), path)
-    except ValueError as err:
-        raise ValueError(f"{path}: not a card ({err})") from None
-    if not isinstance(card, dict) or not {"model", "suite", "benchmarks"} <= set(card):
-        raise ValueError(f"{path}: not a card (needs model, suite and benchmarks)")
+    """A checked card (:mod:`pipeline.card.schema`) from its folder or its file: a regular
+    file of bounded size; :class:`~pipeline.card.schema.CardError` naming the file and key."""
+    store, name = card_file(location)
+    if not store.exists(name) and not (store.local and os.path.lexists(store.path(name))):
+        raise FileNotFoundError(f"{location}: no card here ({store.url(name)} not found); make one with `cnsbench card`")
+    card = read_card(store, name)
     card["_location"] = location
     return card
 
@@ -114,7 +126,7 @@ def rank_table(cards: list[dict[str, Any]]) -> pd.DataFrame:
             rows.append({
                 "model": c["model"]["name"], "benchmark": b["benchmark"], "family": b["family"], "metric": b["metric"],
                 "value": _f(b["value"]), "ci_low": _f(b["ci_low"]), "ci_high": _f(b["ci_high"]),
-                "higher_is_better": bool(b["higher_is_better"]), "protocol": b["protocol"],
+                "higher_is_better": higher_is_better(b["family"], b["metric"]), "protocol": b["protocol"],
                 "weights_sha256": c["model"].get("weights_sha256"), "card": c["_location"],
             })
     table = pd.DataFrame(rows)
@@ -138,8 +150,6 @@ def _f(v: Any) -> float:
 
 def rank_correlations(table: pd.DataFrame) -> pd.DataFrame:
     """Spearman and Kendall correlation of the models' ranks between every two benchmarks."""
-    from scipy import stats
-
     wide = table.pivot_table(index="model", columns="benchmark", values="rank", sort=False)
     rows = []
     for a, b in itertools.combinations(list(wide.columns), 2):
@@ -150,52 +160,82 @@ def rank_correlations(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CORRELATION_COLUMNS)
 
 
-EXACT_UP_TO = 8  # models: every ordering enumerated (8! = 40,320)
+EXACT_UP_TO = 9  # models: every pairing enumerated (9! = 362,880, about a second per two benchmarks)
+RESAMPLES = 99_999  # random pairings beyond that
+SEED = 0
 
 
 def rank_association(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
     """Spearman's rho and Kendall's tau-b of ``x`` and ``y`` with two-sided p-values of no
-    association.  Up to :data:`EXACT_UP_TO` models the p-values are exact: the share of all
-    orderings of ``y`` against ``x`` whose statistic is at least as far from 0 (with three
-    models a perfect agreement has p = 1/3; scipy's approximations would say 0 and 0.12).
-    Beyond that, scipy's."""
+    association: the share of the pairings of ``y`` with ``x`` whose statistic is at least
+    as far from 0 as the observed one (``scipy.stats.permutation_test`` over pairings, on
+    the absolute statistic; ties stay ties in every pairing).  Exact up to
+    :data:`EXACT_UP_TO` models, where every pairing is enumerated: with three models a
+    perfect agreement has p = 1/3, where Spearman's t approximation says 0.  Beyond, a
+    Monte Carlo estimate over :data:`RESAMPLES` random pairings (seeded, so repeatable)."""
     from scipy import stats
 
-    rho, tau = stats.spearmanr(x, y).statistic, stats.kendalltau(x, y).statistic
     n = len(x)
-    if n > EXACT_UP_TO:
-        return rho, stats.spearmanr(x, y).pvalue, tau, stats.kendalltau(x, y).pvalue
-    orders = np.array(list(itertools.permutations(range(n))))
+    with warnings.catch_warnings():  # a benchmark on which every model ties: said by the NaN below
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        rho, tau = stats.spearmanr(x, y).statistic, stats.kendalltau(x, y).statistic
+    if not (np.isfinite(rho) and np.isfinite(tau)):  # a benchmark on which every model ties
+        return rho, math.nan, tau, math.nan
+    # Both statistics of one pairing at once: row 0 of the permuted data gives rho, row 1 tau.
+    # Ranks are a permutation's invariant up to order, so their centring and the ties (the
+    # denominators) are constants: each statistic is one product per pairing.
     rx, ry = stats.rankdata(x), stats.rankdata(y)
     cx, cy = rx - rx.mean(), ry - ry.mean()
     norm = np.sqrt((cx @ cx) * (cy @ cy))
-    rhos = (cy[orders] @ cx) / norm if norm > 0 else np.full(len(orders), np.nan)
     i, j = np.triu_indices(n, 1)
     sx = np.sign(x[i] - x[j])
-    pairs, ties_x, ties_y = len(i), int((sx == 0).sum()), int((np.sign(y[i] - y[j]) == 0).sum())
-    denom = np.sqrt((pairs - ties_x) * (pairs - ties_y))
-    yo = y[orders]
-    taus = (np.sign(yo[:, i] - yo[:, j]) @ sx) / denom if denom > 0 else np.full(len(orders), np.nan)
-    return rho, _share_as_far(rhos, rho), tau, _share_as_far(taus, tau)
+    ties_x, ties_y = int((sx == 0).sum()), int((np.sign(y[i] - y[j]) == 0).sum())
+    denom = np.sqrt((len(i) - ties_x) * (len(i) - ties_y))
 
+    def both(data: np.ndarray, axis: int = -1) -> np.ndarray:
+        data = np.moveaxis(data, axis, -1)
+        r = (data[..., 0, :] @ cx) / norm
+        t = (np.sign(data[..., 1, i] - data[..., 1, j]) @ sx) / denom
+        return np.abs(np.stack([r, t], axis=-1))
 
-def _share_as_far(values: np.ndarray, observed: float) -> float:
-    if not np.isfinite(observed):
-        return math.nan
-    return float(np.mean(np.abs(values) >= abs(observed) - 1e-12))
+    exact = math.factorial(n) <= math.factorial(EXACT_UP_TO)
+    res = stats.permutation_test(
+        (np.stack([cy, y]),), both, permutation_type="pairings", vectorized=True, alternative="greater", axis=-1,
+        n_resamples=np.inf if exact else RESAMPLES, batch=40_320, rng=np.random.default_rng(SEED),
+    )
+    p_rho, p_tau = (float(v) for v in res.pvalue)
+    return rho, p_rho, tau, p_tau
 
 
 def _nan(v: Any) -> float:
     return float(v) if v is not None and np.isfinite(v) else math.nan
 
 
+LEADERBOARD_MARKER = "cnsbench-leaderboard.json"
+
+
 def claim_folder(store: OutputStore) -> None:
+    """A leaderboard goes into a new or empty folder, or one holding an earlier leaderboard's
+    marker (:data:`LEADERBOARD_MARKER`, its content checked); anything else is refused
+    naming what is there, and nothing is written."""
+    if store.local and os.path.lexists(store.root) and not os.path.isdir(store.root):
+        raise ValueError(f"--output {store.uri} is not a folder")
     if not store.exists(""):
         return
-    names = [n for n in store.top_level() if not n.startswith(".")]
-    if names and MARKER not in names:
-        raise ValueError(f"{store.uri} is not empty and holds no leaderboard ({', '.join(names[:5])}); "
-                         "give a new or empty folder, or an earlier leaderboard's")
+    if store.exists(LEADERBOARD_MARKER) or (store.local and os.path.lexists(store.path(LEADERBOARD_MARKER))):
+        where = store.url(LEADERBOARD_MARKER)
+        try:
+            doc = read_json(store, LEADERBOARD_MARKER, "leaderboard marker")
+        except CardError as err:
+            raise ValueError(f"{err}; refusing to write into {store.uri}") from None
+        if not isinstance(doc, dict) or doc.get("cnsbench") != "leaderboard":
+            raise ValueError(f"{where} is not a cnsbench leaderboard marker; refusing to write into {store.uri}")
+        return
+    names = [n for n in store.top_level() if not TMP.fullmatch(n)]
+    if names:
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} entries)" if len(names) > 8 else "")
+        raise ValueError(f"--output {store.uri} is not empty and holds no leaderboard (no {LEADERBOARD_MARKER}); "
+                         f"found: {shown}. Give a new or empty folder, or an earlier leaderboard's; nothing was changed.")
 
 
 def make_leaderboard(locations: Sequence[str], dest: str, *, echo: Callable[[str], None] = print) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -212,10 +252,11 @@ def make_leaderboard(locations: Sequence[str], dest: str, *, echo: Callable[[str
     corr = rank_correlations(table)
     info = {"suite": cards[0]["suite"]["name"], "suite_hash": cards[0]["suite"]["hash"],
             "cards": [c["_location"] for c in cards], "models": [c["model"]["name"] for c in cards]}
+    store.write_text(LEADERBOARD_MARKER, strict_dumps({"cnsbench": "leaderboard", **info}, indent=1) + "\n")
     store.write_text("correlations.csv", corr.to_csv(index=False))
     shown = table.rename(columns={"ci_low": "value_ci_low", "ci_high": "value_ci_high"})
     shown["better"] = np.where(shown["higher_is_better"], "higher", "lower")
     store.write_text("index.html", leaderboard_html(shown, corr.rename(columns={}), info))
-    store.write_text(MARKER, table.to_csv(index=False))
+    store.write_text(TABLE, table.to_csv(index=False))
     echo(f"[cnsbench] leaderboard of {len(cards)} models x {table['benchmark'].nunique()} benchmarks: {store.url('index.html')}")
     return table, corr

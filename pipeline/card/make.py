@@ -7,6 +7,12 @@ model (:mod:`pipeline.card.headline`) and kept in ``DIR/benchmarks/<name>.json``
 key they were computed for (the model's identity, the output's config hash and the
 digest of its images).  ``card.json`` and ``card.html`` are written last from those files.
 
+The folder is claimed first (:func:`claim_card_folder`): a new or empty folder, or an
+earlier card's of the same model (its marker ``cnsbench-card.json``, written before
+anything else); another model's card only with ``force``.  Every file read back from it
+(kept entries, the earlier ``card.json``) is read strictly (:mod:`pipeline.card.schema`)
+and a damaged one is refused naming it.
+
 Running the same card again reuses every kept entry whose key still holds and touches no
 model: outputs that hold the model are only read (manifests, config, report), and kept
 entries are not recomputed.  A card stopped part way resumes at the first benchmark
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from typing import Any, Callable
 
@@ -24,12 +31,23 @@ from pipeline import __version__
 from pipeline.card.headline import Tables, headline
 from pipeline.card.model import identity
 from pipeline.card.outputs import Prepared, prepare
+from pipeline.card.schema import (
+    CARD_MARKER,
+    CARD_VERSION,
+    TMP,
+    CardError,
+    card_marker,
+    check_card,
+    check_kept,
+    read_card,
+    read_card_marker,
+    read_json,
+)
 from pipeline.card.suite import ALEXNET, Suite
 from pipeline.config import BuildConfig, ClassifierSpec, resolved_dict
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
-CARD_VERSION = 1
 MARKER = "card.json"
 Echo = Callable[[str], None]
 
@@ -66,26 +84,54 @@ def benchmark_hash(cfg: BuildConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def claim_card_folder(store: OutputStore) -> None:
-    """A card goes into a new or empty folder, or one holding an earlier card."""
+def claim_card_folder(store: OutputStore, model: str, force: bool = False) -> str | None:
+    """A card goes into a new or empty folder, or one holding a card's marker
+    (:data:`~pipeline.card.schema.CARD_MARKER`, content-checked), or a checked ``card.json``
+    of a card made before markers existed.  A folder holding another model's card is
+    refused unless ``force`` (then that card's files are removed).  Returns the model the
+    folder's marker names (None for a new folder, or a card made before markers); nothing
+    is written here: :func:`make_card` writes the marker first."""
+    if store.local and os.path.lexists(store.root) and not os.path.isdir(store.root):
+        raise NotACardFolder(f"--output {store.uri} is not a folder")
     if not store.exists(""):
-        return
-    names = [n for n in store.top_level() if not n.startswith(".")]
-    if names and MARKER not in names and "benchmarks" not in names:
+        return None
+    names = [n for n in store.top_level() if not TMP.fullmatch(n)]
+    if not names:
+        return None
+    marked = CARD_MARKER in names
+    if marked:
+        holder = read_card_marker(store)["model"]
+    elif MARKER in names:  # a card made before the marker: ours when it is a card
+        holder = read_card(store, MARKER)["model"]["name"]
+    else:
         raise NotACardFolder(
-            f"{store.uri} is not empty and holds no card ({', '.join(sorted(names)[:5])}); "
-            "give a new or empty folder, or one of an earlier card"
+            f"--output {store.uri} is not empty and holds no card (no {CARD_MARKER}); found: "
+            f"{', '.join(sorted(names)[:8])}{', ...' if len(names) > 8 else ''}. "
+            "Give a new or empty folder, or one of an earlier card; nothing was changed."
         )
+    if holder == model:
+        return holder if marked else None
+    if not force:
+        raise NotACardFolder(
+            f"--output {store.uri} holds the card of another model, {holder!r} (this card is of {model!r}); "
+            "give another --output, or pass --force to replace that card; nothing was changed."
+        )
+    for rel in [MARKER, "card.html", *(f"benchmarks/{n}" for n in store.top_level("benchmarks") if n.endswith(".json"))]:
+        if store.exists(rel):
+            store.remove(rel)
+    return holder
 
 
 def _kept(store: OutputStore, name: str) -> dict[str, Any] | None:
+    """The kept entry of a benchmark (None when there is none); a damaged one is refused
+    naming its file (:class:`~pipeline.card.schema.CardError`)."""
     rel = f"benchmarks/{name}.json"
-    if not store.exists(rel):
+    if not (store.exists(rel) or (store.local and os.path.lexists(store.path(rel)))):
         return None
     try:
-        return json.loads(store.read_bytes(rel))
-    except ValueError:
-        return None
+        return check_kept(read_json(store, rel, "kept card entry"), store.url(rel))
+    except CardError as err:
+        raise CardError(f"{err}; remove the file to compute the entry again") from None
 
 
 def entry_key(p: Prepared, model: dict[str, Any], suite: Suite, images: str) -> dict[str, Any]:
@@ -145,20 +191,27 @@ def make_card(
     echo: Echo = print,
     ready: Callable[[BuildConfig], None] = lambda cfg: None,
     report: bool = True,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Make (or resume, or confirm) the card of ``model`` over ``suite`` in ``dest``; returns card.json's content.
 
     ``report``: aggregate an output's report again after adding the model to it (as a
-    build that adds a classifier does)."""
+    build that adds a classifier does).  ``force``: replace another model's card in ``dest``
+    (:func:`claim_card_folder`)."""
+    from pipeline.output_run import IncompatibleOutput
     from pipeline.card.page import card_html
 
     store = OutputStore(dest)
-    claim_card_folder(store)
+    if claim_card_folder(store, model.name, force) != model.name:
+        store.write_text(CARD_MARKER, strict_dumps(card_marker(model.name), indent=1) + "\n")
     ident = identity(model)
     entries = []
     for b in suite.benchmarks:
         start = time.perf_counter()
-        p = prepare(b, model, baseline=suite.baseline, runner=runner, echo=echo, ready=ready, report=report)
+        try:
+            p = prepare(b, model, baseline=suite.baseline, runner=runner, echo=echo, ready=ready, report=report)
+        except IncompatibleOutput as err:
+            raise IncompatibleOutput(_card_hint(b.where, str(err))) from None
         out_store = OutputStore(p.uri)
         key = entry_key(p, ident, suite, images_digest(out_store))
         kept = _kept(store, b.name)
@@ -181,6 +234,7 @@ def make_card(
         "benchmarks": [{k: v for k, v in e.items() if k != "key"} for e in entries],
         "cnsbench": __version__,
     }
+    check_card(card, f"the card of {model.name}")  # what the leaderboard will read back
     previous = _read_card(store)
     if previous is None or {k: v for k, v in previous.items() if k != "created"} != card:
         card["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -192,12 +246,21 @@ def make_card(
 
 
 def _read_card(store: OutputStore) -> dict[str, Any] | None:
+    """The card written before (None without one or its page); a damaged one is refused naming it."""
     if not store.exists(MARKER) or not store.exists("card.html"):
         return None
     try:
-        return json.loads(store.read_bytes(MARKER))
-    except ValueError:
-        return None
+        return read_card(store, MARKER)
+    except CardError as err:
+        raise CardError(f"{err}; remove it to make the card again") from None
+
+
+def _card_hint(where: str, message: str) -> str:
+    """A build's refusal of an output, with the ways out that ``card`` has (not ``build``'s ``--new-version``)."""
+    detail = message.split("\nPass --new-version", 1)[0]
+    return (f"{where}: {detail}\nGive this suite entry an `output` of its own (or run the card with "
+            "--outputs DIR, a new folder for all of the suite's outputs), or move the existing output away; "
+            "nothing was changed.")
 
 
 def _show(v: float | None) -> str:

@@ -102,8 +102,8 @@ def leaderboard_html(table: pd.DataFrame, correlations: pd.DataFrame, info: dict
     else:
         corr = ci_table(correlations, sortable=True) + (
             "<p>Spearman's rho and Kendall's tau-b between the models' ranks on two benchmarks (n models); "
-            "p: the two-sided test of no association, exact over every ordering of up to 8 models (scipy's "
-            "approximation beyond). With few models even a perfect agreement is weak evidence (3 models: p = 1/3).</p>"
+            "p: the two-sided permutation test of no association, exact over every pairing of up to 9 models (a "
+            "seeded Monte Carlo estimate over 99,999 random pairings beyond). With few models even a perfect agreement is weak evidence (3 models: p = 1/3).</p>"
         )
     sections.append(("Rank correlation between benchmarks", corr))
     return page_html(title, None, sections, ["leaderboard.csv", "correlations.csv"])

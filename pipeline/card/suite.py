@@ -53,9 +53,9 @@ class BenchmarkEntry(Strict):
     family: Literal["cns", "corruptions", "imagenet_d", "ximagenet", "imagenet_e"] = Field(
         ..., description="whose headline metrics the card shows"
     )
-    config: str | None = Field(None, description="build config; with release: the evaluate config")
-    output: str | None = Field(None, description="the benchmark's output (default: <outputs>/<name>)")
-    release: str | None = Field(None, description="a released dataset, evaluated once into the output")
+    config: str | None = Field(None, min_length=1, description="build config; with release: the evaluate config")
+    output: str | None = Field(None, min_length=1, description="the benchmark's output (default: <outputs>/<name>)")
+    release: str | None = Field(None, min_length=1, description="a released dataset, evaluated once into the output")
     source_kind: str | None = Field(None, description="release: its layout (default: detected)")
     protocol: str | None = Field(None, description="the protocol the benchmark is evaluated with (checked)")
     filter: bool = Field(False, description="release: run the config's OOC filter too")
@@ -77,7 +77,7 @@ class SuiteSpec(Strict):
     suite: str = Field(..., pattern=NAME, description="the suite's name")
     description: str = ""
     baseline: str | None = Field(None, description="mCE's reference classifier (a name) or alexnet")
-    outputs: str | None = Field(None, description="folder of the outputs of entries without `output`")
+    outputs: str | None = Field(None, min_length=1, description="folder of the outputs of entries without `output`")
     benchmarks: list[BenchmarkEntry] = Field(..., min_length=1)
 
     @model_validator(mode="after")
@@ -201,6 +201,8 @@ def load_suite(path: str | os.PathLike[str], outputs: str | None = None) -> Suit
     """Read and check a suite file; ``outputs`` replaces its ``outputs`` folder.
 
     Raises :class:`ConfigError` naming the file and key of a malformed suite."""
+    if outputs is not None and not outputs.strip():
+        raise ConfigError("--outputs is empty: give the folder of the suite's outputs (or leave --outputs out)")
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid suite {path}: the top level must be a mapping, got {type(raw).__name__}")
@@ -223,3 +225,36 @@ def load_suite(path: str | os.PathLike[str], outputs: str | None = None) -> Suit
             output = folder.rstrip("/") + "/" + entry.name
         benchmarks.append(Benchmark(i, entry, kind, _resolve(entry.config, base), output, _resolve(entry.release, base)))
     return Suite(str(Path(path).resolve()), spec, tuple(benchmarks), suite_hash(spec))
+
+
+SETTINGS = ("kind", "config", "sets", "release", "source_kind", "filter")  # what makes an output, per entry
+
+
+def _settings(b: Benchmark) -> dict[str, Any]:
+    e = b.entry
+    return {"kind": b.kind, "config": b.config, "sets": list(e.sets), "release": b.release,
+            "source_kind": e.source_kind, "filter": e.filter}
+
+
+def _same_place(location: str) -> str:
+    return location.rstrip("/") if _is_uri(location) else os.path.normpath(os.path.abspath(location))
+
+
+def shared_output_problems(suite: Suite) -> list[str]:
+    """Entries that share one output but would make it differently (another config, ``sets``,
+    release, ...), each pair named with the settings that differ.  An ``output`` entry
+    makes nothing, so it may share an output with any entry; entries with the same settings
+    (one output measured by two families) share it by design."""
+    problems = []
+    makers = [b for b in suite.benchmarks if b.kind != "output"]
+    for i, a in enumerate(makers):
+        for b in makers[i + 1:]:
+            if _same_place(a.output) != _same_place(b.output):
+                continue
+            sa, sb = _settings(a), _settings(b)
+            differ = [k for k in SETTINGS if sa[k] != sb[k]]
+            if differ:
+                detail = "; ".join(f"{k}: {sa[k]!r} and {sb[k]!r}" for k in differ)
+                problems.append(f"{a.where} and {b.where} share the output {a.output} with different settings "
+                                f"({detail}): give one of them an `output` of its own")
+    return problems

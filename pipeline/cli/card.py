@@ -42,18 +42,24 @@ def config_loaders(suite) -> list:
 def run(args: argparse.Namespace) -> int:
     from pipeline.card.make import make_card
     from pipeline.card.model import resolve_model
-    from pipeline.card.suite import load_suite
+    from pipeline.card.suite import load_suite, shared_output_problems
     from pipeline.demo.assets import ensure_config_assets
 
     model = args.model_arg or args.model
     if args.model_arg and args.model and args.model_arg != args.model:
         raise ConfigError(f"card: the model is named twice ({args.model_arg!r} and --model {args.model!r})")
+    if not args.output.strip():
+        raise ConfigError("card: --output is empty: give the card's folder")
     suite = load_suite(args.suite, args.outputs)
+    shared = shared_output_problems(suite)
+    if shared:
+        raise ConfigError(f"invalid suite {suite.path}:\n" + "\n".join(f"  {p}" for p in shared))
     spec = resolve_model(
         model, kind=args.model_kind, checkpoint=args.checkpoint, model_config_file=args.model_config_file,
         name=args.name, configs=config_loaders(suite),
     )
-    card = make_card(spec, suite, args.output, runner=args.runner, ready=ensure_config_assets, report=not args.no_report)
+    card = make_card(spec, suite, args.output, runner=args.runner, ready=ensure_config_assets, report=not args.no_report,
+                     force=args.force)
     for b in card["benchmarks"]:
         value = "n/a" if b["value"] is None else f"{b['value']:.4f}"
         ci = "" if b["ci_low"] is None else f" [{b['ci_low']:.4f}, {b['ci_high']:.4f}]"
@@ -80,6 +86,8 @@ def register(sub) -> None:
     s.add_argument("--output", required=True, help="folder of the card")
     s.add_argument("--outputs", help="folder of the benchmarks' outputs (default: the suite's `outputs`)")
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
+    s.add_argument("--force", action="store_true",
+                   help="replace the card of another model in --output (without it, such a folder is refused)")
     s.add_argument("--no-report", action="store_true",
                    help="leave an output's report as it was after adding the model (`cnsbench aggregate` updates it)")
     s.set_defaults(func=run)

@@ -8,6 +8,8 @@ import argparse
 def run(args: argparse.Namespace) -> int:
     from pipeline.card.leaderboard import make_leaderboard
 
+    if not args.output.strip():
+        raise ValueError("leaderboard: --output is empty: give the leaderboard's folder")
     make_leaderboard(args.cards, args.output)
     return 0
 
@@ -19,5 +21,6 @@ def register(sub) -> None:
         "intervals, and correlate the benchmarks' rankings. Cards of another suite, protocol or output are refused.",
     )
     s.add_argument("cards", nargs="+", metavar="CARD", help="card folders (cnsbench card --output)")
-    s.add_argument("--output", required=True, help="folder of the leaderboard")
+    s.add_argument("--output", required=True,
+                   help="folder of the leaderboard: a new or empty one, or an earlier leaderboard's")
     s.set_defaults(func=run)
