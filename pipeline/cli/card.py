@@ -83,7 +83,8 @@ def register(sub) -> None:
     s.add_argument("--model-config-file", help="inline open_clip model: its architecture JSON")
     s.add_argument("--name", help="the model's name on the card and in the outputs (default: the entry's)")
     s.add_argument("--suite", required=True, help="suite file (configs/suite_world.yaml)")
-    s.add_argument("--output", required=True, help="folder of the card")
+    s.add_argument("--output", required=True,
+                   help="folder of the card: a new or empty one, or one of an earlier card of this model")
     s.add_argument("--outputs", help="folder of the benchmarks' outputs (default: the suite's `outputs`)")
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--force", action="store_true",
