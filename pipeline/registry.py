@@ -2,18 +2,34 @@
 
 Entries are ``"module:attribute"`` strings, so listing and validating never import
 torch or a model library.  An unknown key fails with the valid keys and close matches.
+A registry of classes may name their base class (``base``, also a ``"module:Class"``
+string): an entry is checked against it when it is loaded, and one that does not derive
+from it fails naming the entry and where it points (as lm-evaluation-harness's
+``Registry[type[LM]]``), not deep inside a run.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 
-class Registry:
-    def __init__(self, kind: str) -> None:
+class PluginError(TypeError):
+    """A registered entry that is not what its registry holds (the message names it)."""
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, base: str | None = None) -> None:
         self.kind = kind
+        self.base = base  # "module:Class" every entry must derive from (checked on load)
         self._entries: dict[str, tuple[str, str]] = {}
 
     def register(self, key: str, target: str, doc: str = "") -> None:
@@ -33,10 +49,17 @@ class Registry:
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise KeyError(f"unknown {self.kind} {key!r}{hint}; registered: {', '.join(self.keys())}")
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> T:
         self.check(key)
-        module, _, attr = self._entries[key][0].partition(":")
-        return getattr(importlib.import_module(module), attr)
+        target = self._entries[key][0]
+        entry = _load(target)
+        if self.base is not None:
+            base = _load(self.base)
+            if not (isinstance(entry, type) and issubclass(entry, base)):
+                raise PluginError(
+                    f"{self.kind} {key!r} ({target}) is not a subclass of {base.__module__}.{base.__qualname__}"
+                )
+        return entry
 
 
 # Shift families (``generator.kind``, ``families[].kind``): see pipeline.families.base.
@@ -65,7 +88,6 @@ FAMILIES.register(
     "masked_scenario", "pipeline.families.masked_scenario:MaskedScenarioFamily",
     "XIMAGENET-12 scenarios (background/object blur, colour, overexposure, segmented, random/generated background); scale = strength 0..1",
 )
-GENERATORS = FAMILIES  # the name `generator.kind` has always used
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
 SOURCES = Registry("source")
@@ -91,7 +113,9 @@ FILTERS.register(
 )
 FILTERS.register("none", "pipeline.models.keep_all:KeepAll", "keep every image (scores left empty)")
 
-CLASSIFIERS = Registry("classifier")
+# Classes of the contract pipeline.models.classifiers.BaseClassifier (named, not imported: this
+# module is below the models); a kind that does not derive from it fails when it is loaded.
+CLASSIFIERS: Registry[type] = Registry("classifier", base="pipeline.models.classifiers:BaseClassifier")
 CLASSIFIERS.register("timm", "pipeline.models.classifiers:TimmClassifier", "any timm model (name.tag or local weights)")
 CLASSIFIERS.register(
     "open_clip_zeroshot", "pipeline.models.classifiers:OpenClipZeroShot",

@@ -123,3 +123,20 @@ def test_prompt_baseline_generator(tiny_world, sampler):
     for scale in SCALES[1:]:
         assert np.abs(arr(group.image("heavy_snow", scale)) - snow).max() <= 2
     assert np.abs(snow - arr(group.image("painting_style", 1.0))).mean() > 0.5
+
+
+def test_samplers_are_siblings_and_the_prompt_one_hooks_nothing(tiny_world, sampler):
+    """Slider and prompt samplers share one text-to-image base; only the slider one hooks the UNet."""
+    from pipeline.models.sampler import PromptSampler, SliderSampler, TextToImageSampler, get_sampler
+
+    assert issubclass(PromptSampler, TextToImageSampler) and not issubclass(PromptSampler, SliderSampler)
+    hooked = sum(len(m._forward_hooks) for m in sampler.pipe.unet.modules())
+    assert hooked > 0  # the slider bank, one hook per target layer
+    spec = sampler.spec.model_copy(update={"kind": "prompt", "slider_store": None})
+    labels = label_space()
+    two_p = get_sampler("prompt", spec, tiny_world["classes"], labels, "cpu", torch.float32)
+    assert type(two_p) is PromptSampler and not hasattr(two_p, "bank")
+    assert sum(len(m._forward_hooks) for m in two_p.pipe.unet.modules()) == 0
+    assert get_sampler("prompt", spec, tiny_world["classes"], labels, "cpu", torch.float32) is two_p  # built once
+    with pytest.raises(ValueError, match=r"generator.kind 'corruption' has no text-to-image sampler; choose one of \['prompt', 'slider'\]"):
+        get_sampler("corruption", spec, tiny_world["classes"], labels, "cpu", torch.float32)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from pipeline.config import ClassifierSpec
@@ -111,7 +112,7 @@ def test_answers_follow_the_generated_words(vlm, monkeypatch):
 
 
 def test_pool_runs_the_distractor_source_first(vlm):
-    from pipeline.models.vlm import classify_all
+    from pipeline.models.classifiers import classify_all
 
     class Ranker:  # a classifier whose top-1 is always class 6
         name, asks, out_to_label = "clip", False, list(range(10))
@@ -157,3 +158,70 @@ def test_bench_vlm_smallest_size(capsys):
                       "--patch", "8", "--new-tokens", "2", "--json"])
     assert out["batched_images_per_s"] > 0 and out["one_at_a_time_images_per_s"] > 0 and out["speedup"] > 0
     assert out["answers_agree"] == 1.0
+
+
+# --------------------------------------------------------------------------- LLaVA-1.5 as its builder runs it
+def test_vision_tower_float32_with_a_float16_language_model(tiny_llava):
+    """ImageNet-D's protocol: dtype float16, vision_dtype float32 (LLaVA's load_pretrained_model
+    loads the CLIP tower apart in float32 and leaves it there under device_map "auto")."""
+    from pipeline.models.vlm import VLMClassifier, vision_modules
+
+    clf = VLMClassifier(_spec(tiny_llava, temperature=0.0).model_copy(
+        update={"dtype": "float16", "vision_dtype": "float32"}), "cpu", label_space(DIGITS))
+    tower, projector = vision_modules(clf.model)
+    assert {p.dtype for p in tower.parameters()} == {torch.float32}
+    assert {p.dtype for p in projector.parameters()} == {torch.float16}
+    assert {p.dtype for p in clf.model.get_input_embeddings().parameters()} == {torch.float16}
+    lm = clf.model.model.language_model
+    assert {p.dtype for p in lm.parameters()} == {torch.float16}
+    # The tower's float32 features reach the float16 projector cast to its dtype, and the answer is generated.
+    seen = []
+    handle = projector.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
+    try:
+        answers = clf.generate(_images(2), [clf.chat_prompt(clf.protocol.ask(1, DIGITS, "x", ranked=[1, 2]))] * 2, [1, 2])
+    finally:
+        handle.remove()
+    assert seen and set(seen) == {(torch.float16, torch.float16)} and len(answers) == 2
+
+
+def test_vision_dtype_of_a_model_without_a_vision_tower_is_refused(tiny_llava, monkeypatch):
+    from pipeline.models import vlm as vlm_module
+
+    monkeypatch.setattr(vlm_module, "vision_modules", lambda model: (None, None))
+    with pytest.raises(RuntimeError, match=r"classifiers\[llava\]\.vision_dtype: .*no vision_tower"):
+        vlm_module.VLMClassifier(_spec(tiny_llava).model_copy(update={"dtype": "float16", "vision_dtype": "float32"}),
+                                 "cpu", label_space(DIGITS))
+
+
+def test_pad_to_square_in_the_mean_colour_by_hand():
+    """LLaVA's expand2square: a 4 x 2 image (width x height) goes on a 4 x 4 square of the mean
+    colour at row (4 - 2) // 2 = 1; a 2 x 3 image at column (3 - 2) // 2 = 0, one column of fill on the right."""
+    from pipeline.models.vlm import pad_to_square
+
+    fill = (122, 116, 104)  # int(x * 255) of CLIP's mean 0.48145466, 0.4578275, 0.40821073
+    wide = Image.fromarray(np.arange(4 * 2 * 3, dtype=np.uint8).reshape(2, 4, 3))
+    out = np.asarray(pad_to_square(wide, fill))
+    assert out.shape == (4, 4, 3)
+    assert (out[0] == fill).all() and (out[3] == fill).all()
+    assert (out[1:3] == np.asarray(wide)).all()
+    tall = Image.fromarray(np.full((3, 2, 3), 7, dtype=np.uint8))
+    out = np.asarray(pad_to_square(tall, fill))
+    assert out.shape == (3, 3, 3) and (out[:, :2] == 7).all() and (out[:, 2] == fill).all()
+    square = Image.new("RGB", (5, 5))
+    assert pad_to_square(square, fill) is square
+
+
+def test_padded_image_reaches_the_processor(tiny_llava):
+    """image_aspect_ratio pad: the processor receives the square in the processor's mean colour
+    (the tiny processor's mean is CLIP's: 122, 116, 104 after LLaVA's int(x * 255))."""
+    from pipeline.models.vlm import VLMClassifier
+
+    clf = VLMClassifier(_spec(tiny_llava).model_copy(update={"image_aspect_ratio": "pad"}), "cpu", label_space(DIGITS))
+    assert clf.pad_fill == tuple(int(x * 255) for x in clf.processor.image_processor.image_mean) == (122, 116, 104)
+    image = Image.fromarray(np.full((16, 32, 3), 200, dtype=np.uint8))  # 32 wide, 16 high
+    [square] = clf.model_images([image])
+    pixels = np.asarray(square)
+    assert square.size == (32, 32)
+    assert (pixels[:8] == (122, 116, 104)).all() and (pixels[8:24] == 200).all() and (pixels[24:] == (122, 116, 104)).all()
+    plain = VLMClassifier(_spec(tiny_llava), "cpu", label_space(DIGITS))
+    assert plain.pad_fill is None and plain.model_images([image])[0].size == (32, 16)

@@ -326,3 +326,24 @@ def test_memory_projection_counts_dtype_and_the_generation_cache(tiny_llava, tmp
     short = memory.classifier_footprint(_spec(tiny_llava, {"max_new_tokens": 8}, dtype="float16"), images)
     grow = f16.activation_bytes - short.activation_bytes
     assert grow == t.num_hidden_layers * 2 * batch * (512 - 8) * kv_dim * 2  # the cache grows with the token limit
+
+
+def test_memory_projection_counts_the_vision_tower_in_its_own_dtype(tiny_llava, tmp_path, monkeypatch):
+    """ImageNet-D's protocol: the CLIP tower's weights at 4 bytes, the rest at 2; the stage's precision changes neither."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from pipeline.models.vlm import vision_modules
+    from pipeline.perf import memory
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    memory._classifier_footprint.cache_clear()
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(tiny_llava))
+    tower = sum(p.numel() for p in vision_modules(model)[0].parameters())
+    total = sum(p.numel() for p in model.parameters())
+    assert 0 < tower < total
+    mixed = memory.classifier_footprint(_spec(tiny_llava, dtype="float16", vision_dtype="float32"), 4)
+    f16 = memory.classifier_footprint(_spec(tiny_llava, dtype="float16"), 4)
+    assert mixed.weight_bytes == 2 * (total - tower) + 4 * tower and f16.weight_bytes == 2 * total
+    assert mixed.activation_bytes == f16.activation_bytes  # the prefill and the cache are the language model's
+    assert memory.in_precision(mixed, "bfloat16") == mixed

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -54,11 +54,13 @@ class BuildConfig(Strict):
         """Words of a shift in prompts and reports (``benchmark.shift_words``, else '_' -> ' ')."""
         return self.benchmark.shift_words.get(shift, shift.replace("_", " "))
 
-    @model_validator(mode="after")
-    def _protocol(self) -> "BuildConfig":
+    @model_validator(mode="wrap")
+    @classmethod
+    def _protocol(cls, data: Any, handler: Any) -> "BuildConfig":
         from pipeline.config import protocol
-        protocol.resolve(self)  # fills the keys left unset; see pipeline/config/protocol.py
-        return self
+
+        # The validated config with the keys it left unset filled; see pipeline/config/protocol.py.
+        return protocol.resolve(handler(data))
 
     @model_validator(mode="after")
     def _families(self) -> "BuildConfig":

@@ -13,6 +13,10 @@ from pipeline.io import bounds
 
 # How a vlm's question is wrapped (``prompt_template``): LLaVA's llava_v1 conversation, or the checkpoint's template.
 PROMPT_TEMPLATES = ("original", "model")
+# How a vlm's image reaches its processor (``image_aspect_ratio``): as the processor resizes and crops
+# it, or padded to a square in the processor's mean colour first (LLaVA's ``process_images``, ``pad``).
+IMAGE_ASPECT_RATIOS = ("model", "pad")
+VLM_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class ClassifierSpec(Strict):
@@ -35,6 +39,14 @@ class ClassifierSpec(Strict):
     dtype: str | None = Field(
         None, description="vlm: weights dtype float32 | float16 | bfloat16 (default float32; float16 under ImageNet-D's protocol)"
     )
+    vision_dtype: str | None = Field(
+        None, description="vlm: the vision tower's dtype (default: dtype; float32 under ImageNet-D's protocol, as "
+        "LLaVA-1.5's builder keeps its CLIP tower)",
+    )
+    image_aspect_ratio: str | None = Field(
+        None, description="vlm: 'model' (the processor's resize and crop; the default) or 'pad' (padded to a square "
+        "in the processor's mean colour first, as LLaVA-1.5; the default under ImageNet-D's protocol)",
+    )
     prompt_template: str | None = Field(
         None,
         description="vlm: how the question is wrapped: 'original' (LLaVA's llava_v1 conversation, as ImageNet-D's "
@@ -54,11 +66,17 @@ class ClassifierSpec(Strict):
                 raise ValueError(f"dtype: must be float32, float16 or bfloat16, got {self.dtype!r}")
             if self.prompt_template not in (None, *PROMPT_TEMPLATES):
                 raise ValueError(f"prompt_template: must be 'original' or 'model', got {self.prompt_template!r}")
+            if self.vision_dtype not in (None, *VLM_DTYPES):
+                raise ValueError(f"vision_dtype: must be float32, float16 or bfloat16, got {self.vision_dtype!r}")
+            if self.image_aspect_ratio not in (None, *IMAGE_ASPECT_RATIOS):
+                raise ValueError(f"image_aspect_ratio: must be 'model' or 'pad', got {self.image_aspect_ratio!r}")
             self.__dict__["dtype"] = self.dtype or "float32"
             self.__dict__["prompt_template"] = self.prompt_template or "model"
-        elif self.protocol is not None or self.dtype is not None or self.prompt_template is not None:
+        elif any(v is not None for v in (self.protocol, self.dtype, self.prompt_template, self.vision_dtype,
+                                          self.image_aspect_ratio)):
             raise ValueError(
-                f"protocol / dtype / prompt_template: only a classifier of kind vlm takes them (kind is {self.kind!r})"
+                "protocol / dtype / vision_dtype / image_aspect_ratio / prompt_template: only a classifier of kind vlm "
+                f"takes them (kind is {self.kind!r})"
             )
         return self
 

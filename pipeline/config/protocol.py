@@ -122,20 +122,22 @@ def default_protocol(labels: Any) -> str:
 
 
 # --------------------------------------------------------------------------- resolution
-def resolve(cfg: Any) -> None:
-    """Fill every protocol-governed key left unset (``None``) with its effective value.
+def resolve(cfg: Any) -> Any:
+    """``cfg`` with every protocol-governed key left unset (``None``) filled with its effective value.
 
-    ``cfg`` is a :class:`pipeline.config.BuildConfig`; values are written through
-    ``__dict__`` so pydantic's assignment validation does not re-enter the validators.
-    Raises ValueError naming the key for a combination that cannot hold.
+    ``cfg`` is a validated :class:`pipeline.config.BuildConfig`; the result is a copy (``cfg``
+    is not changed) whose filled keys stay out of each model's ``model_fields_set``: they
+    were not given by the config, so a released layout's protocol may still fill its own
+    (:mod:`pipeline.sources.release_protocol`).  Raises ValueError naming the key for a
+    combination that cannot hold.
     """
     protocol = cfg.protocol or default_protocol(cfg.benchmark.labels)
-    cfg.__dict__["protocol"] = protocol
     cns = protocol == "cns"
     flt = cfg.filter
-    if flt.class_names is None:
-        flt.__dict__["class_names"] = "keras" if cns and is_imagenet(cfg.benchmark.labels) else "labels"
-    if flt.class_names == "keras" and not is_imagenet(cfg.benchmark.labels):
+    class_names = flt.class_names
+    if class_names is None:
+        class_names = "keras" if cns and is_imagenet(cfg.benchmark.labels) else "labels"
+    if class_names == "keras" and not is_imagenet(cfg.benchmark.labels):
         raise ValueError(
             "filter.class_names: 'keras' names exist for the ImageNet-1k label space only; "
             f"benchmark.labels is {cfg.benchmark.labels!r} (use 'labels')"
@@ -143,20 +145,26 @@ def resolve(cfg: Any) -> None:
     unknown = sorted(set(flt.shift_text) - set(cfg.benchmark.shifts) - {s for f in cfg.families for s in f.shifts})
     if unknown:
         raise ValueError(f"filter.shift_text: {unknown} are not shifts of this build")
-    if flt.shift_text_style is None:
-        flt.__dict__["shift_text_style"] = "verbatim" if cns else "words"
-    if flt.dino.preprocess is None:
-        flt.dino.__dict__["preprocess"] = "cns" if cns else "model"
-    for clf in cfg.classifiers:
-        if clf.preprocess is None:
-            clf.__dict__["preprocess"] = "cns" if cns else "model"
+    own = "cns" if cns else "model"
+    dino = flt.dino if flt.dino.preprocess is not None else _filled(flt.dino, preprocess=own)
+    flt = _filled(flt, class_names=class_names, dino=dino,
+                  shift_text_style=flt.shift_text_style or ("verbatim" if cns else "words"))
+    classifiers = [c if c.preprocess is not None else _filled(c, preprocess=own) for c in cfg.classifiers]
     # Slider-training keys have plain defaults (a spec built on its own stays usable), so
     # "unset" here means "not given in the config" (pydantic's model_fields_set).
     st = cfg.slider_training
     defaults = CNS_SLIDER_TRAINING if cns else {**CUSTOM_SLIDER_TRAINING, "resolution": cfg.generator.resolution}
-    for key, value in defaults.items():
-        if key not in st.model_fields_set and (key != "resolution" or st.resolution is None):
-            st.__dict__[key] = value
+    st = _filled(st, **{key: value for key, value in defaults.items()
+                        if key not in st.model_fields_set and (key != "resolution" or st.resolution is None)})
+    return _filled(cfg, protocol=protocol, filter=flt, classifiers=classifiers, slider_training=st)
+
+
+def _filled(model: Any, **values: Any) -> Any:
+    """A copy of the validated pydantic ``model`` with ``values`` in place of its own and the same
+    ``model_fields_set`` (``model_construct``: the values are the resolver's, already checked)."""
+    if all(getattr(model, k) == v for k, v in values.items()):
+        return model
+    return type(model).model_construct(_fields_set=set(model.model_fields_set), **{**dict(model), **values})
 
 
 def filter_class_name(cfg: Any, class_id: int) -> str:

@@ -8,33 +8,19 @@ unit's context, so transforming families of the same build start from the same i
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
 from pipeline.families.base import BaseImage, Family, ShiftImages, UnitContext
 
 
 def shared_sampler(config: Any, kind: str, device: str, dtype: Any):
-    """The per-process sampler of ``kind`` ('slider' or 'prompt') for this build's generator."""
-    from pipeline.models import cache
-    from pipeline.models.sampler import PromptSampler, SliderSampler
-
+    """The build's sampler of ``kind`` ('slider' or 'prompt', :func:`pipeline.models.sampler.get_sampler`):
+    over the benchmark's classes and those a family reads images of."""
     from pipeline.families.base import extra_source_classes
+    from pipeline.models.sampler import get_sampler
 
-    gen = config.generator
-    bench = config.benchmark
-    classes = [*bench.classes, *extra_source_classes(config)]  # and classes a family reads images of
-    key = (
-        "sampler", kind, json.dumps(gen.model_dump(mode="json"), sort_keys=True),
-        tuple(classes), json.dumps(bench.labels), device, str(dtype),
-    )
-
-    def make():
-        sampler = (PromptSampler if kind == "prompt" else SliderSampler)(gen, device, dtype)
-        sampler.setup(classes, config.benchmark.label_space)
-        return sampler
-
-    return cache.shared(key, make)
+    classes = [*config.benchmark.classes, *extra_source_classes(config)]
+    return get_sampler(kind, config.generator, classes, config.benchmark.label_space, device, dtype)
 
 
 class SliderFamily(Family):

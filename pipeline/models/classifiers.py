@@ -1,4 +1,12 @@
-"""The ImageNet classifiers a benchmark evaluates, behind one interface.
+"""The ImageNet classifiers a benchmark evaluates, behind one contract.
+
+:class:`BaseClassifier` is the contract every kind of ``CLASSIFIERS`` implements (the
+registry refuses a class that does not derive from it): ``name``, ``asks``,
+``predict`` (logits) or, for a kind that asks (``asks``, the vlms of
+:mod:`pipeline.models.vlm`), ``answer``; ``set_precision`` (the stage's precision, which a
+kind running in its own dtypes ignores); ``footprint(spec, images)`` (its size from the config
+alone, for :mod:`pipeline.perf.memory`) and ``own_preprocess(spec)``.  :func:`classify_all`
+runs a pool of them over a batch of images, the one loop every stage shares.
 
 A :class:`Classifier` maps PIL images to logits over its own output space and states how
 each output index maps to an ImageNet-1k id (:attr:`Classifier.out_to_label`, from
@@ -19,10 +27,11 @@ Input preprocessing is chosen per classifier by ``preprocess`` (:mod:`pipeline.c
 
 from __future__ import annotations
 
+import abc
 import difflib
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 import torch
 
@@ -30,6 +39,15 @@ from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace, label_space
 from pipeline.models.cache import shared
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
+from pipeline.models.footprint import (
+    ModelSize,
+    dinov2_timm_arch,
+    input_side,
+    meta_forward_peak,
+    open_clip_sizes,
+    param_count,
+    timm_meta,
+)
 from pipeline.models import stored_preprocess
 from pipeline.models.stored_preprocess import PREPROCESS_FILE
 from pipeline.models.precision import FLOAT32, ModelPrecision
@@ -93,11 +111,68 @@ def topk_predictions(
     return top1, top5, p_true
 
 
-class Classifier:
-    """Base: ``predict(images) -> logits [N, C]`` and ``out_to_label`` (length C)."""
+class Answered(Protocol):
+    """What :meth:`BaseClassifier.answer` returns, per image (:class:`pipeline.models.vlm.VLMOutputs`)."""
 
+    top1: list[int]
+    top5: list[list[int]]
+    p_true: list[float]
+    answers: list[str | None]
+
+    @property
+    def excluded(self) -> list[bool]: ...
+
+
+class BaseClassifier(abc.ABC):
+    """The contract of a classifier kind (see the module doc)."""
+
+    # True: the kind answers questions drawn from the other classifiers' rankings (answer(...)),
+    # and runs after them; False: it ranks (predict(...) -> logits).
+    asks: ClassVar[bool] = False
     spec: ClassifierSpec
     device: str
+
+    @abc.abstractmethod
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None: ...
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    @abc.abstractmethod
+    def out_to_label(self) -> list[int]:
+        """Class id of each output index (-1 where an output maps to no class)."""
+
+    @abc.abstractmethod
+    def predict(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
+        """PIL images -> float32 logits [N, C] on CPU (a kind that asks raises)."""
+
+    def answer(
+        self, images: Sequence[Any], truth: Sequence[int], sample_ids: Sequence[str],
+        params: Sequence[str | None], rankings: dict[str, list[list[int]]],
+    ) -> Answered:
+        """Ask every image a question and score the answer (kinds with ``asks`` only)."""
+        raise TypeError(f"classifiers[{self.name}]: a {type(self).__name__} ranks (predict); it asks nothing")
+
+    @abc.abstractmethod
+    def set_precision(self, precision: ModelPrecision) -> None:
+        """Run in the stage's ``precision`` (``resources.classify``), or keep the kind's own dtypes."""
+
+    @classmethod
+    def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
+        """The model's size at ``images`` per forward, from its config alone (no weights read)."""
+        raise LookupError(f"no size estimate for classifier kind {spec.kind!r}")
+
+    @classmethod
+    def own_preprocess(cls, spec: ClassifierSpec) -> Any:
+        """The model's own eval transform as a :class:`pipeline.config.protocol.Preprocess`, read from its
+        configuration without loading weights; None where the kind cannot state it as one."""
+        return None
+
+
+class Classifier(BaseClassifier):
+    """Base of the ranking kinds: ``predict(images) -> logits [N, C]`` and ``out_to_label`` (length C)."""
 
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         self.spec = spec
@@ -130,16 +205,6 @@ class Classifier:
         moved = self._shifted_transform or self._preprocess
         flags = shifted if shifted is not None else [False] * len(images)
         return torch.stack([(moved if s else plain)(im) for im, s in zip(images, flags, strict=True)])
-
-    @classmethod
-    def own_preprocess(cls, spec: ClassifierSpec) -> Any:
-        """The model's own eval transform as a :class:`pipeline.config.protocol.Preprocess`, read from its
-        configuration without loading weights; None where the kind cannot state it as one."""
-        return None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
 
     @property
     def out_to_label(self) -> list[int]:
@@ -256,6 +321,13 @@ class TimmClassifier(Classifier):
         return self.model(x)
 
     @classmethod
+    def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
+        """The timm architecture on ``meta``: its parameters and one forward at its input side."""
+        model = timm_meta(spec.model, spec.model_kwargs)
+        side = input_side(spec.preprocess, model)
+        return ModelSize(param_count(model), meta_forward_peak(model, (1, 3, side, side)) * images)
+
+    @classmethod
     def own_preprocess(cls, spec: ClassifierSpec) -> Any:
         """timm's data config of the model (a weightless copy on the meta device), as
         :func:`pipeline.models.detectors.timm_transform` resolves it."""
@@ -334,6 +406,12 @@ class OpenClipZeroShot(Classifier):
             return 100.0 * img @ self.head
 
     @classmethod
+    def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
+        """The open_clip model on ``meta``: all its parameters, one forward of the image tower."""
+        params, peak = open_clip_sizes(spec.model, spec.model_config_file, f"classifiers[{spec.name}]")
+        return ModelSize(params, peak * images)
+
+    @classmethod
     def own_preprocess(cls, spec: ClassifierSpec) -> Any:
         """open_clip's eval transform of the model (= ``clip.load``'s for the OpenAI models)."""
         from pipeline.models.own_preprocess import open_clip_own_preprocess
@@ -401,6 +479,12 @@ class TorchScriptClassifier(Classifier):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    @classmethod
+    def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
+        """The file's float32 weights; a TorchScript program's activations are not known without running it."""
+        size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
+        return ModelSize(size // 4, 0)
+
 
 # --------------------------------------------------------------------------- torch hub
 def parse_hub_model(model: str, where: str) -> tuple[str, str]:
@@ -448,3 +532,49 @@ class TorchHubClassifier(Classifier):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
+
+    @classmethod
+    def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
+        """A DINOv2 entry point as the timm architecture it matches (plus its linear head); other
+        entries have no size known without running their hubconf."""
+        entry = spec.model.rpartition(":")[2]
+        found = dinov2_timm_arch(entry)
+        if found is None:
+            raise LookupError(f"no size known for torch hub entry {entry!r}")
+        arch, linear_head = found
+        model = timm_meta(arch, {"img_size": 224})
+        head = (2 * model.embed_dim + 1) * 1000 if linear_head else 0
+        return ModelSize(param_count(model) + head, meta_forward_peak(model, (1, 3, 224, 224)) * images)
+
+
+# --------------------------------------------------------------------------- the pool
+def classify_all(
+    classifiers: Sequence[BaseClassifier],
+    images: Sequence[Any],
+    truth: Sequence[int],
+    sample_ids: Sequence[str],
+    params: Sequence[str | None],
+    earlier: dict[str, list[list[int]]] | None = None,
+    shifted: Sequence[bool] | None = None,
+) -> list[tuple[list, list, list, list, list]]:
+    """Every classifier over ``images``: per classifier (in the given order) the per-image
+    top-1, top-5, p(true), answer text and exclusion (the last two None but for kinds that ask).
+
+    Ranking classifiers run first, those that ask (``asks``) after them with their top-5
+    rankings (and those of ``earlier``: classifiers of an earlier group, already run) to draw
+    distractors from.  ``shifted`` (per image: scale > 0) goes to the ranking classifiers'
+    ``predict``.
+    """
+    n = len(images)
+    rankings = dict(earlier or {})
+    results: dict[str, tuple[list, list, list, list, list]] = {}
+    for clf in sorted(classifiers, key=lambda c: c.asks):  # stable: config order kept
+        if clf.asks:
+            out = clf.answer(images, truth, sample_ids, params, rankings)
+            results[clf.name] = (out.top1, out.top5, out.p_true, out.answers, out.excluded)
+        else:
+            logits = clf.predict(images) if shifted is None else clf.predict(images, shifted)
+            top1, top5, p_true = topk_predictions(logits, clf.out_to_label, truth)
+            rankings[clf.name] = top5
+            results[clf.name] = (top1, top5, p_true, [None] * n, [None] * n)
+    return [results[c.name] for c in classifiers]

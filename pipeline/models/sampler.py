@@ -26,20 +26,28 @@ sliders, multipliers or rows is a change of tensor values, not a new graph.
 :meth:`SliderSampler.reference_image` is the plain per-image diffusers loop with a
 per-step callback that toggles the slider; it is the oracle in tests and the naive
 baseline in ``bench/generation.py``.
+
+The samplers are siblings over one text-to-image base, :class:`TextToImageSampler` (the
+pipeline, class tokens, prompt embeddings, the denoising step, decoding, the plain pipeline
+call): :class:`SliderSampler` adds the slider bank (its hooks on the UNet's target layers),
+:class:`PromptSampler` the shift prompts and no hooks.  :func:`get_sampler` builds the
+sampler of a generator kind once per process (:data:`SAMPLERS`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from pipeline.config import BenchmarkSpec, GeneratorSpec
+from pipeline.config import GeneratorSpec
 from pipeline.labels import LabelSpace
-from pipeline.models import diffusion
+from pipeline.models import cache, diffusion
 from pipeline.models.lora import SliderBank, load_slider_file
 
 
@@ -56,15 +64,15 @@ class GroupResult:
         return self.images[(None, 0.0)] if scale == 0 else self.images[(shift, scale)]
 
 
-class SliderSampler:
-    """Generator ``slider``: SD2 + class token + one LoRA slider per (class, shift)."""
+class TextToImageSampler:
+    """The text-to-image model of a (class, seed) unit: its sibling kinds differ in what a
+    shift does (:class:`SliderSampler`: a LoRA slider; :class:`PromptSampler`: a prompt)."""
 
     def __init__(self, spec: GeneratorSpec, device: str, dtype) -> None:
         self.spec = spec
         self.device = device
         self.dtype = dtype
         self.pipe = None
-        self.bank: SliderBank | None = None
         self.tokens: dict[int, str] = {}
         self._embeds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.compiled = False  # the UNet runs compiled (static shapes: chunks are padded)
@@ -77,18 +85,23 @@ class SliderSampler:
         self._configure_runtime()
         self.labels = labels
         self.tokens = diffusion.install_class_tokens(self.pipe, self.spec.class_tokens, class_ids, labels)
-        self.bank = SliderBank(self.pipe.unet, capacity=max(16, self.spec.branch_batch_size))
+        self._install()
         if self.spec.compile:
             self.compile_unet()
 
+    def _install(self) -> None:
+        """What a kind adds to the pipeline before it is compiled (the slider bank's hooks)."""
+
     def _configure_runtime(self) -> None:
+        """``generator.attention``: ``auto`` and ``sdpa`` keep PyTorch's scaled-dot-product attention
+        (diffusers' default), so numbers do not depend on whether xformers happens to be installed;
+        ``xformers`` switches to it on CUDA and fails when it is unusable."""
         unet = self.pipe.unet
-        if self.spec.attention in ("auto", "xformers") and self.device.startswith("cuda"):
+        if self.spec.attention == "xformers" and self.device.startswith("cuda"):
             try:
                 self.pipe.enable_xformers_memory_efficient_attention()
-            except Exception as err:  # xformers missing or unsupported: PyTorch SDPA is the default
-                if self.spec.attention == "xformers":
-                    raise RuntimeError(f"generator.attention=xformers but xformers is unusable: {err}") from err
+            except Exception as err:
+                raise RuntimeError(f"generator.attention=xformers but xformers is unusable: {err}") from err
         if self.spec.channels_last:
             unet.to(memory_format=torch.channels_last)
 
@@ -106,31 +119,12 @@ class SliderSampler:
         cuda = self.device.startswith("cuda")
         self.cuda_graphs = cuda and backend == "inductor"
         if cuda:
-            self.bank.mark_static()
+            self._mark_static()
         self.pipe.unet.compile(backend=backend, mode="reduce-overhead" if self.cuda_graphs else None, dynamic=False)
         self.compiled = True
 
-    @staticmethod
-    def slider_name(class_id: int, shift: str) -> str:
-        """The bank name of the (class, shift) slider."""
-        return f"{shift}/{class_id}"
-
-    def add_slider(self, class_id: int, shift: str, state: dict[str, torch.Tensor]) -> str:
-        """Put an in-memory slider (e.g. random weights for a benchmark) in the bank as the
-        (class, shift) slider, instead of its file; returns its bank name.  The bank keeps
-        ``bank.capacity`` sliders (``bank.reserve`` grows it): one pushed out would be read
-        from the slider store when next needed."""
-        name = self.slider_name(class_id, shift)
-        self.bank.add(name, state, source=f"<in-memory slider {name}>")
-        return name
-
-    def load_slider(self, class_id: int, shift: str) -> str:
-        """Load the (class, shift) slider into the bank (once); returns its bank name."""
-        name = self.slider_name(class_id, shift)
-        if name not in self.bank:
-            path = diffusion.slider_path(self.spec, class_id, shift, self.labels.name(class_id))
-            self.bank.add(name, load_slider_file(path), source=path)
-        return name
+    def _mark_static(self) -> None:
+        """Tensors a kind writes in place between compiled forwards (the bank's stacks)."""
 
     def prompt_embeds(self, class_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(negative, positive) text embeddings of a class, each [1, L, D]; cached."""
@@ -186,6 +180,97 @@ class SliderSampler:
             uncond, cond = out.chunk(2)
             out = uncond + self.spec.guidance_scale * (cond - uncond)
         return sched.step(out, t, latents, return_dict=False)[0]
+
+    def _decode(self, finals: dict) -> dict:
+        keys = list(finals)
+        out = {}
+        size = max(1, self.spec.branch_batch_size)
+        for lo in range(0, len(keys), size):
+            part = keys[lo : lo + size]
+            lat = torch.cat([finals[k] for k in part])
+            pil = self.decode_latents(lat)
+            for k, img in zip(part, pil):
+                out[k] = img
+        return out
+
+    def decode_latents(self, latents: torch.Tensor) -> list:
+        """VAE decode with the pipeline's own post-processing, then resize to the saved size."""
+        vae = self.pipe.vae
+        image = vae.decode(latents / vae.config.scaling_factor, return_dict=False)[0]
+        pil = self.pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=[True] * len(image))
+        return [resize(img, self.spec.image_size) for img in pil]
+
+    # ------------------------------------------------------------------ what a kind defines
+    def generate_group(self, class_id: int, seed: int, shifts: list[str], scales: list[float]) -> GroupResult:
+        """All images of (class, seed) for ``shifts`` x ``scales``, batched (the kind's fast path)."""
+        raise NotImplementedError
+
+    def reference_image(self, class_id: int, seed: int, shift: str | None, scale: float):
+        """One image with the plain diffusers pipeline call (the oracle of :meth:`generate_group`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ naive reference
+    def _pipeline_call(self, prompt: str, seed: int, callback=None):
+        """One image from the plain diffusers pipeline call, resized to the saved size."""
+        out = self.pipe(
+            prompt,
+            negative_prompt=self.spec.negative_prompt,
+            num_inference_steps=self.spec.steps,
+            guidance_scale=self.spec.guidance_scale,
+            height=self.spec.resolution,
+            width=self.spec.resolution,
+            generator=torch.Generator().manual_seed(seed),
+            callback_on_step_end=callback,
+        )
+        return resize(out.images[0], self.spec.image_size)
+
+    def reference_group(self, class_id: int, seed: int, shifts: list[str], scales: list[float]) -> GroupResult:
+        """The naive baseline: one full pipeline call per (shift, scale) image."""
+        start = time.perf_counter()
+        images = {}
+        for shift in shifts:
+            for scale in scales:
+                images[(shift, scale)] = self.reference_image(class_id, seed, shift, scale)
+        images[(None, 0.0)] = images[(shifts[0], 0.0)]
+        per_image = self.spec.steps * (2 if self.do_cfg else 1)
+        return GroupResult(images, per_image * len(shifts) * len(scales), time.perf_counter() - start)
+
+
+class SliderSampler(TextToImageSampler):
+    """Generator ``slider``: SD2 + class token + one LoRA slider per (class, shift), the sliders
+    in a :class:`~pipeline.models.lora.SliderBank` hooked into the UNet's target layers."""
+
+    def __init__(self, spec: GeneratorSpec, device: str, dtype) -> None:
+        super().__init__(spec, device, dtype)
+        self.bank: SliderBank | None = None
+
+    def _install(self) -> None:
+        self.bank = SliderBank(self.pipe.unet, capacity=max(16, self.spec.branch_batch_size))
+
+    def _mark_static(self) -> None:
+        self.bank.mark_static()
+
+    @staticmethod
+    def slider_name(class_id: int, shift: str) -> str:
+        """The bank name of the (class, shift) slider."""
+        return f"{shift}/{class_id}"
+
+    def add_slider(self, class_id: int, shift: str, state: dict[str, torch.Tensor]) -> str:
+        """Put an in-memory slider (e.g. random weights for a benchmark) in the bank as the
+        (class, shift) slider, instead of its file; returns its bank name.  The bank keeps
+        ``bank.capacity`` sliders (``bank.reserve`` grows it): one pushed out would be read
+        from the slider store when next needed."""
+        name = self.slider_name(class_id, shift)
+        self.bank.add(name, state, source=f"<in-memory slider {name}>")
+        return name
+
+    def load_slider(self, class_id: int, shift: str) -> str:
+        """Load the (class, shift) slider into the bank (once); returns its bank name."""
+        name = self.slider_name(class_id, shift)
+        if name not in self.bank:
+            path = diffusion.slider_path(self.spec, class_id, shift, self.labels.name(class_id))
+            self.bank.add(name, load_slider_file(path), source=path)
+        return name
 
     # ------------------------------------------------------------------ shared-prefix group
     @torch.inference_mode()
@@ -246,25 +331,6 @@ class SliderSampler:
             stats={"prefix_evals": prefix_evals, "branches": len(branches), "window_start": first_window},
         )
 
-    def _decode(self, finals: dict) -> dict:
-        keys = list(finals)
-        out = {}
-        size = max(1, self.spec.branch_batch_size)
-        for lo in range(0, len(keys), size):
-            part = keys[lo : lo + size]
-            lat = torch.cat([finals[k] for k in part])
-            pil = self.decode_latents(lat)
-            for k, img in zip(part, pil):
-                out[k] = img
-        return out
-
-    def decode_latents(self, latents: torch.Tensor) -> list:
-        """VAE decode with the pipeline's own post-processing, then resize to the saved size."""
-        vae = self.pipe.vae
-        image = vae.decode(latents / vae.config.scaling_factor, return_dict=False)[0]
-        pil = self.pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=[True] * len(image))
-        return [resize(img, self.spec.image_size) for img in pil]
-
     # ------------------------------------------------------------------ naive reference
     @torch.inference_mode()
     def reference_image(self, class_id: int, seed: int, shift: str | None, scale: float):
@@ -291,31 +357,6 @@ class SliderSampler:
         self.bank.clear_route()
         return image
 
-    def _pipeline_call(self, prompt: str, seed: int, callback=None):
-        """One image from the plain diffusers pipeline call, resized to the saved size."""
-        out = self.pipe(
-            prompt,
-            negative_prompt=self.spec.negative_prompt,
-            num_inference_steps=self.spec.steps,
-            guidance_scale=self.spec.guidance_scale,
-            height=self.spec.resolution,
-            width=self.spec.resolution,
-            generator=torch.Generator().manual_seed(seed),
-            callback_on_step_end=callback,
-        )
-        return resize(out.images[0], self.spec.image_size)
-
-    def reference_group(self, class_id: int, seed: int, shifts: list[str], scales: list[float]) -> GroupResult:
-        """The naive baseline: one full pipeline call per (shift, scale) image."""
-        start = time.perf_counter()
-        images = {}
-        for shift in shifts:
-            for scale in scales:
-                images[(shift, scale)] = self.reference_image(class_id, seed, shift, scale)
-        images[(None, 0.0)] = images[(shifts[0], 0.0)]
-        per_image = self.spec.steps * (2 if self.do_cfg else 1)
-        return GroupResult(images, per_image * len(shifts) * len(scales), time.perf_counter() - start)
-
 
 def resize(img, size: int):
     from PIL import Image
@@ -325,26 +366,14 @@ def resize(img, size: int):
     return img.resize((size, size), Image.BICUBIC)
 
 
-def create_sampler(spec: GeneratorSpec, bench: BenchmarkSpec, device: str, dtype) -> SliderSampler:
-    samplers = {"slider": SliderSampler, "prompt": PromptSampler}
-    if spec.kind not in samplers:
-        raise ValueError(f"generator.kind {spec.kind!r} has no text-to-image sampler; choose one of {sorted(samplers)}")
-    sampler = samplers[spec.kind](spec, device, dtype)
-    sampler.setup(list(bench.classes), bench.label_space)
-    return sampler
-
-
-class PromptSampler(SliderSampler):
+class PromptSampler(TextToImageSampler):
     """Generator ``prompt``: the prompt-only baseline ("2P") for comparison with sliders.
 
     Scale 0 is ``generator.prompt`` ("a picture of a {token}"); every nonzero scale is the
     same image generated with ``generator.shift_prompt`` ("a picture of a {token} in
     {shift_words}") from the same seed, over all steps -- a binary shift, so its
-    trajectories jump at the first nonzero scale.  No sliders are loaded.
+    trajectories jump at the first nonzero scale.  No slider bank: the UNet runs unhooked.
     """
-
-    def load_slider(self, class_id: int, shift: str) -> str:  # pragma: no cover - never used
-        raise RuntimeError("the prompt baseline uses no sliders")
 
     def _shift_embeds(self, class_id: int, shift: str) -> torch.Tensor:
         key = (class_id, shift)
@@ -394,3 +423,25 @@ class PromptSampler(SliderSampler):
         else:
             prompt = self.spec.shift_prompt.format(token=token, shift_words=shift.replace("_", " "))
         return self._pipeline_call(prompt, seed)
+
+
+# Generator kind -> its sampler (``generator.kind``; a family reads its own kind's sampler).
+SAMPLERS: dict[str, type[TextToImageSampler]] = {"slider": SliderSampler, "prompt": PromptSampler}
+
+
+def get_sampler(
+    kind: str, spec: GeneratorSpec, classes: Sequence[int], labels: LabelSpace, device: str, dtype: Any
+) -> TextToImageSampler:
+    """The per-process sampler of ``kind`` for ``spec`` over ``classes``, set up once and shared by
+    every family and source that asks for the same one (:func:`pipeline.models.cache.shared`)."""
+    if kind not in SAMPLERS:
+        raise ValueError(f"generator.kind {kind!r} has no text-to-image sampler; choose one of {sorted(SAMPLERS)}")
+    key = ("sampler", kind, json.dumps(spec.model_dump(mode="json"), sort_keys=True), tuple(classes),
+           labels.key, tuple(labels.names), device, str(dtype))
+
+    def make() -> TextToImageSampler:
+        sampler = SAMPLERS[kind](spec, device, dtype)
+        sampler.setup(list(classes), labels)
+        return sampler
+
+    return cache.shared(key, make)

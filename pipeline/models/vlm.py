@@ -9,7 +9,13 @@ classifier its protocol draws distractors from (:mod:`pipeline.models.vqa_protoc
 Per image the protocol writes a question, wrapped per ``prompt_template``: ``model``, the
 processor's chat template as one user turn of an image and the question's text; ``original``,
 LLaVA's ``llava_v1`` conversation as ImageNet-D's ``eval_imagenet_d.py`` builds it
-(:func:`llava_v1_prompt`: its system prompt, ``USER: <image>\n{question} ASSISTANT:``).  The
+(:func:`llava_v1_prompt`: its system prompt, ``USER: <image>\n{question} ASSISTANT:``).
+``vision_dtype`` keeps a LLaVA-style vision tower in its own dtype (LLaVA-1.5 as its builder loads
+it: the CLIP tower in float32, the projector and language model in float16; the tower's features
+are cast to the projector's dtype, as ``CLIPVisionTower.forward`` casts them to the images');
+``image_aspect_ratio: pad`` pads each image to a square in the image processor's mean colour
+before the processor's transform (LLaVA's ``process_images`` with ``image_aspect_ratio: pad``:
+:func:`pad_to_square`).  The
 batch is generated together (left padding) in chunks of :data:`GENERATE_CHUNK`.  Sampling
 is per image: :class:`SeededSampling` draws each token from the distribution transformers
 samples from (temperature, then top-k: :func:`sampling_probs`) with a generator seeded by
@@ -32,6 +38,9 @@ import torch
 
 from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace, label_space
+from pipeline.models.classifiers import BaseClassifier
+from pipeline.models.footprint import ModelSize
+from pipeline.models.precision import ModelPrecision
 from pipeline.models.vqa_protocols import (
     UNASKED,
     Question,
@@ -64,6 +73,58 @@ def llava_v1_prompt(question: str, image_token: str = IMAGE_TOKEN) -> str:
     (separator style TWO) writes it: ``system + " " + "USER: " + turn + " " + "ASSISTANT:"``."""
     user, assistant = LLAVA_V1_ROLES
     return f"{LLAVA_V1_SYSTEM}{LLAVA_V1_SEP}{user}: {image_token}\n{question}{LLAVA_V1_SEP}{assistant}:"
+
+
+def pad_to_square(image: Any, fill: tuple[int, ...]) -> Any:
+    """``image`` centred on a square of its longer side filled with ``fill`` (LLaVA's ``expand2square``:
+    the offset of the shorter side is ``(long - short) // 2``); a square image is returned as it is."""
+    from PIL import Image
+
+    width, height = image.size
+    if width == height:
+        return image
+    side = max(width, height)
+    square = Image.new(image.mode, (side, side), fill)
+    square.paste(image, ((side - width) // 2, (side - height) // 2))
+    return square
+
+
+def mean_colour(processor: Any, where: str) -> tuple[int, ...]:
+    """The image processor's mean as 0..255 values, truncated as LLaVA's ``process_images`` does
+    (``tuple(int(x * 255) for x in image_processor.image_mean)``)."""
+    mean = getattr(getattr(processor, "image_processor", None), "image_mean", None)
+    if not mean:
+        raise RuntimeError(f"{where}.image_aspect_ratio: 'pad' needs the processor's image_mean; this processor has none")
+    return tuple(int(x * 255) for x in mean)
+
+
+def vision_modules(model: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
+    """(vision tower, multimodal projector) of a LLaVA-style model (``vision_tower``,
+    ``multi_modal_projector``, at any depth; the outermost of each), None where absent."""
+    found: dict[str, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if leaf in ("vision_tower", "multi_modal_projector") and leaf not in found:
+            found[leaf] = module
+    return found.get("vision_tower"), found.get("multi_modal_projector")
+
+
+def keep_vision_dtype(model: torch.nn.Module, dtype: torch.dtype, where: str) -> None:
+    """Run ``model``'s vision tower in ``dtype`` (its weights cast) and hand the projector its
+    features in the projector's own dtype."""
+    tower, projector = vision_modules(model)
+    if tower is None or projector is None:
+        raise RuntimeError(
+            f"{where}.vision_dtype: the model {type(model).__name__} has no vision_tower and multi_modal_projector "
+            "(a LLaVA-style model); leave vision_dtype unset"
+        )
+    tower.to(dtype)
+    target = next(projector.parameters()).dtype
+
+    def cast(_module: torch.nn.Module, args: tuple) -> tuple:
+        return tuple(a.to(target) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+    projector.register_forward_pre_hook(cast)
 
 
 def sampling_probs(scores: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
@@ -129,8 +190,8 @@ def released_question(params: str | None) -> dict[str, Any] | None:
     return json.loads(params).get("question")
 
 
-class VLMClassifier:
-    """``answer(...)`` instead of ``predict``: see the module docstring."""
+class VLMClassifier(BaseClassifier):
+    """A classifier that asks: :meth:`answer` instead of ``predict`` (see the module docstring)."""
 
     asks = True  # the classify stage runs it after the classifiers, with their rankings
 
@@ -144,38 +205,51 @@ class VLMClassifier:
         self.protocol = build_protocol(dict(spec.protocol or {}))
         self.distractor_source = distractor_classifier(self.protocol.params)
         self.prompt_template = spec.prompt_template or "model"
-        dtype = _DTYPES[spec.dtype or "float32"]
+        self.dtype = _DTYPES[spec.dtype or "float32"]  # the language model's (and the pixels', as LLaVA feeds them)
+        vision_dtype = _DTYPES[spec.vision_dtype or spec.dtype or "float32"]
         try:
             self.processor = AutoProcessor.from_pretrained(spec.model)
-            self.model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=dtype, **spec.model_kwargs)
+            self.model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=self.dtype, **spec.model_kwargs)
         except Exception as err:
             raise RuntimeError(f"{self.where}: could not load the image-text-to-text model {spec.model!r}: {err}") from err
+        if vision_dtype != self.dtype:
+            keep_vision_dtype(self.model, vision_dtype, self.where)
+        self.pad_fill = mean_colour(self.processor, self.where) if spec.image_aspect_ratio == "pad" else None
         self.model.to(device).eval()
         self.tokenizer = self.processor.tokenizer
         self.tokenizer.padding_side = "left"  # generation appends on the right
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.names = [self.labels.name(i) for i in range(len(self.labels))]
-        self.out_to_label = list(range(len(self.labels)))
+        self._out_to_label = list(range(len(self.labels)))
 
     @property
-    def name(self) -> str:
-        return self.spec.name
+    def out_to_label(self) -> list[int]:
+        return self._out_to_label
 
-    @staticmethod
-    def footprint(spec: ClassifierSpec, images: int) -> tuple[int, int, int]:
-        """(parameters, activation bytes, cache bytes) for :mod:`pipeline.perf.memory`, at ``images``
-        per batch (generated in chunks of at most :data:`GENERATE_CHUNK`): the model built on the
-        meta device from its config (no weights read); activations: the largest MLP's input and
-        output over the prompt (prefill); the generation cache (keys and values of every layer for
-        the prompt and ``max_new_tokens``), in the weights' dtype.  Bytes per value follow
-        ``spec.dtype``; the weights' bytes are counted by the caller from the parameters."""
+    def set_precision(self, precision: ModelPrecision) -> None:
+        """A vlm runs in its own ``dtype`` / ``vision_dtype``, not the stage's precision."""
+
+    def predict(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
+        raise TypeError(f"{self.where}: a vlm answers questions (answer(...)); it gives no logits")
+
+    @classmethod
+    def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
+        """The model's size at ``images`` per batch (generated in chunks of at most
+        :data:`GENERATE_CHUNK`): the model built on the meta device from its config (no weights
+        read); weights at ``dtype``, the vision tower's at ``vision_dtype``; activations: the
+        largest MLP's input and output over the prompt (prefill); the generation cache (keys
+        and values of every layer for the prompt and ``max_new_tokens``), in ``dtype``."""
         from transformers import AutoConfig, AutoModelForImageTextToText
 
         config = AutoConfig.from_pretrained(spec.model)
         with torch.device("meta"):
             model = AutoModelForImageTextToText.from_config(config)
         params = sum(p.numel() for p in model.parameters())
+        tower, _ = vision_modules(model)
+        tower_params = sum(p.numel() for p in tower.parameters()) if tower is not None else 0
+        lm_width = torch.tensor([], dtype=_DTYPES[spec.dtype or "float32"]).element_size()
+        vision_width = torch.tensor([], dtype=_DTYPES[spec.vision_dtype or spec.dtype or "float32"]).element_size()
         text = getattr(config, "text_config", config)
         vision = getattr(config, "vision_config", None)
         heads = int(text.num_attention_heads)
@@ -184,12 +258,12 @@ class VLMClassifier:
         image_tokens = (int(vision.image_size) // int(vision.patch_size)) ** 2 if vision is not None else 0
         prompt = image_tokens + PROMPT_TEXT_TOKENS
         batch = max(1, min(images, GENERATE_CHUNK))
-        width = torch.tensor([], dtype=_DTYPES[spec.dtype or "float32"]).element_size()
         new_tokens = int(dict(spec.protocol or {}).get("max_new_tokens", 512))
-        cache = int(text.num_hidden_layers) * 2 * batch * (prompt + new_tokens) * kv_dim * width
+        cache = int(text.num_hidden_layers) * 2 * batch * (prompt + new_tokens) * kv_dim * lm_width
         mlp = int(getattr(text, "intermediate_size", 4 * text.hidden_size))
-        prefill = batch * prompt * (int(text.hidden_size) + mlp) * width
-        return params, prefill, cache
+        prefill = batch * prompt * (int(text.hidden_size) + mlp) * lm_width
+        weights = (params - tower_params) * lm_width + tower_params * vision_width
+        return ModelSize(params, prefill, cache, weight_bytes=weights)
 
     def chat_prompt(self, question: Question) -> str:
         """The text the processor receives for one image: the question wrapped per ``prompt_template``
@@ -207,12 +281,13 @@ class VLMClassifier:
         for lo in range(0, len(images), GENERATE_CHUNK):
             hi = lo + GENERATE_CHUNK
             batch = self.processor(
-                images=[im.convert("RGB") for im in images[lo:hi]], text=list(prompts[lo:hi]),
-                return_tensors="pt", padding=True,
+                images=self.model_images(images[lo:hi]), text=list(prompts[lo:hi]), return_tensors="pt", padding=True,
             )
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            if "pixel_values" in batch and self.model.dtype != torch.float32:
-                batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+            if "pixel_values" in batch and self.dtype != torch.float32:
+                # The language model's dtype, as eval_imagenet_d.py hands LLaVA its image tensor
+                # (a float32 tower casts it back up: the pixels keep float16's rounding).
+                batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
             n_prompt = batch["input_ids"].shape[1]
             out = self.model.generate(
                 **batch,
@@ -225,6 +300,11 @@ class VLMClassifier:
             )
             answers.extend(self.tokenizer.batch_decode(out[:, n_prompt:], skip_special_tokens=True))
         return [a.strip() for a in answers]
+
+    def model_images(self, images: Sequence[Any]) -> list[Any]:
+        """The images the processor receives: RGB, padded to a square with ``image_aspect_ratio: pad``."""
+        rgb = [im.convert("RGB") for im in images]
+        return rgb if self.pad_fill is None else [pad_to_square(im, self.pad_fill) for im in rgb]
 
     def answer(
         self,
@@ -258,36 +338,3 @@ class VLMClassifier:
         top1 = [s.chosen for s in scored]
         p_true = [float("nan") if s.excluded else float(s.verdict == "TRUE") for s in scored]
         return VLMOutputs(top1, [[c] for c in top1], p_true, answers, scored)
-
-
-def classify_all(
-    classifiers: Sequence[Any],
-    images: Sequence[Any],
-    truth: Sequence[int],
-    sample_ids: Sequence[str],
-    params: Sequence[str | None],
-    earlier: dict[str, list[list[int]]] | None = None,
-    shifted: Sequence[bool] | None = None,
-) -> list[tuple[list, list, list, list, list]]:
-    """Every classifier over ``images``: per classifier (in the given order) the per-image
-    top-1, top-5, p(true), answer text and exclusion (the last two None but for vlms).
-
-    Ranking classifiers run first, vlms after them with their top-5 rankings (and those of
-    ``earlier``: classifiers of an earlier group, already run) to draw distractors from.
-    ``shifted`` (per image: scale > 0) goes to the ranking classifiers' ``predict``.
-    """
-    from pipeline.models.classifiers import topk_predictions
-
-    n = len(images)
-    rankings = dict(earlier or {})
-    results: dict[str, tuple[list, list, list, list, list]] = {}
-    for clf in sorted(classifiers, key=lambda c: bool(getattr(c, "asks", False))):  # stable: config order kept
-        if getattr(clf, "asks", False):
-            out = clf.answer(images, truth, sample_ids, params, rankings)
-            results[clf.name] = (out.top1, out.top5, out.p_true, out.answers, out.excluded)
-        else:
-            logits = clf.predict(images) if shifted is None else clf.predict(images, shifted)
-            top1, top5, p_true = topk_predictions(logits, clf.out_to_label, truth)
-            rankings[clf.name] = top5
-            results[clf.name] = (top1, top5, p_true, [None] * n, [None] * n)
-    return [results[c.name] for c in classifiers]

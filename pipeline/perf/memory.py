@@ -15,6 +15,9 @@ config's order; vlms apart, last); each group runs in its own classify actor poo
 stage's actor (``cnsbench validate`` prints it).  A classifier's footprint is kept in
 ``$XDG_CACHE_HOME/cnsbench/footprints.json`` (default ``~/.cache``), keyed by its spec, the
 batch and the model libraries' versions, so a large zoo is measured once per machine.
+Each classifier kind states its own size (``footprint(spec, images)`` of its class,
+:mod:`pipeline.models.footprint`); this module adds the runtime, the stage's precision and
+the activation factor.
 """
 
 from __future__ import annotations
@@ -24,11 +27,20 @@ import functools
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pipeline.io.files import write_text_atomic
+from pipeline.models.footprint import (
+    DTYPE_BYTES,
+    ModelSize,
+    dinov2_timm_arch,  # noqa: F401 - bench/classify_memory.py reads it here
+    input_side,
+    meta_forward_peak,
+    open_clip_sizes,
+    param_count,
+    timm_meta,
+)
 from pipeline.perf.batches import AutoBatch, largest_fitting, stage_budget
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,8 +69,6 @@ ACTIVATION_FACTOR = 2.0  # tensors alive around the largest module call (residua
 # latency model's calibration": 0.143 GiB per UNet sample, 1.34 GiB per decoded 768 px image
 # in bf16; projected with it 0.124 and 1.41 GiB).
 GENERATE_ACTIVATION_FACTOR = 2.5
-# tf32 stores float32 (only the tensor cores' products are rounded).
-DTYPE_BYTES = {"float32": 4, "tf32": 4, "bfloat16": 2, "float16": 2}
 # Footprints are measured in float32 and scaled to the stage's ``resources.<stage>.precision``
 # (pipeline.models.precision: bfloat16 casts the weights, and autocast keeps most activations in it).
 CLASSIFIER_DTYPE = "float32"
@@ -73,136 +83,11 @@ class Footprint:
     weight_bytes: int
     activation_bytes: int
     note: str = ""  # how the size was found when it is a guess (an unknown architecture)
+    own_dtype: bool = False  # the model runs in its own dtypes (a vlm), not the stage's precision
 
     @property
     def total(self) -> int:
         return self.weight_bytes + self.activation_bytes
-
-
-# --------------------------------------------------------------------------- meta builds
-def meta_forward_peak(model: "torch.nn.Module", shape: Sequence[int], call: Callable | None = None) -> int:
-    """Largest input + output bytes of any leaf module in one forward of a ``shape`` input on ``meta``."""
-    import torch
-
-    peak = [0]
-
-    def nbytes(value: Any) -> int:
-        if isinstance(value, torch.Tensor):
-            return value.numel() * value.element_size()
-        if isinstance(value, (list, tuple)):
-            return sum(nbytes(v) for v in value)
-        return 0
-
-    def hook(_module, inputs, output) -> None:
-        peak[0] = max(peak[0], nbytes(inputs) + nbytes(output))
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
-    try:
-        with torch.inference_mode():
-            x = torch.zeros(*shape, device="meta")
-            (call or model)(x)
-    except Exception as err:  # noqa: BLE001 - a forward meta tensors cannot run: weights only
-        log.debug("meta forward of %s failed: %s", type(model).__name__, err)
-    finally:
-        for h in handles:
-            h.remove()
-    return peak[0]
-
-
-def _params(model: "torch.nn.Module") -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def _timm_meta(name: str, model_kwargs: dict[str, Any]) -> "torch.nn.Module":
-    import timm
-    import torch
-
-    with torch.device("meta"):
-        return timm.create_model(name.split(".", 1)[0], pretrained=False, **model_kwargs).eval()
-
-
-def _input_size(choice: Any, model: Any, cns_default: Any = None, default: int = 224) -> int:
-    """The side of the square input a model sees: its protocol crop (``preprocess`` ``choice``), or its own."""
-    from pipeline.config.protocol import CNS_CLASSIFIER, preprocess_of
-
-    p = preprocess_of(choice or "model", cns_default or CNS_CLASSIFIER)
-    if p is not None:
-        return p.crop
-    size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
-    return int(size[-1]) if size else default
-
-
-def _timm_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
-    model = _timm_meta(spec.model, spec.model_kwargs)
-    side = _input_size(spec.preprocess, model)
-    return _params(model), meta_forward_peak(model, (1, 3, side, side)) * images
-
-
-def _open_clip_sizes(model_name: str, config_file: str | None, where: str) -> tuple[int, int]:
-    """(parameters, activation bytes of one image through the image tower) of an open_clip model."""
-    import open_clip
-    import torch
-
-    if config_file:
-        from pipeline.models.detectors import register_open_clip_config
-
-        register_open_clip_config(config_file, model_name, f"{where}.model_config_file")
-    logging.disable(logging.WARNING)  # open_clip warns that no pretrained weights load: none are wanted here
-    try:
-        with torch.device("meta"):
-            model = open_clip.create_model(model_name, pretrained=None, device="meta").eval()
-    finally:
-        logging.disable(logging.NOTSET)
-    size = model.visual.image_size
-    side = int(size[0] if isinstance(size, (tuple, list)) else size)
-    return _params(model), meta_forward_peak(model.visual, (1, 3, side, side))
-
-
-def _open_clip_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
-    params, peak = _open_clip_sizes(spec.model, spec.model_config_file, f"classifiers[{spec.name}]")
-    return params, peak * images
-
-
-# DINOv2 torch-hub entry points as the timm architectures they match; the ``_lc`` linear
-# head reads the class token and the mean patch token (2 x width -> 1000 classes).
-_DINOV2_HUB = re.compile(r"dinov2_vit([sblg])14(_reg)?(_lc)?")  # matched whole (fullmatch)
-_DINOV2_TIMM = {"s": "vit_small_patch14", "b": "vit_base_patch14", "l": "vit_large_patch14", "g": "vit_giant_patch14"}
-
-
-def dinov2_timm_arch(entry: str) -> tuple[str, bool] | None:
-    """(the timm architecture, whether it has the ``_lc`` linear head) of a DINOv2 torch-hub
-    entry point such as ``dinov2_vitb14_reg_lc``; None for any other entry."""
-    m = _DINOV2_HUB.fullmatch(entry)
-    if not m:
-        return None
-    return f"{_DINOV2_TIMM[m.group(1)]}{'_reg4' if m.group(2) else ''}_dinov2", bool(m.group(3))
-
-
-def _torch_hub_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
-    entry = spec.model.rpartition(":")[2]
-    found = dinov2_timm_arch(entry)
-    if found is None:
-        raise LookupError(f"no size known for torch hub entry {entry!r}")
-    arch, linear_head = found
-    model = _timm_meta(arch, {"img_size": 224})
-    head = (2 * model.embed_dim + 1) * 1000 if linear_head else 0
-    return _params(model) + head, meta_forward_peak(model, (1, 3, 224, 224)) * images
-
-
-def _torchscript_footprint(spec: "ClassifierSpec", images: int) -> tuple[int, int]:
-    size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
-    return size // DTYPE_BYTES[CLASSIFIER_DTYPE], 0
-
-
-# Classifier kind -> (spec, images per forward) -> (parameters, activation bytes).  A kind
-# registered elsewhere may instead give its class a ``footprint(spec, images)`` static
-# method returning the same pair.
-CLASSIFIER_SIZERS: dict[str, Callable[["ClassifierSpec", int], tuple[int, int]]] = {
-    "timm": _timm_footprint,
-    "open_clip_zeroshot": _open_clip_footprint,
-    "torch_hub": _torch_hub_footprint,
-    "torchscript": _torchscript_footprint,
-}
 
 
 def classify_images_per_forward(cfg: "BuildConfig") -> int:
@@ -282,23 +167,19 @@ def _measure(spec_json: str, images: int) -> Footprint:
     from pipeline.config import ClassifierSpec
 
     spec = ClassifierSpec.model_validate(json.loads(spec_json))
-    sizer = CLASSIFIER_SIZERS.get(spec.kind)
-    if sizer is None:
-        try:
-            sizer = getattr(registry.CLASSIFIERS.get(spec.kind), "footprint", None)
-        except (KeyError, ImportError):
-            sizer = None
-    note = ""
     try:
-        if sizer is None:
-            raise LookupError(f"no size estimate for classifier kind {spec.kind!r}")
-        sized = sizer(spec, images)
-        params, activations = sized[0], sized[1]
-        cache = sized[2] if len(sized) > 2 else 0  # a vlm's generation cache: its exact size, no factor
+        size = _as_size(registry.CLASSIFIERS.get(spec.kind).footprint(spec, images))
     except Exception as err:  # noqa: BLE001 - an unknown size must not stop a build
-        params, activations, cache, note = 0, 0, 0, f"size unknown ({err})"
-    weight = params * DTYPE_BYTES[getattr(spec, "dtype", None) or CLASSIFIER_DTYPE]  # a vlm runs in its own dtype
-    return Footprint(spec.name, params, weight, int(activations * ACTIVATION_FACTOR) + int(cache), note)
+        return Footprint(spec.name, 0, 0, 0, f"size unknown ({err})")
+    weight = size.weight_bytes if size.own_dtype else size.params * DTYPE_BYTES[CLASSIFIER_DTYPE]
+    return Footprint(spec.name, size.params, int(weight),
+                     int(size.activation_bytes * ACTIVATION_FACTOR) + int(size.cache_bytes), own_dtype=size.own_dtype)
+
+
+def _as_size(sized: ModelSize | Sequence[int]) -> ModelSize:
+    """A kind's ``footprint`` answer as a :class:`ModelSize` (a plug-in may still give the
+    older ``(parameters, activation bytes)`` pair)."""
+    return sized if isinstance(sized, ModelSize) else ModelSize(int(sized[0]), int(sized[1]))
 
 
 def classifier_footprint(spec: "ClassifierSpec", images: int) -> Footprint:
@@ -307,10 +188,11 @@ def classifier_footprint(spec: "ClassifierSpec", images: int) -> Footprint:
 
 
 def in_precision(footprint: Footprint, precision: str) -> Footprint:
-    """A float32 footprint in a stage's ``precision``: weights and activations at its bytes per value."""
+    """A float32 footprint in a stage's ``precision``: weights and activations at its bytes per value
+    (a model that runs in its own dtypes keeps its footprint)."""
     nbytes = DTYPE_BYTES[precision]
     ref = DTYPE_BYTES[CLASSIFIER_DTYPE]
-    if nbytes == ref:
+    if nbytes == ref or footprint.own_dtype:
         return footprint
     return dataclasses.replace(
         footprint, weight_bytes=footprint.params * nbytes, activation_bytes=footprint.activation_bytes * nbytes // ref
@@ -322,10 +204,7 @@ def classifier_footprints(cfg: "BuildConfig", images: int | None = None) -> list
     classify stage's precision (vlms keep their own dtype)."""
     images = classify_images_per_forward(cfg) if images is None else images
     precision = cfg.resources.classify.precision
-    return [
-        classifier_footprint(spec, images) if _asks(spec.kind) else in_precision(classifier_footprint(spec, images), precision)
-        for spec in cfg.classifiers
-    ]
+    return [in_precision(classifier_footprint(spec, images), precision) for spec in cfg.classifiers]
 
 
 # --------------------------------------------------------------------------- batch sizes
@@ -407,10 +286,8 @@ def _warn_alone(name: str, needs_gb: float, budget_gb: float, source: str) -> No
 def _asks(kind: str) -> bool:
     """Whether classifiers of ``kind`` answer questions drawn from the other classifiers' rankings (vlms)."""
     from pipeline import registry
-    try:
-        return bool(getattr(registry.CLASSIFIERS.get(kind), "asks", False))
-    except (KeyError, ImportError):
-        return False
+
+    return registry.CLASSIFIERS.get(kind).asks
 
 
 def classifier_groups(cfg: "BuildConfig", device: "Device | None" = None) -> list[list[int]]:
@@ -463,11 +340,11 @@ def _filter_model_sizes(filter_json: str) -> tuple[int, int]:
     from pipeline.config.protocol import CNS_DINO
 
     flt = FilterSpec.model_validate_json(filter_json)
-    clip_params, clip_peak = _open_clip_sizes(flt.clip.model, flt.clip.model_config_file, "filter.clip")
-    dino = _timm_meta(flt.dino.model, {**flt.dino.model_kwargs, "num_classes": 0})
-    side = _input_size(flt.dino.preprocess, dino, CNS_DINO)
+    clip_params, clip_peak = open_clip_sizes(flt.clip.model, flt.clip.model_config_file, "filter.clip")
+    dino = timm_meta(flt.dino.model, {**flt.dino.model_kwargs, "num_classes": 0})
+    side = input_side(flt.dino.preprocess, dino, CNS_DINO)
     dino_peak = meta_forward_peak(dino, (1, 3, side, side), call=dino.forward_features)
-    return clip_params + _params(dino), max(clip_peak, dino_peak)
+    return clip_params + param_count(dino), max(clip_peak, dino_peak)
 
 
 def _classify_bytes(cfg: "BuildConfig") -> int:
@@ -525,7 +402,7 @@ def _generate_bytes(cfg: "BuildConfig", dtype_bytes: int) -> int:
     unet_peak = meta_forward_peak(unet, (1, unet.config.in_channels, side, side), call=unet_call) * cfg_batch
     latent = vae.config.latent_channels
     vae_peak = meta_forward_peak(vae, (1, latent, side, side), call=lambda x: vae.decode(x)) * batch
-    weights = sum(_params(m) for m in parts.values()) * dtype_bytes
+    weights = sum(param_count(m) for m in parts.values()) * dtype_bytes
     return RUNTIME_BYTES + weights + int(max(unet_peak, vae_peak) * GENERATE_ACTIVATION_FACTOR * dtype_bytes / 4)
 
 

@@ -31,7 +31,9 @@ DATA = "data"  # an older revision of the release: data/{background,texture,mate
 # own weights.transforms() (utils/models.py); evaluate_vlm.py feeds CLIP clip.load's own
 # preprocess and builds the zero-shot head from the single prompt "A photo of a {c}";
 # LLaVA/llava/serve/eval_imagenet_d.py asks LLaVA-1.5 in its llava_v1 conversation, float16
-# weights (load_pretrained_model's default), sampling at temperature 0.2 with transformers'
+# weights (load_pretrained_model's default) but the CLIP vision tower in float32 (the builder loads
+# it apart and casts it only when device_map is not "auto"), images padded to a square in the
+# image processor's mean colour (process_images, image_aspect_ratio "pad"), sampling at temperature 0.2 with transformers'
 # default top-k 50, at most 512 new tokens, the distractor from questions/*.csv.
 PROTOCOL = ReleaseProtocol(
     name="imagenet_d",
@@ -41,7 +43,7 @@ PROTOCOL = ReleaseProtocol(
     accuracy="ImageNet models: top-1 over ImageNet-1k, correct when any of the class's ImageNet ids; "
     "zero-shot: top-1 over the 113 class names",
     metric="top-1 accuracy per nuisance kind (background, texture, material)",
-    vlm={"prompt_template": "original", "dtype": "float16"},
+    vlm={"prompt_template": "original", "dtype": "float16", "vision_dtype": "float32", "image_aspect_ratio": "pad"},
     vlm_protocol={
         "kind": "two_choice", "distractors": DISTRACTOR_FILE, "prompt": IMAGENET_D_PROMPT, "order": "original",
         "temperature": 0.2, "top_k": TOP_K, "max_new_tokens": 512, "synonyms": "imagenet_d",

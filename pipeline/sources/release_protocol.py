@@ -55,6 +55,8 @@ ANY_KIND = "*"
 MODEL = "model"
 ZERO_SHOT_KINDS = ("open_clip_zeroshot",)
 VLM_KIND = "vlm"
+# What a vlm entry's recorded inputs are (report/release_protocol.csv, config.json's analysis entry).
+VLM_INPUTS = ("prompt_template", "dtype", "vision_dtype", "image_aspect_ratio", "protocol")
 
 # torchvision's eval transform of the ImageNet classifiers (``Resize(256)`` bilinear, its
 # default, ``CenterCrop(224)``, ImageNet mean/std): hendrycks' test.py, and
@@ -182,7 +184,7 @@ def apply(
         if kind in ZERO_SHOT_KINDS:
             inputs[name]["templates"] = entry.get("templates")
         if kind == VLM_KIND:
-            inputs[name].update({k: entry.get(k) for k in ("prompt_template", "dtype", "protocol")})
+            inputs[name].update({k: entry.get(k) for k in VLM_INPUTS})
         out.append(entry)
     analysis = {
         "name": ANALYSIS,

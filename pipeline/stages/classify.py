@@ -72,15 +72,14 @@ class ClassifyStage(Stage):
         self.classifiers = [registry.CLASSIFIERS.get(spec.kind)(spec, self.device, labels) for spec in specs]
         from pipeline.models.precision import ModelPrecision
 
-        # resources.classify.precision / channels_last; vlms run in their own dtype.
+        # resources.classify.precision / channels_last; a kind with its own dtypes (a vlm) keeps them.
         precision = ModelPrecision.of(self.config.resources.classify)
         for clf in self.classifiers:
-            if hasattr(clf, "set_precision"):
-                clf.set_precision(precision)
+            clf.set_precision(precision)
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """FILTERED rows -> CLASSIFIED rows, same order."""
-        from pipeline.models.vlm import classify_all
+        from pipeline.models.classifiers import classify_all
 
         todo = [i for i, r in enumerate(rows) if not r.get("error") and r.get("images")]
         images, truth, owner, shifted, sids, params, slot = [], [], [], [], [], [], []

@@ -18,7 +18,7 @@ def stage_evaluate(ctx: Ctx) -> dict[str, Any]:
     """Held-out checks of the generator: classifier accuracy on generated digits, and on
     slider trajectories of every digit (scale 0 vs 2.5) made by the pipeline's own sampler."""
     from pipeline.config import BenchmarkSpec
-    from pipeline.models.sampler import create_sampler
+    from pipeline.models.sampler import get_sampler
 
     seeded(90)
     record: dict[str, Any] = {
@@ -28,7 +28,7 @@ def stage_evaluate(ctx: Ctx) -> dict[str, Any]:
     cfg = slider_config(ctx)
     bench = BenchmarkSpec(labels=list(W.DIGIT_NAMES), classes=list(range(10)), seeds=[101, 102],
                           shifts=list(W.SHIFTS), scales=[0.0, 2.5])
-    sampler = create_sampler(cfg.generator, bench, "cpu", torch.float32)
+    sampler = get_sampler(cfg.generator.kind, cfg.generator, list(bench.classes), bench.label_space, "cpu", torch.float32)
     images: dict[str, list] = {"0": []}
     images.update({s: [] for s in W.SHIFTS})
     labels = []
