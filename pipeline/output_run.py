@@ -284,7 +284,9 @@ class OutputRun:
         self.stored: dict[str, Any] | None = None  # the config the output was made with
         self.done: set[str] = set()
         self.failed: dict[str, str] = {}
-        self.weights: dict[str, str | None] = {}
+        self.weights: dict[str, str | None] = {}  # digests of the classifiers this run makes predictions with
+        self.weights_hint = WEIGHTS_HINT
+        self._missing: list[dict] = []  # committed shards lacking classifiers (start())
         self.digest = ""
         self.tally: ShardTally | None = None
         self.start_time = time.perf_counter()
@@ -328,12 +330,11 @@ class OutputRun:
     # 2. read what is there
     def prepare(self, cfg: BuildConfig, *, new_version: bool = False, verify: bool = False, repair: bool = True,
                 weights_hint: str = WEIGHTS_HINT) -> "OutputRun":
-        """Compare with the output's config (archive it with ``new_version``), read the committed
-        set (``verify``: every file's SHA-256; ``repair``: quarantine damaged shards) and check
-        the classifiers' weights; writes nothing but an archive or a quarantine."""
-        from pipeline.assets import weights
-
-        self.cfg = cfg
+        """Compare with the output's config (archive it with ``new_version``) and read the
+        committed set (``verify``: every file's SHA-256; ``repair``: quarantine damaged
+        shards); writes nothing but an archive or a quarantine.  ``weights_hint``: what a
+        refusal of changed weights (:meth:`start`) tells the user to do."""
+        self.cfg, self.weights_hint = cfg, weights_hint
         try:
             self.stored = check_compatible(self.store, cfg)
         except IncompatibleOutput:
@@ -343,13 +344,28 @@ class OutputRun:
             self.echo(f"[cnsbench] archived the previous build under {archive_previous(self.store)}")
             self.stored = None
         self.done, self.failed = committed_trajectories(self.store, repair=repair, deep=verify, echo=self.echo)
-        self.weights = weights.digests(cfg)
-        weights.check_weights(self.uri, read_marker(self.store), self.weights, weights_hint)
         return self
+
+    def _check_weights(self, new_work: bool) -> None:
+        """Digest the weights of the classifiers this run makes predictions with (all of them
+        when it makes new trajectories, else those committed shards lack) and refuse one whose
+        weights differ from those that made its earlier predictions: shards of one name never
+        mix two models.  Classifiers that do not run keep their record."""
+        from pipeline.assets import weights
+        from pipeline.stages.reclassify import missing_classifiers
+
+        names = [c.name for c in self.cfg.classifiers]
+        self._missing = missing_classifiers(self.store, names, self.built_with)
+        running = set(names) if new_work else {n for r in self._missing for n in r["classifiers"]}
+        self.weights = weights.digests(self.cfg, running)
+        weights.check_weights(self.uri, read_marker(self.store), self.weights, self.weights_hint)
 
     # 3. begin writing
     def start(self, total: int, done_before: int, what: str | None = None) -> ShardTally:
-        """Clean files of an interrupted run, write the config, start the tally."""
+        """Check the weights of the classifiers that will run (``total > done_before``: new
+        trajectories, every classifier), clean files of an interrupted run, write the config,
+        start the tally."""
+        self._check_weights(new_work=total > done_before)
         clean_uncommitted(self.store, self.echo)
         self.ensure_held()
         self.digest = write_config(self.store, self.cfg, self.weights)
@@ -376,9 +392,9 @@ class OutputRun:
         """Run the config's classifiers that committed shards lack on their images (the
         reclassify stage, which commits each shard itself: no writer after it)."""
         from pipeline.executors import StageSpec
-        from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage, missing_classifiers
+        from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage
 
-        rows = missing_classifiers(self.store, [c.name for c in self.cfg.classifiers], self.built_with)
+        rows = self._missing  # read by start()
         if not rows:
             return
         names = sorted({n for r in rows for n in r["classifiers"]})

@@ -160,25 +160,39 @@ def test_a_model_whose_weights_changed_under_its_name_is_refused_naming_it(tmp_p
 def test_a_build_records_weights_and_refuses_a_classifier_whose_file_changed(tiny_reference, tmp_path, capsys):
     """The tiny reference output records each classifier's digest.  Its predictions of
     tiny-resnet recorded as made by other bytes (as when the file at the same path was
-    replaced after the build), the same build again is refused naming tiny-resnet, and
-    nothing is written; the output as built is up to date."""
+    replaced after the build), a build that would make new trajectories (one more seed)
+    is refused naming tiny-resnet, and nothing is written."""
+    from buildproc import tiny_config
+
     from pipeline.assets.weights import file_sha256
     from pipeline.cli import main
 
     out = tmp_path / "out"
     shutil.copytree(tiny_reference, out)
-    cfg = tiny_reference.parent / "tiny.yaml"
     marker = json.loads((out / "config.json").read_text())
     resnet = next(c for c in marker["config"]["classifiers"] if c["name"] == "tiny-resnet")
     assert marker["weights"]["tiny-resnet"] == file_sha256(resnet["checkpoint"])
     assert set(marker["weights"]) == {"tiny-resnet", "tiny-vit", "tiny-clip-zs"}
     marker["weights"]["tiny-resnet"] = "0" * 64
     (out / "config.json").write_text(json.dumps(marker))
+    cfg = tiny_config(tmp_path, lambda raw: raw["benchmark"].update(seeds=[1, 2, 3]))
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     assert main(["build", str(cfg), "--output", str(out), "--runner", "local"]) == 2
     err = capsys.readouterr().err
     assert "'tiny-resnet'" in err and "weights" in err and "000000000000" in err and "Traceback" not in err
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+def test_only_the_classifiers_that_run_are_checked_and_recorded(tmp_path):
+    """A card adding one model to an output whose other classifier's file changed is not
+    refused for it (that classifier does not run), and its record stays the old digest."""
+    from pipeline.assets.weights import changed_weights, merged
+
+    marker = {"weights": {"old": "a" * 64, "kept": "b" * 64}}
+    running = {"new": "c" * 64}  # digests() of the classifiers that run
+    assert changed_weights(marker, running) == []
+    assert merged(marker, running) == {"old": "a" * 64, "kept": "b" * 64, "new": "c" * 64}
+    assert changed_weights(marker, {"old": "d" * 64}) == [("old", "a" * 64, "d" * 64)]
 
 
 # --------------------------------------------------------------------------- special files

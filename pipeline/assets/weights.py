@@ -116,9 +116,9 @@ def weights_digest(spec: ClassifierSpec) -> str | None:
     return combined_digest(weights(spec))
 
 
-def digests(cfg: BuildConfig) -> dict[str, str | None]:
-    """Each classifier's weights digest, by name."""
-    return {c.name: weights_digest(c) for c in cfg.classifiers}
+def digests(cfg: BuildConfig, names: set[str] | None = None) -> dict[str, str | None]:
+    """The weights digest of each classifier (of those in ``names``), by name."""
+    return {c.name: weights_digest(c) for c in cfg.classifiers if names is None or c.name in names}
 
 
 def recorded(marker: dict[str, Any] | None) -> dict[str, str | None]:
