@@ -160,7 +160,11 @@ ANALYSES.register(
     "vlm_answers", "pipeline.analyses.vlm_answers:run",
     "vlm classifiers: TRUE / FALSE / excluded answers per shift and scale, accuracy = TRUE / (TRUE + FALSE)",
 )
-REPORT_ANALYSES = ("shift_views", "strips", "vlm_answers")
+ANALYSES.register(
+    "refined_failure_points", "pipeline.analyses.refined:run",
+    "failure points bisected below the grid by `cnsbench refine`: finer histogram and cumulative curve beside the grid's",
+)
+REPORT_ANALYSES = ("shift_views", "strips", "vlm_answers", "refined_failure_points")
 
 ANALYSES.register(
     "corruption_error", "pipeline.analyses.corruption:run",

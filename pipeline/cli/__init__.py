@@ -24,7 +24,7 @@ from pipeline.io.retry import StorageError
 from pipeline.runtime.stopping import EXIT_INTERRUPTED, interrupted, stop_on_signals
 
 # In the order `cnsbench --help` lists them.
-COMMANDS = ("validate", "prefetch", "build", "evaluate", "aggregate", "compare", "card", "leaderboard", "digest", "status", "ls", "demo", "train_sliders", "calibrate_filter", "serve", "submit", "estimate",)
+COMMANDS = ("validate", "prefetch", "build", "evaluate", "refine", "aggregate", "compare", "card", "leaderboard", "digest", "status", "ls", "demo", "train_sliders", "calibrate_filter", "serve", "submit", "estimate",)
 
 
 def make_parser() -> argparse.ArgumentParser:

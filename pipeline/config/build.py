@@ -13,6 +13,7 @@ from pipeline.config.families import FamilyGroup, FamilySpec, SourceSpec
 from pipeline.config.filter import FilterSpec
 from pipeline.config.generator import GeneratorSpec
 from pipeline.config.output import AggregateSpec, OutputSpec
+from pipeline.config.refine import RefineSpec
 from pipeline.config.resources import Resources
 from pipeline.config.training import SliderTrainingSpec
 from pipeline.io import bounds
@@ -30,6 +31,7 @@ class BuildConfig(Strict):
     aggregate: AggregateSpec = AggregateSpec()
     resources: Resources = Resources()
     slider_training: SliderTrainingSpec = SliderTrainingSpec()
+    refine: RefineSpec = RefineSpec()
     families: list[FamilySpec] = Field(default_factory=list, description="further shift families of the build")
     source: SourceSpec = SourceSpec()
     _groups: list[FamilyGroup] | None = PrivateAttr(None)

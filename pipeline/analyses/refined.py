@@ -1,0 +1,166 @@
+"""Analysis ``refined_failure_points``: failure points refined below the grid beside the grid's.
+
+``cnsbench refine`` (docs/refine.md) writes ``refine/failure_points_refined.csv``: per
+(trajectory, classifier) the grid failure point, the refined one, the interval it lies in
+and the rounds.  This analysis, run by every report (``REPORT_ANALYSES``), adds nothing
+when an output has not been refined.  Otherwise, per shift and classifier:
+
+* ``fp_refined_distribution.csv``: the share of the evaluated trajectories whose failure
+  point lies in each bin of width ``bin`` (the finest refined step, at least 1/16 of the
+  grid step), and the cumulative share, refined and grid side by side (shift ``all``: every
+  shift pooled); the grid's counts are those of ``failure_points.csv``;
+* ``fp_refined.png``: the two cumulative curves (grid: a step curve on the grid's scales,
+  refined: on the fine bins), one panel per shift, one colour per classifier;
+* its JSON: per classifier the mean grid and refined failure point over the failing
+  trajectories (failure point > 0), the rounds, and the refined share of them.
+
+Refinement never changes a grid metric: the grid numbers here are read from the same
+table, never written back.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
+from pipeline.aggregate.images import ImageReader
+from pipeline.aggregate.metrics import ALL_SHIFTS
+
+REFINED_CSV = "refine/failure_points_refined.csv"
+"""Where ``cnsbench refine`` keeps its table, relative to the output."""
+
+REFINED_COLUMNS = [
+    "trajectory_id", "shift", "class_id", "seed", "classifier", "grid_fp", "refined_fp",
+    "interval_low", "interval_high", "rounds", "rejected", "status",
+]
+"""``status``: ``refined`` (bisected), ``never_failed``, ``failed_at_0`` (left as they are)."""
+
+DISTRIBUTION_COLUMNS = ["classifier", "shift", "kind", "scale", "fp_count", "fp_ratio", "fp_ratio_cumulative"]
+
+
+def read_refined(store: Any, rel: str = REFINED_CSV) -> pd.DataFrame | None:
+    """The refined failure points of an output (``store``: its :class:`pipeline.io.store.OutputStore`;
+    ``rel``: the table's path in it); None when it was never refined."""
+    if not store.exists(rel):
+        return None
+    table = pd.read_csv(io.BytesIO(store.read_bytes(rel)))
+    missing = [c for c in REFINED_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{store.url(rel)}: columns {missing} missing (expected {REFINED_COLUMNS})")
+    return table
+
+
+def mean_refined(table: pd.DataFrame, classifier: str) -> tuple[float | None, np.ndarray]:
+    """The mean refined failure point of ``classifier`` over its failing trajectories (failure
+    point > 0, as the grid's ``fp_avg`` counts failures), and those values (for a bootstrap)."""
+    rows = table[(table["classifier"] == classifier) & (table["refined_fp"] > 0)]
+    values = rows["refined_fp"].to_numpy(dtype=float)
+    return (float(values.mean()) if len(values) else None), values
+
+
+def distribution(table: pd.DataFrame, bin_width: float, top: float) -> pd.DataFrame:
+    """Failure-point counts per bin ``(b - bin_width, b]`` (``kind`` refined) and per grid scale
+    (``kind`` grid), per classifier and shift and for all shifts pooled."""
+    bins = np.round(np.arange(0.0, top + bin_width / 2, bin_width), 6)
+    rows = []
+    for (clf, shift), g in _with_all(table).groupby(["classifier", "shift"], sort=False):
+        n = len(g)
+        for kind, column, edges in (("grid", "grid_fp", np.sort(g["grid_fp"].dropna().unique())), ("refined", "refined_fp", bins)):
+            values = g[column].dropna().to_numpy(dtype=float)
+            # A value v lies in the bin of the smallest edge >= v (scale 0 is its own bin).
+            idx = np.searchsorted(edges, values - 1e-9) if len(edges) else np.array([], dtype=int)
+            counts = np.bincount(idx, minlength=len(edges))[: len(edges)] if len(edges) else []
+            cum = 0
+            for edge, count in zip(edges, counts):
+                cum += int(count)
+                rows.append({"classifier": clf, "shift": shift, "kind": kind, "scale": float(edge), "fp_count": int(count),
+                             "fp_ratio": count / n if n else math.nan, "fp_ratio_cumulative": cum / n if n else math.nan})
+    return pd.DataFrame(rows, columns=DISTRIBUTION_COLUMNS)
+
+
+def _with_all(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([table, table.assign(shift=ALL_SHIFTS)], ignore_index=True)
+
+
+def _figure(dist: pd.DataFrame, classifiers: list[str], shifts: list[str]) -> Figure:
+    from pipeline.aggregate.report import colours_of
+
+    colours = colours_of(classifiers)
+    panels = shifts + [ALL_SHIFTS]
+    fig = Figure(figsize=(3.4 * len(panels) + 0.4, 3.2), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
+    for ax, shift in zip(axes, panels):
+        for clf in classifiers:
+            for kind, style in (("grid", dict(drawstyle="steps-post", linestyle="--", alpha=0.6)), ("refined", {})):
+                d = dist[(dist["classifier"] == clf) & (dist["shift"] == shift) & (dist["kind"] == kind)]
+                if not d.empty:
+                    ax.plot(d["scale"], d["fp_ratio_cumulative"], color=colours[clf],
+                            label=f"{clf} ({kind})", **style)
+        ax.set_title(shift, fontsize="medium")
+        ax.set_xlabel("scale")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cumulative failure-point ratio")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    return fig
+
+
+def run(ctx: AnalysisContext) -> AnalysisResult:
+    # The table lives beside the shards; only a report of an output (an image reader on its
+    # store) can have one.
+    table = read_refined(ctx.read_image.store) if isinstance(ctx.read_image, ImageReader) else None
+    if table is None or table.empty:
+        return AnalysisResult()
+    classifiers = [str(c) for c in pd.unique(table["classifier"])]
+    shifts = sorted(str(s) for s in pd.unique(table["shift"]))
+    refined = table[table["status"] == "refined"]
+    widths = (refined["interval_high"] - refined["interval_low"]).to_numpy(dtype=float)
+    finest = float(widths.min()) if len(widths) else 0.0
+    top = float(np.nanmax(table[["grid_fp", "refined_fp", "interval_low"]].to_numpy(dtype=float)))
+    bin_width = finest if finest > 0 else max(top, 1.0) / 16
+    dist = distribution(table, bin_width, top)
+
+    summary: dict[str, Any] = {}
+    for clf in classifiers:
+        mine = table[table["classifier"] == clf]
+        refined_mean, values = mean_refined(table, clf)
+        grid = mine.loc[mine["grid_fp"] > 0, "grid_fp"]
+        summary[clf] = {
+            "fp_avg_grid": float(grid.mean()) if len(grid) else None,
+            "fp_avg_refined": refined_mean,
+            "n_failed": int(len(values)),
+            "n_refined": int((mine["status"] == "refined").sum()),
+            "rounds": int(mine["rounds"].max()) if len(mine) else 0,
+        }
+    rows = "".join(
+        f"<tr><td>{html.escape(c)}</td><td>{_num(s['fp_avg_grid'])}</td><td>{_num(s['fp_avg_refined'])}</td>"
+        f"<td>{s['n_refined']}</td><td>{s['rounds']}</td></tr>"
+        for c, s in summary.items()
+    )
+    body = (
+        "<p>Each failing trajectory's first failing grid interval bisected with images made at its midpoints "
+        "(<code>cnsbench refine</code>, docs/refine.md); dashed: the grid's cumulative failure-point ratio, solid: "
+        f"the refined one in bins of {bin_width:g}. The grid metrics above are unchanged.</p>"
+        "<img src='fp_refined.png' alt='cumulative failure points, grid and refined'>"
+        "<table><tr><th>classifier</th><th>mean FP (grid)</th><th>mean FP (refined)</th><th>trajectories refined</th>"
+        f"<th>rounds</th></tr>{rows}</table>"
+    )
+    return AnalysisResult(
+        tables={"failure_points_refined": table, "fp_refined_distribution": dist},
+        figures={"fp_refined": _figure(dist, classifiers, shifts)},
+        json={"bin": bin_width, "classifiers": summary},
+        html=body,
+        title="Refined failure points",
+    )
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"

@@ -1,0 +1,325 @@
+"""``cnsbench refine``: failure points bisected below a build's grid, for one classifier.
+
+For every trajectory the classifier gets right at scale 0 and first gets wrong at grid scale
+``s_k``, the interval ``(s_{k-1}, s_k]`` is bisected for ``rounds`` rounds with images made
+at the midpoints by the build's own generator, judged by its filter against the
+trajectory's committed scale-0 image and classified by the classifier (docs/refine.md).
+
+The refinement images are committed like a build's, into ``OUTPUT/refine/`` (its own
+shards, content-named, manifest last), each known by (trajectory, scale); a point is made
+once and every later classifier classifies it (the reclassify stage) instead of making it
+again.  What a classifier's bisection has found is never kept anywhere but in those
+shards: every run replays it from them (:func:`walk`), so a rerun gives the same answer
+and a killed run resumes where its last committed shard left it.
+
+Refinement adds to an output and changes nothing of it: the grid's shards, tables and
+metrics stay as they are; ``refine/failure_points_refined.csv`` and the report's
+``refined_failure_points`` section carry the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pandas as pd
+
+from pipeline.analyses.refined import REFINED_COLUMNS, REFINED_CSV, read_refined
+from pipeline.config import BuildConfig
+from pipeline.config.refine import MAX_ROUNDS
+from pipeline.executors import StageSpec
+from pipeline.output_run import BuildSummary, OutputRun
+from pipeline.stages.refine import REFINE_UNIT, point_key
+
+REFINE_DIR = "refine"
+POINTS_PER_SHARD = 64  # refinement points per committed shard
+
+
+class RefineError(ValueError):
+    """What was asked cannot be refined (unknown classifier, no predictions, no generator, rounds)."""
+
+
+# --------------------------------------------------------------------------- the bisection
+def milli(scale: float) -> int:
+    """A scale as the outputs know it: in thousandths (:func:`pipeline.plan.scale_tag`)."""
+    return round(scale * 1000)
+
+
+@dataclass
+class Walk:
+    """Where one trajectory's bisection stands: the interval ``(low, high]`` holding its failure
+    point, the probes made (a round each), the probed scales the filter rejected, and the
+    next probe (None when done)."""
+
+    low: float
+    high: float
+    rounds: int = 0
+    rejected: list[float] = field(default_factory=list)
+    next: float | None = None
+    probes: list[float] = field(default_factory=list)
+
+
+def candidates(low: float, high: float) -> list[float]:
+    """The probes of an interval in order of preference: its midpoint, then (after the filter
+    rejected it) the midpoint of the lower half, then of the upper half."""
+    width = high - low
+    return [low + width / 2, low + width / 4, low + 3 * width / 4]
+
+
+def walk(low: float, high: float, rounds: int, known: dict[int, bool | None]) -> Walk:
+    """Replay a bisection of ``(low, high]`` through the probes already judged (``known``:
+    scale in thousandths -> correct, or None where the filter rejected the image or there is
+    no answer) for at most ``rounds`` probes.
+
+    A probe the classifier gets right moves ``low`` up to it, one it gets wrong moves
+    ``high`` down to it; a rejected probe narrows nothing and the next round probes the
+    next candidate (:func:`candidates`) not yet rejected.  The walk stops after ``rounds``
+    probes, when no candidate is left, or when the interval is one thousandth wide (the
+    outputs' scale resolution)."""
+    w = Walk(low, high)
+    while w.rounds < rounds:
+        ends = {milli(w.low), milli(w.high)}
+        probe = next((c for c in candidates(w.low, w.high)
+                      if milli(c) not in ends and milli(c) not in {milli(r) for r in w.rejected}), None)
+        if probe is None:
+            return w
+        if milli(probe) not in known:
+            w.next = probe
+            return w
+        w.rounds += 1
+        w.probes.append(probe)
+        correct = known[milli(probe)]
+        if correct is None:
+            w.rejected.append(probe)
+        elif correct:
+            w.low = probe
+        else:
+            w.high = probe
+    return w
+
+
+def grid_failures(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame, classifier: str) -> pd.DataFrame:
+    """The grid failure point of every evaluated trajectory of ``classifier``, per family group
+    on its own scales (:func:`pipeline.aggregate.metrics.failure_points`), with the grid
+    interval ``(low, high]`` a failing one is bisected in: columns ``trajectory_id, shift,
+    class_id, seed, grid_fp, low, high``."""
+    from pipeline.aggregate.metrics import failure_points
+
+    preds = predictions[predictions["classifier"] == classifier]
+    coords = samples.drop_duplicates("trajectory_id").set_index("trajectory_id")[["class_id", "seed"]]
+    out = []
+    for group in cfg.family_groups():
+        mine = samples[samples["shift"].isin(group.shifts)]
+        fps = failure_points(mine, preds, group.scales)
+        scales = sorted(group.scales)
+        for row in fps.itertuples(index=False):
+            fp = float(row.failure_point)
+            k = scales.index(fp) if fp == fp else -1
+            out.append({
+                "trajectory_id": row.trajectory_id, "shift": row.shift,
+                "class_id": int(coords.at[row.trajectory_id, "class_id"]), "seed": int(coords.at[row.trajectory_id, "seed"]),
+                "grid_fp": fp, "low": scales[k - 1] if k > 0 else float("nan"), "high": fp if k > 0 else float("nan"),
+                "top": scales[-1],
+            })
+    return pd.DataFrame(out, columns=["trajectory_id", "shift", "class_id", "seed", "grid_fp", "low", "high", "top"])
+
+
+def judged_points(samples: pd.DataFrame, predictions: pd.DataFrame, classifier: str) -> dict[str, dict[int, bool | None]]:
+    """Per trajectory, its refinement points judged for ``classifier``: scale in thousandths ->
+    correct, None where the filter rejected the image (or the classifier gave no answer).
+    A point without a prediction of the classifier is left out (it is still to be classified)."""
+    from pipeline import plan
+
+    preds = predictions[predictions["classifier"] == classifier].set_index("sample_id")["correct"]
+    out: dict[str, dict[int, bool | None]] = {}
+    for s in samples.itertuples(index=False):
+        if s.sample_id not in preds.index:
+            continue
+        correct = preds.at[s.sample_id]
+        verdict = None if not bool(s.kept) or correct is None or correct != correct else bool(correct)
+        out.setdefault(plan.trajectory_id(s.shift, int(s.class_id), int(s.seed)), {})[milli(float(s.scale))] = verdict
+    return out
+
+
+def refined_rows(grid: pd.DataFrame, judged: dict[str, dict[int, bool | None]], classifier: str,
+                 rounds: int) -> tuple[pd.DataFrame, list[tuple[dict, float]], list[str]]:
+    """The ``failure_points_refined.csv`` rows of ``classifier`` as far as the judged points
+    take each bisection, the points still to make (grid row, scale) and the keys of the
+    points the bisections used."""
+    rows, todo, used = [], [], []
+    for g in grid.to_dict("records"):
+        base = {k: g[k] for k in ("trajectory_id", "shift", "class_id", "seed")}
+        fp = g["grid_fp"]
+        if fp != fp or fp == 0:  # never failed, or failed at 0: left as they are
+            status = "never_failed" if fp != fp else "failed_at_0"
+            low = g["top"] if fp != fp else float("nan")
+            rows.append({**base, "classifier": classifier, "grid_fp": fp, "refined_fp": fp, "interval_low": low,
+                         "interval_high": fp, "rounds": 0, "rejected": 0, "status": status})
+            continue
+        w = walk(g["low"], g["high"], rounds, judged.get(g["trajectory_id"], {}))
+        if w.next is not None:
+            todo.append((g, w.next))
+        used += [point_key(g["shift"], g["class_id"], g["seed"], p) for p in w.probes]
+        rows.append({**base, "classifier": classifier, "grid_fp": fp, "refined_fp": w.high, "interval_low": w.low,
+                     "interval_high": w.high, "rounds": w.rounds, "rejected": len(w.rejected), "status": "refined"})
+    return pd.DataFrame(rows, columns=REFINED_COLUMNS), todo, used
+
+
+# --------------------------------------------------------------------------- checks
+def check_request(cfg: BuildConfig, uri: str, classifier: str, rounds: int) -> None:
+    """Refuse what cannot be refined, naming it (exit 2 on the command line)."""
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise RefineError(f"--rounds (refine.rounds) must be 1..{MAX_ROUNDS}, got {rounds}")
+    names = [c.name for c in cfg.classifiers]
+    if classifier not in names:
+        raise RefineError(f"unknown classifier {classifier!r}: {uri} was built with {names}")
+
+
+def check_output(store, cfg: BuildConfig, classifier: str, pairs: set[tuple[int, str]]) -> None:
+    """The output holds the classifier's predictions and its config can regenerate its images."""
+    from pipeline.aggregate.run import evaluated_source
+    from pipeline.assets import AssetError, check_build
+    from pipeline.io.ownership import read_marker
+
+    built_with = [c["name"] for c in (read_marker(store) or {}).get("config", {}).get("classifiers", [])]
+    lacking = [m.shard for m in store.manifests()
+               if m.trajectories and classifier not in (m.classifiers if m.classifiers is not None else built_with)]
+    if lacking or not any(True for _ in store.manifests()):
+        raise RefineError(f"{store.uri} holds no predictions of {classifier!r} ({len(lacking)} shard(s) lack them); "
+                          f"`cnsbench build` its config with {classifier!r} first")
+    if evaluated_source(store) is not None:
+        raise RefineError(f"{store.uri} was made by `cnsbench evaluate` from released images: "
+                          "refinement generates images, which needs the generator of a build")
+    try:
+        check_build(cfg, pairs)
+    except AssetError as err:
+        raise RefineError(f"{store.uri}'s config cannot regenerate its images: {err}") from None
+
+
+# --------------------------------------------------------------------------- the run
+@dataclass
+class RefineSummary:
+    classifier: str
+    rounds: int
+    refined: int  # trajectories bisected
+    points_made: int  # points of the bisections not committed before this run
+    points_reused: int  # points of the bisections committed before (another classifier's, or an earlier run's)
+    table: str
+    build: BuildSummary | None = None
+
+
+def refine_uri(uri: str) -> str:
+    return f"{uri.rstrip('/')}/{REFINE_DIR}"
+
+
+def refine(output: str, classifier: str, *, rounds: int | None = None, runner: str = "ray",
+           address: str | None = None, aggregate: bool = True, echo: Callable[[str], None] = print) -> RefineSummary:
+    """Refine ``classifier``'s failure points of the build output ``output`` (docs/refine.md).
+
+    Holds the output's lease throughout (a build of it is refused meanwhile, and this waits
+    for none); ``rounds`` defaults to the output's ``refine.rounds``."""
+    from pipeline.aggregate.run import load_output_config, load_sound_tables
+    from pipeline.io.store import OutputStore
+
+    store = OutputStore(output)
+    cfg = load_output_config(store)
+    rounds = cfg.refine.rounds if rounds is None else rounds
+    check_request(cfg, output, classifier, rounds)
+    samples, predictions, _ = load_sound_tables(store, [classifier])
+    failing = grid_failures(cfg, samples, predictions, classifier).dropna(subset=["low"])
+    check_output(store, cfg, classifier, {(int(c), s) for c, s in zip(failing["class_id"], failing["shift"])})
+    with OutputRun.claim(output, "refine", echo, runner=runner, address=address) as run:
+        # 1. the output as built: compatible with itself, its committed shards, the weights
+        run.prepare(cfg)
+        samples, predictions, _ = load_sound_tables(run.store, [classifier])
+        grid = grid_failures(cfg, samples, predictions, classifier)
+        failing = grid[grid["low"].notna()]
+        run.start(0, 0)
+        # 2. the refinement store: its own run (lease, committed points, the classifier added to them)
+        sub = refinement_config(cfg, classifier)
+        with OutputRun.claim(refine_uri(output), "refine", echo, runner=runner, address=address) as inner:
+            inner.prepare(sub)
+            inner.start(len(failing) * rounds, 0, what="refine points")
+            before = committed_points(inner)
+            inner.add_classifiers()
+            # 3. the rounds: each one point per unfinished trajectory, all through one chain
+            for r in range(rounds):
+                table, todo, _ = refined_rows(grid, judged(inner, classifier), classifier, rounds)
+                if not todo:
+                    break
+                echo(f"[cnsbench] refine {classifier}: round {r + 1}/{rounds}, {len(todo)} point(s) to make")
+                units = unit_rows(todo, samples, run.store)
+                inner.run_chain(units, refinement_chain(sub, inner.commit_kwargs()), num_blocks=len(units),
+                                first_schema=REFINE_UNIT)
+            table, todo, used = refined_rows(grid, judged(inner, classifier), classifier, rounds)
+            if todo:
+                raise RuntimeError(f"refine: {len(todo)} point(s) were not committed (see the failures above)")
+            # 4. the table: this classifier's rows replace its earlier ones
+            inner.ensure_held()
+            write_table(inner.store, table, classifier)
+            inner.finish(aggregate=False)
+        summary = run.finish(aggregate=aggregate, run_name="-refine")
+    n = int((table["status"] == "refined").sum())
+    reused = sum(1 for k in used if k in before)
+    made = len(used) - reused
+    echo(f"[cnsbench] refined {n} trajectories of {classifier} ({rounds} rounds): {made} point(s) made, "
+         f"{reused} reused; {refine_uri(output)}/failure_points_refined.csv")
+    return RefineSummary(classifier, rounds, n, made, reused, run.store.url(REFINED_CSV), summary)
+
+
+def refinement_config(cfg: BuildConfig, classifier: str) -> BuildConfig:
+    """The refinement store's config: the build's, with the one classifier and its own shard size."""
+    output = cfg.output.model_copy(update={"trajectories_per_shard": POINTS_PER_SHARD})
+    return cfg.model_copy(update={"classifiers": [c for c in cfg.classifiers if c.name == classifier], "output": output})
+
+
+def refinement_chain(cfg: BuildConfig, commit: dict[str, str]) -> list[StageSpec]:
+    """generate -> filter -> classify -> write, the refinement's generate and filter in the build's places."""
+    from pipeline.build import build_chain
+    from pipeline.stages.refine import RefineFilterStage, RefineGenerateStage
+
+    chain = build_chain(cfg, commit)
+    own = {"generate": RefineGenerateStage, "filter": RefineFilterStage}
+    return [StageSpec(own.get(s.stage.name, s.stage), s.kwargs, s.resources, s.batch_size, s.memory) for s in chain]
+
+
+def judged(run: OutputRun, classifier: str) -> dict[str, dict[int, bool | None]]:
+    from pipeline.io.tables import load_predictions, load_samples
+
+    return judged_points(load_samples(run.store), load_predictions(run.store, [classifier]), classifier)
+
+
+def committed_points(run: OutputRun) -> set[str]:
+    """The keys of the points committed to the refinement store."""
+    return {k for m in run.store.manifests() for k in m.trajectories}
+
+
+def unit_rows(todo: list[tuple[dict, float]], samples: pd.DataFrame, store) -> list[dict]:
+    """One :data:`pipeline.stages.refine.REFINE_UNIT` row per (class, seed): its points and each
+    point's committed scale-0 image (the filter's reference), in a fixed order."""
+    from pipeline import plan
+    from pipeline.aggregate.images import ImageReader
+
+    refs = {g["trajectory_id"]: plan.sample_id(g["shift"], g["class_id"], g["seed"], 0.0) for g, _ in todo}
+    images = ImageReader(store, samples).many(sorted(set(refs.values())))
+    names = samples.drop_duplicates("class_id").set_index("class_id")["class_name"]
+    units: dict[tuple[int, int], dict] = {}
+    for g, scale in sorted(todo, key=lambda t: point_key(t[0]["shift"], t[0]["class_id"], t[0]["seed"], t[1])):
+        cid, seed = int(g["class_id"]), int(g["seed"])
+        u = units.setdefault((cid, seed), {"unit_id": plan.unit_id(cid, seed), "class_id": cid,
+                                           "class_name": str(names.at[cid]), "seed": seed, "shifts": [], "scales": [],
+                                           "references": []})
+        u["shifts"].append(g["shift"])
+        u["scales"].append(float(scale))
+        u["references"].append(images[refs[g["trajectory_id"]]])
+    return [units[k] for k in sorted(units)]
+
+
+def write_table(store, table: pd.DataFrame, classifier: str) -> None:
+    """``failure_points_refined.csv`` with ``classifier``'s rows replaced (the store: the refinement's)."""
+    rel = REFINED_CSV.split("/", 1)[1]
+    old = read_refined(store, rel)
+    if old is not None:
+        table = pd.concat([old[old["classifier"] != classifier], table], ignore_index=True)
+    table = table.sort_values(["classifier", "shift", "trajectory_id"], kind="stable").reset_index(drop=True)
+    store.write_bytes(rel, table.to_csv(index=False).encode("utf-8"))

@@ -1,0 +1,124 @@
+"""Refinement stages: images at scales between a build's grid points, for ``cnsbench refine``.
+
+A refinement round makes one image per trajectory, at the midpoint of what is left of the
+trajectory's first failing grid interval (docs/refine.md).  It runs the build's chain
+shape, generate -> filter -> classify -> write, with two stages of its own:
+
+* :class:`RefineGenerateStage` takes one row per (class, seed) unit listing its points
+  (shift, scale, the trajectory's stored scale-0 image) and makes each point's image with
+  the build's family, seed and settings: the points of a unit that share a scale are one
+  family call (for sliders, one shared pre-window prefix and one batch of branches).  Its
+  rows carry two images, the stored scale-0 reference and the new one, so the filter
+  judges the new image against the same reference the build's filter used;
+* :class:`RefineFilterStage` is the build's filter on those rows, after which the
+  reference is dropped: a point's row holds its one image.
+
+The classify stage and the writer are the build's.  A point's row is known by its
+refinement key (:func:`point_key`: the sample id, i.e. trajectory and scale in
+thousandths), which is what a refinement shard's manifest lists, so each (trajectory,
+scale) image is committed once and every later classifier reuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline import plan
+from pipeline.plan import schema
+from pipeline.stages.filter import FilterStage
+from pipeline.stages.generate import GenerateStage
+
+log = logging.getLogger(__name__)
+
+# Input rows of a round: one (class, seed) unit and its points, aligned lists.
+REFINE_UNIT = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("class_id", pa.int64()),
+        ("class_name", pa.string()),
+        ("seed", pa.int64()),
+        ("shifts", pa.list_(pa.string())),
+        ("scales", pa.list_(pa.float64())),
+        ("references", pa.list_(pa.binary())),  # each point's trajectory's committed scale-0 image
+    ]
+)
+
+# Per-image list columns of a FILTERED row (all aligned with ``scales``).
+_PER_IMAGE = ("scales", "sample_ids", "images", "params", *schema.SCORE_COLUMNS, "n_pass", "kept",
+              *schema.REALISATION_COLUMNS)
+
+
+def point_key(shift: str, class_id: int, seed: int, scale: float) -> str:
+    """The refinement key of the image of trajectory (shift, class, seed) at ``scale``: its sample id."""
+    return plan.sample_id(shift, class_id, seed, scale)
+
+
+class RefineGenerateStage(GenerateStage):
+    """(class, seed) units with their points -> one GENERATED row per point: ``scales`` [0, s],
+    ``images`` [stored scale-0 image, the new image at s]; ``trajectory_id`` is the point's key."""
+
+    def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [r["unit_id"] for r in rows]
+
+    def fail_rows(self, rows: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
+        return [_failed(row, shift, scale, message) for row in rows for shift, scale in zip(row["shifts"], row["scales"])]
+
+    def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for row in rows:
+            unit = plan.WorkUnit(int(row["class_id"]), int(row["seed"]), tuple(row["shifts"]), row["class_name"])
+            ctx = self.unit_context(unit)
+            refs = {(sh, sc): ref for sh, sc, ref in zip(row["shifts"], row["scales"], row["references"])}
+            for group, family in self.families:
+                # One family call per distinct scale: its shifts share the unit's prefix.
+                by_scale: dict[float, list[str]] = {}
+                for shift, scale in zip(row["shifts"], row["scales"]):
+                    if shift in group.shifts:
+                        by_scale.setdefault(float(scale), []).append(shift)
+                for scale, shifts in sorted(by_scale.items()):
+                    try:
+                        made = self.family_rows(unit, ctx, family, shifts, [0.0, scale])
+                    except Exception as err:  # recorded per point; the round goes on
+                        log.exception("refinement generation failed for %s at %s", unit.id, scale)
+                        message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+                        out.extend(_failed(row, s, scale, message) for s in shifts)
+                        continue
+                    for made_row in made:
+                        shift = made_row["shift"]
+                        made_row["images"][0] = refs[(shift, scale)]  # the build's own reference
+                        made_row["trajectory_id"] = point_key(shift, unit.class_id, unit.seed, scale)
+                        out.append(made_row)
+        return out
+
+    def unit_context(self, unit: plan.WorkUnit):
+        """The unit's context, as a build's generation makes it (base images from the build's source)."""
+        from pipeline.families.base import UnitContext
+
+        return UnitContext(unit.class_id, unit.class_name, unit.seed, self._load_base)
+
+    def family_rows(self, unit, ctx, family, shifts: list[str], scales: list[float]) -> list[dict[str, Any]]:
+        """The GENERATED rows of ``shifts`` of a unit at ``scales``: the build's family call and encoding."""
+        return self._family_rows(unit, ctx, family, shifts, scales, {})
+
+
+def _failed(row: dict[str, Any], shift: str, scale: float, message: str) -> dict[str, Any]:
+    failed = schema.trajectory_row(class_id=int(row["class_id"]), class_name=row["class_name"], seed=int(row["seed"]),
+                                   shift=shift, scales=[], images=[], error=message)
+    failed["trajectory_id"] = point_key(shift, int(row["class_id"]), int(row["seed"]), scale)
+    return failed
+
+
+class RefineFilterStage(FilterStage):
+    """The build's filter on [reference, point] rows, then the reference dropped: one image per row."""
+
+    def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for row in super().process(rows):
+            if not row.get("error") and len(row.get("scales") or []) == 2:
+                row = {**row, **{k: row[k][1:] for k in _PER_IMAGE if row.get(k) is not None}}
+            out.append(row)
+        return out

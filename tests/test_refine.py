@@ -1,0 +1,218 @@
+"""``cnsbench refine``: the bisection's rule, one round on the tiny config, reuse, and bad input.
+
+The tiny config's random-weight classifiers are wrong at scale 0 everywhere (nothing to
+refine), so the module adds a classifier of its own to the tiny build: a TorchScript model
+that answers goldfish when an image's mean brightness is on one side of a threshold and
+bald eagle otherwise, the threshold chosen from the build's own images so that a goldfish
+trajectory is right at scale 0 and wrong at a later grid scale.  The test then knows what
+the classifier says of every refinement image, and checks the bisection against it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from buildproc import build_here, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+GOLDFISH, EAGLE = 1, 22
+
+
+def brightness(data: bytes) -> float:
+    from PIL import Image
+
+    return float(np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64).mean() / 255.0)
+
+
+def bright_model(path: Path, threshold: float, sign: float) -> None:
+    """Goldfish when ``sign * (mean brightness - threshold) > 0``, else bald eagle (1000 logits)."""
+    import torch
+
+    class Bright(torch.nn.Module):
+        def __init__(self, t: float, s: float) -> None:
+            super().__init__()
+            self.t, self.s = t, s
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            score = self.s * (x.mean(dim=(1, 2, 3)) - self.t)
+            logits = torch.zeros(x.shape[0], 1000, dtype=x.dtype, device=x.device)
+            logits[:, 1] = score * 100.0
+            logits[:, 22] = -score * 100.0
+            return logits
+
+    torch.jit.save(torch.jit.script(Bright(threshold, sign)), str(path),
+                   _extra_files={"preprocess.json": json.dumps({"input_size": [3, 64, 64]})})
+
+
+def says_goldfish(b: float, threshold: float, sign: float) -> bool:
+    return sign * (b - threshold) > 0
+
+
+def tables(out: Path) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The samples of an output and each sample's brightness."""
+    from pipeline.aggregate.images import ImageReader
+    from pipeline.io.store import OutputStore
+    from pipeline.io.tables import load_samples
+
+    store = OutputStore(str(out))
+    samples = load_samples(store)
+    images = ImageReader(store, samples).many(list(samples["sample_id"]))
+    return samples, {sid: brightness(b) for sid, b in images.items()}
+
+
+def custom(raw: dict) -> None:
+    # Each classifier's own preprocessing (the brightness model sees its 64 px input as is),
+    # not the cns protocol's 224 px crop of ImageNet-normalised pixels.
+    raw["protocol"] = "custom"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny build with the brightness classifier ``bright`` added, and its threshold."""
+    root = tmp_path_factory.mktemp("refine")
+    cfg = tiny_config(root, mutate=custom)
+    out = root / "out"
+    assert build_here(cfg, out) == 0
+    samples, light = tables(out)
+    samples["b"] = samples["sample_id"].map(light)
+    best = None
+    for _, traj in samples[samples["class_id"] == GOLDFISH].groupby("trajectory_id"):
+        traj = traj.sort_values("scale")
+        b0, later = traj["b"].iloc[0], traj["b"].iloc[1:]
+        for sign, far in ((1.0, later.min()), (-1.0, later.max())):
+            gap = sign * (b0 - far)
+            if gap > 0 and (best is None or gap > best[0]):
+                best = (gap, (b0 + far) / 2, sign)
+    assert best is not None, "no goldfish trajectory changes brightness along its scales"
+    _, threshold, sign = best
+    bright_model(root / "bright.pt", threshold, sign)
+
+    def add(raw):
+        custom(raw)
+        raw["classifiers"].append({"name": "bright", "kind": "torchscript", "model": "brightness",
+                                   "checkpoint": str(root / "bright.pt")})
+
+    cfg = tiny_config(root, mutate=add, name="tiny-bright.yaml")
+    assert build_here(cfg, out) == 0  # only the new classifier runs, on the committed images
+    return {"root": root, "out": out, "threshold": threshold, "sign": sign, "config": cfg}
+
+
+def refine_cli(*argv: str) -> int:
+    from pipeline.cli import main
+
+    return main(["refine", *argv])
+
+
+# --------------------------------------------------------------------------- the rule
+def test_walk_bisects_and_steps_around_rejected_midpoints():
+    from pipeline.refine import walk
+
+    # Nothing judged yet: the first probe is the midpoint.
+    assert walk(1.0, 1.5, 3, {}).next == 1.25
+    # Right at 1.25, wrong at 1.375: (1.25, 1.375] after two rounds, the third probe next.
+    w = walk(1.0, 1.5, 3, {1250: True, 1375: False})
+    assert (w.low, w.high, w.rounds, w.next) == (1.25, 1.375, 2, 1.3125)
+    # The filter rejected 1.25: the round is spent, the lower half's midpoint comes next.
+    w = walk(1.0, 1.5, 3, {1250: None})
+    assert (w.low, w.high, w.rounds, w.rejected, w.next) == (1.0, 1.5, 1, [1.25], 1.125)
+    # ... and the upper half's when that was rejected too; none left after the third.
+    assert walk(1.0, 1.5, 3, {1250: None, 1125: None}).next == 1.375
+    w = walk(1.0, 1.5, 5, {1250: None, 1125: None, 1375: None})
+    assert (w.next, w.rounds, w.high) == (None, 3, 1.5)
+    # Rounds cap the walk; the outputs' resolution (thousandths) ends it too.
+    assert walk(1.0, 1.5, 1, {1250: False}).next is None
+    assert walk(1.0, 1.001, 3, {}).next is None
+
+
+# --------------------------------------------------------------------------- one round
+def test_one_round_on_the_tiny_build(world):
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine
+
+    out = world["out"]
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*")
+              if p.is_file() and p.parts[len(out.parts)] in ("samples", "predictions", "images", "manifest")}
+    fp_before = (out / "report" / "failure_points.csv").read_text()
+    summary = refine(str(out), "bright", rounds=1, runner="local", echo=lambda m: None)
+    table = read_refined(OutputStore(str(out)))
+    mine = table[table["classifier"] == "bright"]
+    refined = mine[mine["status"] == "refined"]
+    assert summary.refined == len(refined) >= 1
+    assert summary.points_made == len(refined) and summary.points_reused == 0
+    # One round: every refined interval is half its grid interval and holds the refined point.
+    grid_step = 0.5
+    assert np.allclose(refined["interval_high"] - refined["interval_low"], grid_step / 2)
+    assert (refined["rounds"] == 1).all()
+    assert (refined["refined_fp"] == refined["interval_high"]).all()
+    assert set(mine["status"]) <= {"refined", "never_failed", "failed_at_0"}
+    # Each midpoint's verdict is the classifier's on the committed refinement image.
+    points, light = tables(out / "refine")
+    for row in refined.itertuples():
+        mid = row.grid_fp - grid_step / 2
+        pt = points[(points["shift"] == row.shift) & (points["class_id"] == row.class_id)
+                     & (points["seed"] == row.seed) & np.isclose(points["scale"], mid)]
+        assert len(pt) == 1
+        if not bool(pt["kept"].iloc[0]):
+            assert row.rejected == 1 and row.refined_fp == row.grid_fp
+            continue
+        right = says_goldfish(light[pt["sample_id"].iloc[0]], world["threshold"], world["sign"]) == (row.class_id == GOLDFISH)
+        assert row.refined_fp == (row.grid_fp if right else mid)
+    # The grid is untouched: its shards, and its failure points in the report again.
+    after = {p: (out / p).read_bytes() for p in before}
+    assert after == before
+    assert (out / "report" / "failure_points.csv").read_text() == fp_before
+    assert (out / "report" / "failure_points_refined.csv").is_file()
+
+    # Run again: nothing to make, the same refined failure points.
+    again = refine(str(out), "bright", rounds=1, runner="local", echo=lambda m: None)
+    assert again.points_made == 0 and again.points_reused == summary.points_made
+    table2 = read_refined(OutputStore(str(out)))
+    pd.testing.assert_frame_equal(table2[table2["classifier"] == "bright"].reset_index(drop=True),
+                                  mine.reset_index(drop=True))
+
+
+# --------------------------------------------------------------------------- bad input
+def test_bad_input_exits_2_naming_it(world, tmp_path, capsys):
+    out = world["out"]
+    assert refine_cli(str(out), "--classifier", "nope", "--runner", "local") == 2
+    assert "unknown classifier 'nope'" in capsys.readouterr().err
+    for rounds in ("0", "9"):
+        assert refine_cli(str(out), "--classifier", "bright", "--rounds", rounds, "--runner", "local") == 2
+        assert "--rounds" in capsys.readouterr().err
+
+    # A classifier the config names but no shard has predictions of.
+    lacking = tmp_path / "lacking"
+    shutil.copytree(out, lacking)
+    marker = json.loads((lacking / "config.json").read_text())
+    extra = dict(marker["config"]["classifiers"][0], name="later")
+    marker["config"]["classifiers"].append(extra)
+    (lacking / "config.json").write_text(json.dumps(marker))
+    assert refine_cli(str(lacking), "--classifier", "later", "--runner", "local") == 2
+    assert "no predictions of 'later'" in capsys.readouterr().err
+
+    # A config whose generator is gone cannot make the midpoints.
+    gone = tmp_path / "gone"
+    shutil.copytree(out, gone)
+    marker = json.loads((gone / "config.json").read_text())
+    marker["config"]["generator"]["model"] = str(tmp_path / "no-such-model")
+    (gone / "config.json").write_text(json.dumps(marker))
+    assert refine_cli(str(gone), "--classifier", "bright", "--runner", "local") == 2
+    err = capsys.readouterr().err
+    assert "cannot regenerate its images" in err and "no-such-model" in err
+
+
+def test_an_output_being_built_is_refused_by_the_lease(world, capsys):
+    from pipeline.io.lease import hold_lease
+
+    with hold_lease(str(world["out"]), "build"):
+        assert refine_cli(str(world["out"]), "--classifier", "bright", "--runner", "local") == 2
+    assert "one writer per output" in capsys.readouterr().err
