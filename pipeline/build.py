@@ -16,7 +16,7 @@ from typing import Callable
 from pipeline import plan
 from pipeline.assets import check_build
 from pipeline.config import BuildConfig
-from pipeline.executors import StageSpec
+from pipeline.executors import Chain, StageSpec
 from pipeline.output_run import BuildSummary, OutputRun
 from pipeline.plan import schema
 
@@ -63,7 +63,7 @@ def build(
         return run.finish(aggregate=aggregate)
 
 
-def build_chain(cfg: BuildConfig, commit: dict[str, str] | None = None) -> list[StageSpec]:
+def build_chain(cfg: BuildConfig, commit: dict[str, str] | None = None) -> Chain:
     """The stages of a build: generate -> filter -> classify (a stage per classifier group) -> write,
     each with its actor's projected memory (:func:`pipeline.perf.memory.actor_host_bytes`);
     ``commit``: the writer's commit kwargs (:meth:`pipeline.output_run.OutputRun.commit_kwargs`)."""
@@ -76,12 +76,12 @@ def build_chain(cfg: BuildConfig, commit: dict[str, str] | None = None) -> list[
     def memory(stage: str, members: list[int] | None = None) -> Callable[[], int | None]:
         return lambda: actor_host_bytes(cfg, stage, members)
 
-    return [
+    return Chain(cfg, [
         StageSpec(GenerateStage, memory=memory("generate")),
         StageSpec(FilterStage, memory=memory("filter")),
         *[replace(s, memory=memory("classify", s.kwargs.get("classifiers"))) for s in classify_specs(cfg)],
         StageSpec(WriteStage, dict(commit or {}), batch_size=cfg.output.trajectories_per_shard, memory=memory("write")),
-    ]
+    ])
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from pipeline.config import (
     parse_config,
     resolved_dict,
 )
-from pipeline.executors import StageSpec
+from pipeline.executors import Chain, StageSpec
 from pipeline.output_run import BuildSummary, OutputRun
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.sources import Source
@@ -94,9 +94,10 @@ def _check_assets(cfg: BuildConfig) -> None:
     resolve_assets(cfg, []).require(without=("generator",), what="the evaluation")
 
 
-def _stages(cfg: BuildConfig, commit: dict[str, str]) -> list[StageSpec]:
+def _stages(cfg: BuildConfig, commit: dict[str, str]) -> Chain:
     """load -> [filter ->] classify (a stage per classifier group) -> write; ``commit``: the
-    writer's commit kwargs (:meth:`pipeline.output_run.OutputRun.commit_kwargs`)."""
+    writer's commit kwargs (:meth:`pipeline.output_run.OutputRun.commit_kwargs`).  The
+    filter, classify and write pools declare their projected memory (:class:`Chain`)."""
     from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
     from pipeline.stages.write import WriteStage
@@ -110,7 +111,7 @@ def _stages(cfg: BuildConfig, commit: dict[str, str]) -> list[StageSpec]:
         chain.append(StageSpec(FilterStage))
     chain += classify_specs(cfg)
     chain.append(StageSpec(WriteStage, dict(commit), batch_size=cfg.output.trajectories_per_shard))
-    return chain
+    return Chain(cfg, chain)
 
 
 def evaluate(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli.options import add_set_argument, load_cli_config
+from pipeline.cli.options import add_max_gpus, add_max_gpus_argument, add_set_argument, load_cli_config
 from pipeline.config import ConfigError
 
 
@@ -16,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
         from pipeline.models.calibrate import threshold_overrides
 
         overrides = threshold_overrides(args.filter_thresholds)
+    add_max_gpus(args)
     cfg = load_cli_config(args, overrides)
     output = args.output or cfg.output.path
     if not output:
@@ -33,7 +34,9 @@ def register(sub) -> None:
     s.add_argument("config")
     add_set_argument(s)
     s.add_argument("--output", help="directory or URI (default: output.path of the config)")
-    s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    s.add_argument("--address", help="Ray cluster address, or auto: the cluster `ray start` runs on this host "
+                   "(default: start a local Ray of its own)")
+    add_max_gpus_argument(s)
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--new-version", action="store_true", help="archive an incompatible existing build and start anew")
     s.add_argument("--verify", action="store_true", help="check the SHA-256 of every committed file, not only sizes")

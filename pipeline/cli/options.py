@@ -22,6 +22,30 @@ def add_set_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY.PATH=VALUE", help=SET_HELP)
 
 
+def add_max_gpus_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-gpus", type=_max_gpus, default=None, metavar="N",
+        help="GPU budget (resources.max_gpus): the GPU pools start at pool_size and grow to their share of N "
+        "GPUs, split by projected GPU time; on an autoscaling cluster all N are requested up front",
+    )
+
+
+def _max_gpus(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 100_000:
+        raise argparse.ArgumentTypeError(f"a whole number of GPUs, 1 to 100,000, not {text!r}")
+    return n
+
+
+def add_max_gpus(args: argparse.Namespace) -> None:
+    """``--max-gpus N`` as the ``--set resources.max_gpus=N`` it stands for."""
+    if getattr(args, "max_gpus", None) is not None:
+        args.sets = [*(getattr(args, "sets", None) or []), f"resources.max_gpus={args.max_gpus}"]
+
+
 def set_args(args: argparse.Namespace) -> list[str]:
     """The ``--set`` items given to a command (to pass on to another command line)."""
     return [f"--set={item}" for item in getattr(args, "sets", None) or []]

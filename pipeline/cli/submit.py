@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from pipeline.cli.options import add_set_argument, load_cli_config
+from pipeline.cli.options import add_max_gpus, add_max_gpus_argument, add_set_argument, load_cli_config
 from pipeline.runtime.jobs import (
     ADDRESS_ENVS,
     job_logs,
@@ -71,6 +71,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     for flag, value in (("--num-gpus", args.num_gpus), ("--num-cpus", args.num_cpus)):
         if not math.isfinite(value) or value < 0:
             return _report(ValueError(f"{flag} must be a finite number >= 0, got {value:g}"))
+    add_max_gpus(args)  # travels to the cluster's build as --set resources.max_gpus=N
     if args.sets:
         load_cli_config(args)  # a bad --set exits 2 here, not in the cluster's job
     try:
@@ -150,6 +151,7 @@ def register(subparsers: Any) -> None:
     add_set_argument(sp)
     sp.add_argument("--output", required=True, metavar="URI", help="output URI, e.g. s3://bucket/builds/name")
     _add_connection_args(sp)
+    add_max_gpus_argument(sp)
     sp.add_argument("--num-gpus", type=float, default=0, metavar="N", help="GPUs reserved for the driver (default 0)")
     sp.add_argument("--num-cpus", type=float, default=1, metavar="N", help="CPUs reserved for the driver (default 1)")
     sp.add_argument(

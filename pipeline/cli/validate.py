@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print("  projected memory per actor: shown once the problems below are fixed")
     else:
         report_memory(cfg)
+    report_pools(cfg)
     if problems:
         # Bad input, as for `build`: the config names things that do not exist.
         print(f"{len(problems)} problem(s):")
@@ -91,6 +92,29 @@ def report_memory(cfg) -> None:
     for stage in ("filter", "classify"):  # batch_size auto: the batch the projection chose
         if getattr(cfg.resources, stage).batch_size == "auto":
             print(f"  {auto_batch(cfg, stage).line()}")
+
+
+def report_pools(cfg) -> None:
+    """Print each GPU pool's actor range: under ``resources.max_gpus`` the budget's split
+    (:func:`pipeline.perf.estimate.config_split`, as the build sizes its pools), else as configured."""
+    from pipeline.perf.budget import config_pools
+    from pipeline.perf.estimate import config_split
+
+    budget = cfg.resources.max_gpus
+    if budget is None:
+        pools = config_pools(cfg)
+        if pools:
+            shown = ", ".join(f"{name} {size}-{getattr(cfg.resources, stage).max_pool_size or size}"
+                              for name, stage, _, size, _ in pools)
+            print(f"  GPU actor pools (no GPU budget; resources.max_gpus or --max-gpus sets one): {shown}")
+        return
+    ranges = config_split(cfg, budget)
+    used = sum(r.gpus for r in ranges)
+    print(f"  GPU budget {budget} (resources.max_gpus), split by projected GPU time (pipeline/perf/budget.py); "
+          f"{used:g} GPUs at the pools' largest:")
+    for r in ranges:
+        print(f"    {r.name:<22} {r.min_size}-{r.max_size} actors of {r.num_gpus:g} GPU "
+              f"(share {r.share:.2f} GPUs, {r.share / budget:.0%} of the GPU time)")
 
 
 def register(sub) -> None:

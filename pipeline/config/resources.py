@@ -105,6 +105,15 @@ class Resources(Strict):
         description="memory of one GPU (GB): a filter or classify stage with batch_size auto and no "
         "memory_budget_gb fits its share of it (num_gpus x this)",
     )
+    max_gpus: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="GPU budget of a build (`--max-gpus`): split among the GPU pools in proportion to their "
+        "projected GPU time (pipeline/perf/budget.py); each pool starts at pool_size and may grow to its share "
+        "as GPU nodes join; on an autoscaling cluster the whole budget is requested up front. Unset: a "
+        "cluster given by address uses the GPUs it has at start; a local Ray, the pools as configured",
+    )
 
     @model_validator(mode="after")
     def _auto_batches(self) -> "Resources":

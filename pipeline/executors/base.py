@@ -34,6 +34,10 @@ class StageSpec:
         return res, stage_batch_size(cfg, self.stage.name)
 
 
+def _print_notice(message: str) -> None:
+    print(f"[cnsbench] {message}", flush=True)
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How :meth:`Executor.run` feeds its chain (see there)."""
@@ -52,8 +56,9 @@ class Executor:
         self.cfg = cfg
         self.address = address
         # Where the executor tells the user about a change it made to the plan's resources
-        # (a GPU request on a CPU-only local cluster): the command's own output.
-        self.notice = notice or (lambda message: None)
+        # (a GPU request on a CPU-only local cluster, the GPU budget's split, requests scaled
+        # to fit a cluster): the command's own output, by default a [cnsbench] line.
+        self.notice = notice or _print_notice
 
     def run(
         self,

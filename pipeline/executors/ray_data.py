@@ -16,15 +16,20 @@ import os
 import warnings
 from typing import Iterable, Iterator, Sequence
 
-from pipeline.config import BuildConfig, StageResources
+from pipeline.config import StageResources
+from pipeline.executors import cluster
 from pipeline.executors.base import Executor, RunOptions, StageSpec
+from pipeline.executors.chain import Chain, as_chain
+from pipeline.executors.pools import Sized, budget_bundles, size_pools
+from pipeline.executors.ray_private import budget_request, exact_blocks
 from pipeline.runtime.faults import fault_env
 
 log = logging.getLogger(__name__)
 
 
-def init_ray(address: str | None, cfg: BuildConfig) -> None:
-    """Connect to ``address`` or start a local Ray sized for the configured pools."""
+def init_ray(address: str | None, chain: Chain | None = None, notice=None) -> None:
+    """Connect to the cluster at ``address`` (``auto``: the running ``ray start`` cluster) or,
+    without one, start a local Ray sized for ``chain``'s pools (:mod:`pipeline.executors.cluster`)."""
     import ray
 
     if ray.is_initialized():
@@ -32,24 +37,26 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
     from pipeline.runtime.progress import quiet_ray_data
 
     quiet_ray_data()  # Ray Data's own bars and logs only with `cnsbench -v`
-    if address or os.environ.get("RAY_ADDRESS"):
+    target = cluster.given_address(address)
+    if target:
         # A Ray job's driver (`cnsbench submit`, KubeRay RayJob) gets the cluster in
         # $RAY_ADDRESS, and ray.init() refuses num_cpus/num_gpus when it connects to one.
         # Fault-injection rules (tests only: pipeline/runtime/faults.py) travel to the job's workers.
+        if target == cluster.AUTO:
+            cluster.check_auto()
         faults = fault_env()
-        ray.init(address=address, log_to_driver=True, **({"runtime_env": {"env_vars": faults}} if faults else {}))
+        ray.init(address=target, log_to_driver=True, **({"runtime_env": {"env_vars": faults}} if faults else {}))
         return
+    note = cluster.running_cluster_note()
+    if note:
+        (notice or log.info)(note)
     from pipeline.runtime.progress import quiet_local_ray, verbose
 
     quiet_local_ray()  # Ray's notice that the new cluster uses token authentication only with -v
-    from pipeline.perf.memory import classifier_groups
-
-    res = cfg.resources
-    # One classify pool per classifier group (resources.classify.memory_budget_gb).
-    pools = (res.generate, res.filter, *[res.classify] * len(classifier_groups(cfg)), res.write)
     # Enough logical CPUs for one actor of every pool plus the read tasks; oversubscribing
     # logical CPUs is harmless, a pool waiting forever for a CPU is not.
-    cpus = max(os.cpu_count() or 1, math.ceil(sum(p.num_cpus * p.pool_size for p in pools)) + 1)
+    wanted = chain.local_cpus() if isinstance(chain, Chain) else 0.0
+    cpus = max(os.cpu_count() or 1, math.ceil(wanted) + 1)
     gpus = 0
     try:
         import torch
@@ -61,7 +68,10 @@ def init_ray(address: str | None, cfg: BuildConfig) -> None:
     # fractions (generate 1 + filter 0.25 + 0.5 per classifier group) exceed it, and a
     # downstream pool holding it waited forever for an upstream one that could not start.
     # Without a GPU every pool runs on the CPU (cpu_only_local_cluster).
+    # address="local": a new Ray whatever Ray's bootstrap file names (a `ray start` cluster,
+    # running or gone), never a connection to it.
     ray.init(
+        address=cluster.LOCAL,
         num_cpus=cpus,
         num_gpus=gpus,
         include_dashboard=False,
@@ -76,32 +86,14 @@ def cpu_only_local_cluster(address: str | None) -> bool:
 
     A GPU request could never be met there (a cluster the user started with
     ``ray.init(num_cpus=...)``, say): pools then run on the CPU instead of waiting forever.
-    On a real cluster (an address) GPU nodes may still join, so requests stand.
+    On a real cluster (an address) requests stand: its placement is checked
+    (:mod:`pipeline.executors.placement`).
     """
     import ray
 
-    if address or os.environ.get("RAY_ADDRESS"):
+    if cluster.given_address(address):
         return False
     return float(ray.cluster_resources().get("GPU", 0)) == 0
-
-
-def _exact_blocks(ds, rows: int, tasks: int):
-    """``ds`` cut into blocks of exactly ``rows`` rows (the last may hold fewer), streaming.
-
-    The repartition's tasks ask for no CPU, and at most ``tasks`` run at once.  At Ray Data's
-    default of one CPU each they waited until the actor pools released theirs, i.e. until
-    the end of the build, and nothing was committed before it; with no CPU and no cap Ray
-    started a worker process for each of dozens of concurrent tasks.  Ray 2.60 takes neither
-    setting for this operator, so they are set on its logical operator.
-    """
-    import ray
-
-    ds = ds.repartition(target_num_rows_per_block=rows, strict=True)
-    op = ds._logical_plan.dag
-    if isinstance(getattr(op, "ray_remote_args", None), dict):
-        op.ray_remote_args.update(num_cpus=0)
-        object.__setattr__(op, "compute", ray.data.TaskPoolStrategy(size=max(1, tasks)))
-    return ds
 
 
 def _pool(stage: StageResources):
@@ -142,10 +134,10 @@ class RayDataExecutor(Executor):
         """
         import ray
 
-        if self.address or os.environ.get("RAY_ADDRESS"):
+        if cluster.given_address(self.address):
             return 1.0
         gpus = float(ray.cluster_resources().get("GPU", 0))
-        wanted = sum(r.num_gpus * r.pool_size for r in (spec.resolved(self.cfg)[0] for spec in chain))
+        wanted = sum(p.resources.num_gpus * p.resources.pool_size for p in as_chain(self.cfg, chain).pools)
         if gpus <= 0 or wanted <= gpus:
             return 1.0
         scale = gpus / wanted
@@ -157,7 +149,7 @@ class RayDataExecutor(Executor):
 
     def _memory_requests(self, chain: Sequence[StageSpec], cpu_only: bool) -> list[int | None]:
         """The host memory each pool's actors ask Ray for (``memory``): their projection
-        (:attr:`StageSpec.memory`), so that Ray places actors by memory on a cluster.
+        (:attr:`pipeline.executors.chain.Pool.memory`), so that Ray places actors by memory on a cluster.
 
         A local Ray without a GPU asks for none (one machine: nothing to place).  On a local
         cluster whose memory the pools' requests exceed, every request is scaled to fit, as the
@@ -166,16 +158,18 @@ class RayDataExecutor(Executor):
 
         if cpu_only:
             return [None] * len(chain)
+        pools = as_chain(self.cfg, chain).pools
         wanted: list[int | None] = []
-        for spec in chain:
+        for pool in pools:
             try:
-                wanted.append(int(spec.memory()) if spec.memory else None)
+                m = pool.memory()
+                wanted.append(int(m) if m else None)
             except Exception as err:  # noqa: BLE001 - a projection is advice: the pool asks for none
-                log.debug("no memory projection for %s: %s", spec.stage.name, err)
+                log.debug("no memory projection for %s: %s", pool.name, err)
                 wanted.append(None)
-        if self.address or os.environ.get("RAY_ADDRESS"):
+        if cluster.given_address(self.address):
             return wanted
-        total = sum((m or 0) * spec.resolved(self.cfg)[0].pool_size for m, spec in zip(wanted, chain))
+        total = sum((m or 0) * p.resources.pool_size for m, p in zip(wanted, pools))
         have = float(ray.cluster_resources().get("memory", 0))
         if have <= 0 or total <= have:
             return wanted
@@ -184,17 +178,31 @@ class RayDataExecutor(Executor):
                     f"{have / 2**30:.1f} GiB: every pool's memory request is scaled by {scale:.3f}")
         return [int(m * scale) if m else None for m in wanted]
 
-    def execute(
-        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
-    ) -> Iterator[dict]:
+    def _sized(self, chain: Chain, cpu_only: bool) -> list[Sized]:
+        """Each pool's resources after the local adjustments (a CPU-only local Ray runs GPU
+        stages on the CPU; a local Ray's GPUs and memory are shared out to fit)."""
+        gpu_scale = 1.0 if cpu_only else self._local_gpu_scale(chain)
+        memory = self._memory_requests(chain, cpu_only)
+        out = []
+        for pool, mem in zip(chain.pools, memory):
+            r = pool.resources
+            if gpu_scale < 1.0 and r.num_gpus > 0:
+                # Ray counts GPU fractions in 1e-4 steps: rounded down, the scaled sum still fits.
+                r = r.model_copy(update={"num_gpus": max(1e-4, math.floor(r.num_gpus * gpu_scale * 1e4) / 1e4)})
+            if cpu_only and r.num_gpus > 0:
+                message = (f"no GPU in the local Ray cluster: the {pool.name} actors run on the CPU "
+                           f"(resources num_gpus {r.num_gpus} -> 0)")
+                log.info(message)
+                self.notice(message)
+                r = r.model_copy(update={"num_gpus": 0.0})
+            out.append(Sized(pool, r, mem))
+        return out
+
+    def dataset(self, rows: list[dict], output: str, sized: list[Sized], options: RunOptions):
+        """The Ray Data dataset of ``rows`` through the ``sized`` pools (not yet executed)."""
         import ray
 
-        init_ray(self.address, self.cfg)
-        rows = list(rows)
-        if not rows:
-            return
         cfg_dict = self.cfg.model_dump(mode="json")
-        cpu_only = cpu_only_local_cluster(self.address)
         from pipeline.runtime.progress import quiet_ray_data
 
         quiet_ray_data()
@@ -203,25 +211,14 @@ class RayDataExecutor(Executor):
         # dies is retried by the actor restarts and attempt markers, so there is no such limit.
         ray.data.DataContext.get_current().execution_no_progress_timeout_s = -1
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(options.num_blocks or len(rows), len(rows))))
-        gpu_scale = 1.0 if cpu_only else self._local_gpu_scale(chain)
-        memory = self._memory_requests(chain, cpu_only)
-        for spec, mem in zip(chain, memory):
-            r, batch_size = spec.resolved(self.cfg)
-            if gpu_scale < 1.0 and r.num_gpus > 0:
-                # Ray counts GPU fractions in 1e-4 steps: rounded down, the scaled sum still fits.
-                r = r.model_copy(update={"num_gpus": max(1e-4, math.floor(r.num_gpus * gpu_scale * 1e4) / 1e4)})
+        for s in sized:
+            r, spec, mem = s.resources, s.pool.spec, s.memory
             if spec.stage.exact_batches:
                 # Ray Data hands an actor a bundle of blocks of at least batch_size rows and
                 # cuts it into batch_size + a remainder: the stages' 8- and 6-row blocks made
                 # about two shards per planned one (64 + 6).  Blocks of exactly batch_size
                 # rows make one batch each.
-                ds = _exact_blocks(ds, batch_size, tasks=r.pool_size)
-            if cpu_only and r.num_gpus > 0:
-                message = (f"no GPU in the local Ray cluster: the {spec.stage.name} actors run on the CPU "
-                           f"(resources num_gpus {r.num_gpus} -> 0)")
-                log.info(message)
-                self.notice(message)
-                r = r.model_copy(update={"num_gpus": 0.0})
+                ds = exact_blocks(ds, s.pool.batch_size, tasks=r.pool_size)
             kwargs = {"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus)), **spec.kwargs}
             with warnings.catch_warnings():
                 # Ray 2.60 has no named parameter for bounded actor restarts/retries yet; the
@@ -230,7 +227,7 @@ class RayDataExecutor(Executor):
                 ds = ds.map_batches(
                     spec.stage,
                     fn_constructor_kwargs=kwargs,
-                    batch_size=batch_size,
+                    batch_size=s.pool.batch_size,
                     batch_format="pyarrow",
                     compute=_pool(r),
                     num_gpus=r.num_gpus,
@@ -238,11 +235,28 @@ class RayDataExecutor(Executor):
                     **({"memory": mem} if mem else {}),
                     **_remote_args(r, bookkept=spec.stage.keeps_attempts),
                 )
+        return ds
+
+    def execute(
+        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
+    ) -> Iterator[dict]:
+        chain = as_chain(self.cfg, chain)
+        init_ray(self.address, chain, self.notice)
+        rows = list(rows)
+        if not rows:
+            return
+        cpu_only = cpu_only_local_cluster(self.address)
+        view = cluster.read_cluster(local=not cluster.given_address(self.address))
+        sized = size_pools(chain, self._sized(chain, cpu_only), view, self.notice)
+        ds = self.dataset(rows, output, sized, options)
         from pipeline.runtime.progress import native_stderr_filtered
 
-        with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
-            for row in ds.iter_rows():
-                row = dict(row)
-                if options.on_shard:
-                    options.on_shard(row)
-                yield row
+        # On an autoscaling cluster the whole budget is asked for now, so its GPU nodes start
+        # together rather than one per autoscaler tick; the request ends with the run.
+        with budget_request(budget_bundles(sized) if view.autoscaling else []):
+            with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
+                for row in ds.iter_rows():
+                    row = dict(row)
+                    if options.on_shard:
+                        options.on_shard(row)
+                    yield row

@@ -12,9 +12,13 @@ actor that does not fit is reported with the setting that would make it fit
 * start-up: each actor's process, imports and model loading as the rehearsal measured them
   (:mod:`pipeline.perf.startup`), summed along the first unit's path (each stage loads its
   models at its first batch);
-* wall time = start-up + GPU time / (GPUs x the pipeline's efficiency without start-up, as
-  measured on a simulated cluster, :mod:`pipeline.perf.efficiency`); cost = wall time x GPUs
-  x the price of a GPU-hour.
+* the GPU pools' actor ranges under a budget of N GPUs (:func:`pipeline.perf.budget.split`,
+  the split the build makes);
+* wall time = the ramp (a GPU node's start-up; every node at once, the budget requested up
+  front) + start-up + the slowest pool's GPU time at its largest / the pipeline's efficiency
+  without start-up, as measured on a simulated cluster (:mod:`pipeline.perf.efficiency`);
+  cost = (wall time + the idle tail until the autoscaler releases the nodes) x GPUs x the
+  price of a GPU-hour.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pipeline.perf.report import significant
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig
+    from pipeline.perf.budget import PoolRange
 
 GIB = 1024**3
 GENERATING_FAMILIES = ("slider",)  # families whose UNet work the model counts
@@ -37,6 +42,13 @@ MAX_GPUS = 100_000
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MEASURED_RESOLUTION = 768  # the generate actor's activation figures of data/gpus.json (SD2, bf16, an H100)
 STORED_BYTES = 4  # weights as the hub's float32 files hold them (what start-up reads)
+# A cloud GPU node's start-up, request to Ray joined.  Not measured by this project (no cloud
+# here): the fake autoscaling cluster of bench/autoscale.py starts a node in seconds.
+NODE_START_S = 300.0
+NODE_START_SOURCE = ("an assumption, not a measurement: a GPU VM's boot and the pull of the project's image "
+                     "(docker/) take minutes; replace it with a measured figure (BENCHMARKS.md, "
+                     "\"Autoscaling\")")
+IDLE_TIMEOUT_MIN = 10.0  # idle_timeout_minutes of deploy/{aws,gcp}/cluster.yaml
 
 
 @dataclass
@@ -261,20 +273,33 @@ class Estimate:
     efficiency: float
     price_per_hour: float | None = None
     assumptions: list[tuple[str, str]] = field(default_factory=list)  # (what, its source)
+    # Each GPU pool's actor range under the budget of n_gpus (pipeline/perf/budget.py), with its GPU time.
+    pools: list[tuple["PoolRange", float]] = field(default_factory=list)
+    ramp_s: float = 0.0  # until the GPU nodes are up (all at once: the build requests its budget up front)
+    idle_tail_s: float = 0.0  # the nodes idle after the build until the autoscaler releases them
 
     @property
     def gpu_seconds(self) -> float:
         return sum(s.gpu_seconds for s in self.stages)
 
     @property
+    def work_seconds(self) -> float:
+        """The GPU work's wall time: the slowest pool at its largest size (every pool runs at once)."""
+        if self.pools:
+            slowest = max(seconds / max(1e-9, r.max_size * min(1.0, r.num_gpus)) for r, seconds in self.pools)
+            return slowest / self.efficiency
+        return self.gpu_seconds / (self.n_gpus * self.efficiency)
+
+    @property
     def wall_seconds(self) -> float:
-        return self.startup_s + self.gpu_seconds / (self.n_gpus * self.efficiency)
+        return self.ramp_s + self.startup_s + self.work_seconds
 
     @property
     def cost(self) -> float | None:
+        """The GPUs paid for: from the request to the nodes' release (the wall time and the idle tail)."""
         if self.price_per_hour is None:
             return None
-        return self.wall_seconds / 3600 * self.n_gpus * self.price_per_hour
+        return (self.wall_seconds + self.idle_tail_s) / 3600 * self.n_gpus * self.price_per_hour
 
     def lines(self) -> list[str]:
         from pipeline.perf.report import duration, table
@@ -294,16 +319,30 @@ class Estimate:
                          f"{a.allowed / GIB:.1f}" if a.allowed is not None else "(CPU)",
                          f"{min(1.0, a.num_gpus):g}", duration(a.startup_s), a.detail)
                         for a in self.actors], numeric=(1, 2, 3, 4))
+        if self.pools:
+            out += ["", f"GPU pools under a budget of {self.n_gpus} GPUs (split by GPU time, pipeline/perf/budget.py; "
+                        "what `cnsbench build --max-gpus N` starts)"]
+            out += table([("actors", "GPU each", "work at the largest", "pool")]
+                         + [(f"{r.min_size}-{r.max_size}", f"{r.num_gpus:g}",
+                             duration(t / max(1e-9, r.max_size * min(1.0, r.num_gpus))), r.name)
+                            for r, t in self.pools], numeric=(1, 2))
         rows = [("time", "", "")] + [(s.name, duration(s.gpu_seconds), s.detail) for s in self.stages]
+        work = (f"the slowest pool at its largest / efficiency {self.efficiency:.3f}" if self.pools
+                else f"GPU time / ({self.n_gpus} x efficiency {self.efficiency:.3f})")
         rows += [
             ("GPU time", duration(self.gpu_seconds), f"on one {g['key']}"),
+            ("ramp", duration(self.ramp_s), "until the GPU nodes are up: one node's start-up, the budget being "
+             "requested up front"),
             ("start-up", duration(self.startup_s), "the first unit's path: each stage loads its models at its first batch"),
+            ("work", duration(self.work_seconds), work),
             (f"wall time on {self.n_gpus} GPU{'s' if self.n_gpus != 1 else ''}", duration(self.wall_seconds),
-             f"start-up + GPU time / ({self.n_gpus} x efficiency {self.efficiency:.3f})"),
+             "ramp + start-up + work"),
+            ("idle tail", duration(self.idle_tail_s), "the nodes idle after the build until the autoscaler "
+             "releases them (idle_timeout_minutes)"),
         ]
         if self.cost is not None:
             rows.append(("cost", f"{self.cost:,.2f}", f"at {self.price_per_hour:g} per GPU-hour, {self.n_gpus} GPUs "
-                         "for the wall time"))
+                         "for the wall time and the idle tail"))
         out += [""] + table(rows, numeric=(1,))
         out += ["", "assumptions:"]
         out += [f"  - {what} (source: {source})" for what, source in self.assumptions]
@@ -353,8 +392,8 @@ def _assumptions(cfg: "BuildConfig", spec: dict, eff: float, eff_source: str) ->
          "pipeline/perf/memory.py; measured at 0.80-1.21 of it on a CPU: docs/rehearsal.md, \"Measured\""),
         ("start-up: process, imports and model loading per actor, weights read as float32 files",
          startup.source()),
-        (f"wall time = start-up + GPU time / (GPUs x the pipeline's efficiency without start-up, {eff:.3f})",
-         eff_source),
+        (f"wall time = ramp + start-up + the slowest GPU pool's time at its largest / the pipeline's efficiency "
+         f"without start-up ({eff:.3f})", eff_source),
     ]
     source = latency.generator_source(gen.model, gen.resolution)
     if source != "table":
@@ -368,21 +407,13 @@ def _assumptions(cfg: "BuildConfig", spec: dict, eff: float, eff_source: str) ->
     return out
 
 
-def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | None = None,
-             config: str = "the config") -> Estimate:
-    """The cost of building ``cfg`` on ``n_gpus`` GPUs of kind ``gpu``; :class:`DoesNotFit`
-    when a stage actor does not fit its share of that GPU (see the module doc)."""
+def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, str]] | None = None
+                 ) -> tuple[tuple[int, int, int], list[StageTime]]:
+    """((units, UNet evaluations, without sharing), [generate, filter, classify]'s GPU time on one ``spec``)."""
     from pipeline import plan
 
-    if not 1 <= n_gpus <= MAX_GPUS:
-        raise ValueError(f"--gpus must be between 1 and {MAX_GPUS:,}, got {n_gpus}")
-    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
-        raise ValueError(f"--price-per-hour must be a finite number >= 0, got {price_per_hour}")
-    spec = data.gpu_spec(gpu)
-    device, found = check_memory(cfg, spec)
+    assumptions = assumptions if assumptions is not None else []
     summary = plan.summarize(cfg)
-    eff, eff_source = efficiency.efficiency_at(n_gpus)
-    assumptions = _assumptions(cfg, spec, eff, eff_source)
     units, evals, unshared, decodes, gen_s = 0, 0, 0, 0, 0.0
     for group in cfg.family_groups():
         if group.kind not in GENERATING_FAMILIES:
@@ -405,7 +436,83 @@ def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | 
                                 "pipeline/perf/latency.py"))
         n = len(latency.stage_models(cfg, stage))
         stages.append(StageTime(stage, images * per_image, f"{n} models, {significant(gflop)} GFLOP per image"))
+    return (units, evals, unshared), stages
+
+
+def stage_times(cfg: "BuildConfig", spec: dict) -> list[StageTime]:
+    """The GPU time of each GPU stage of a build of ``cfg`` on one GPU ``spec`` (generate, filter, classify)."""
+    return _stage_times(cfg, spec)[1]
+
+
+# --------------------------------------------------------------------------- the GPU budget's split
+REFERENCE_GPU = "h100"  # the budget's shares are ratios of GPU times: any kind gives nearly the same
+
+
+def pool_seconds(cfg: "BuildConfig", pools: Sequence[tuple[str, str, list[int] | None]], gpu: str = REFERENCE_GPU
+                 ) -> list[float]:
+    """Projected GPU time on one ``gpu`` of each pool ``(name, stage, classifier members)`` of
+    ``cfg`` (:mod:`pipeline.perf.estimate`'s stage times; a classify group's share of the
+    classify time is its classifiers' own)."""
+    from pipeline import plan
+
+    spec = data.gpu_spec(gpu)
+    times = {s.name: s.gpu_seconds for s in stage_times(cfg, spec)}
+    images = plan.summarize(cfg).n_images
+    out = []
+    for _, stage, members in pools:
+        if stage == "classify" and members is not None:
+            group = cfg.model_copy(update={"classifiers": [cfg.classifiers[i] for i in members]})
+            out.append(images * latency.image_seconds(group, spec, "classify")[0])
+        else:
+            out.append(times.get(stage, 0.0))
+    return out
+
+
+def config_split_timed(cfg: "BuildConfig", budget: float, gpu: str = REFERENCE_GPU
+                       ) -> list[tuple[PoolRange, float]]:
+    """:func:`split` of ``budget`` GPUs among the GPU pools of a build of ``cfg``, each range
+    with its pool's projected GPU time on one ``gpu``."""
+    from pipeline.perf.budget import GpuPool, config_pools, split, work_units
+
+    pools = config_pools(cfg)
+    seconds = pool_seconds(cfg, [(name, stage, members) for name, stage, _, _, members in pools], gpu)
+    units = work_units(cfg)
+    ranges = split(budget, [GpuPool(name, gpus, size, s, units if stage == "generate" else None)
+                            for (name, stage, gpus, size, _), s in zip(pools, seconds)])
+    return list(zip(ranges, seconds))
+
+
+def config_split(cfg: "BuildConfig", budget: float, gpu: str = REFERENCE_GPU) -> list[PoolRange]:
+    """:func:`split` of ``budget`` GPUs among the GPU pools of a build of ``cfg``."""
+    return [r for r, _ in config_split_timed(cfg, budget, gpu)]
+
+
+def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | None = None,
+             config: str = "the config") -> Estimate:
+    """The cost of building ``cfg`` on ``n_gpus`` GPUs of kind ``gpu``; :class:`DoesNotFit`
+    when a stage actor does not fit its share of that GPU (see the module doc)."""
+    from pipeline import plan
+
+    if not 1 <= n_gpus <= MAX_GPUS:
+        raise ValueError(f"--gpus must be between 1 and {MAX_GPUS:,}, got {n_gpus}")
+    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise ValueError(f"--price-per-hour must be a finite number >= 0, got {price_per_hour}")
+    spec = data.gpu_spec(gpu)
+    device, found = check_memory(cfg, spec)
+    summary = plan.summarize(cfg)
+    eff, eff_source = efficiency.efficiency_at(n_gpus)
+    assumptions = _assumptions(cfg, spec, eff, eff_source)
+    counts, stages = _stage_times(cfg, spec, assumptions)
+    units, evals, unshared = counts
+    images = summary.n_images
     writer = ("write", startup.actor_seconds("write", 0))
     start = startup.chain_seconds([(a.stage, a.startup_s) for a in found] + [writer])
+    pools = config_split_timed(cfg, n_gpus, gpu)
+    assumptions += [
+        (f"a cloud GPU node is up {NODE_START_S / 60:g} min after it is requested (instance boot, the image pulled, "
+         "Ray started); all of them at once, the build requesting its budget up front", NODE_START_SOURCE),
+        (f"idle GPU nodes are released {IDLE_TIMEOUT_MIN:g} min after the build (idle_timeout_minutes), and paid "
+         "for until then", "deploy/aws/cluster.yaml, deploy/gcp/cluster.yaml"),
+    ]
     return Estimate(config, spec, device, n_gpus, images, units, evals, unshared, found, stages, start, eff,
-                    price_per_hour, assumptions)
+                    price_per_hour, assumptions, pools, NODE_START_S, IDLE_TIMEOUT_MIN * 60)

@@ -113,7 +113,12 @@ def run_server(
             from pipeline.aggregate.run import load_output_config
 
             sizing = load_output_config(open_output(output))
-        init_ray(None, sizing) if sizing is not None else ray.init(include_dashboard=False)
+        if sizing is not None:  # a local Ray sized for the config's pools, as a build's
+            from pipeline.build import build_chain
+
+            init_ray(None, build_chain(sizing), lambda m: echo(f"[cnsbench] {m}"))
+        else:  # a new local Ray, whatever Ray's bootstrap file names (pipeline/executors/cluster.py)
+            ray.init(address="local", include_dashboard=False)
         started_ray = True
     try:
         serve.start(http_options={"host": host, "port": int(port)})

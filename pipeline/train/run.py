@@ -113,19 +113,10 @@ def train_sliders(
         # lease is held, so two trainings never write one store at once.
         with OutputRun.claim(store, "train-sliders", echo, runner=runner, address=address, output=False) as run:
             rows = [job.to_dict() for job in todo]
-            run.run_chain(rows, train_chain(cfg, store), cfg=_for_training(cfg), num_blocks=len(rows),
+            # The chain sizes a local Ray: its one pool, the train stage at slider_training.resources.
+            run.run_chain(rows, train_chain(cfg, store), num_blocks=len(rows),
                           first_schema=JOB, on_shard=on_row, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
     if progress:
         progress.close()
     summary.seconds = time.perf_counter() - start
     return summary
-
-
-def _for_training(cfg: BuildConfig) -> BuildConfig:
-    """The config the executor sizes its local Ray from: the training pool as the generate pool.
-
-    Without CUDA a GPU request could never be met by a real device; the local Ray then
-    registers one logical GPU and the actors train on the CPU.
-    """
-    res = cfg.slider_training.resources
-    return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"generate": res})})

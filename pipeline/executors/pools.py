@@ -1,0 +1,125 @@
+"""How each pool of a chain is sized on the cluster at hand: its actor range under the GPU
+budget, and requests every node can place.
+
+* **The GPU budget** (``resources.max_gpus``, ``--max-gpus``; on a cluster given by address
+  without one, the GPUs it has at start) is split among the GPU pools by
+  :func:`pipeline.perf.budget.split`: each starts at ``pool_size`` and may grow to its share
+  (Ray Data's ``ActorPoolStrategy(min_size, max_size)``) as GPU nodes join.
+* **Placement** (:mod:`pipeline.executors.placement`): an actor that no node (type) can hold
+  is refused before anything waits on it; on a fixed cluster the pools' first actors must fit
+  at once, and their CPU and memory requests are scaled until they do.
+* **The request up front**: on an autoscaling cluster, one bundle per actor of each GPU pool's
+  range (:func:`budget_bundles`), asked for at the start so that the nodes start together.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
+
+from pipeline.executors.chain import Chain, Pool
+from pipeline.executors.cluster import ClusterView
+from pipeline.executors.placement import Ask, check_actors, fit_fixed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.config import StageResources
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A pool as it will be asked for: resources (with its actor range) and memory per actor."""
+
+    pool: Pool
+    resources: "StageResources"
+    memory: int | None
+
+    @property
+    def min_size(self) -> int:
+        return self.resources.pool_size
+
+    @property
+    def max_size(self) -> int:
+        return self.resources.max_pool_size or self.resources.pool_size
+
+
+def gpu_budget(chain: Chain, view: ClusterView, notice: Callable[[str], None]) -> float | None:
+    """The build's GPU budget: ``resources.max_gpus``, else on a cluster given by address the
+    GPUs it has at start; None on a local Ray without one (the pools as configured)."""
+    max_gpus = getattr(chain.cfg.resources, "max_gpus", None)
+    if max_gpus is not None:
+        return float(max_gpus)
+    if view.local:
+        return None
+    have = view.total("GPU")
+    if have <= 0 and any(p.resources.num_gpus > 0 for p in chain.pools):
+        notice("the cluster has no GPU at start: each GPU pool starts with its pool_size actors and grows no "
+               "further; pass --max-gpus N (resources.max_gpus) to let the pools grow as GPU nodes join")
+        return None
+    return have
+
+
+def _ranges(chain: Chain, sized: list[Sized], budget: float) -> dict[str, int]:
+    """Pool name -> its ``max_size`` under ``budget`` (:func:`pipeline.perf.budget.split`)."""
+    from pipeline.perf import budget as split_budget
+    from pipeline.perf.estimate import pool_seconds
+
+    gpu = [s for s in sized if s.resources.num_gpus > 0]
+    if not gpu:
+        return {}
+    try:
+        seconds = pool_seconds(chain.cfg, [(s.pool.name, s.pool.stage, s.pool.members) for s in gpu])
+    except Exception as err:  # noqa: BLE001 - a projection is advice: the pools share the budget evenly
+        log.info("no GPU-time projection for the budget's split (%s): the GPU pools share it evenly", err)
+        seconds = [1.0] * len(gpu)
+    units = split_budget.work_units(chain.cfg)
+    pools = [split_budget.GpuPool(s.pool.name, s.resources.num_gpus, s.resources.pool_size, t,
+                                  units if s.pool.stage == "generate" else None) for s, t in zip(gpu, seconds)]
+    return {r.name: r.max_size for r in split_budget.split(budget, pools)}
+
+
+def size_pools(chain: Chain, sized: list[Sized], view: ClusterView, notice: Callable[[str], None]) -> list[Sized]:
+    """``sized`` (each pool's resources after the local adjustments) with its actor range under
+    the GPU budget, refused or scaled to what the cluster can place (see the module doc)."""
+    budget = gpu_budget(chain, view, notice)
+    if budget is not None:
+        if view.local:
+            budget = min(budget, view.total("GPU"))
+        ranges = _ranges(chain, sized, budget)
+        sized = [replace(s, resources=s.resources.model_copy(update={"max_pool_size": ranges[s.pool.name]}))
+                 if s.pool.name in ranges else s for s in sized]
+        if ranges:
+            notice(f"GPU budget {budget:g}: " + ", ".join(
+                f"{s.pool.name} {s.min_size}-{s.max_size} actors" for s in sized if s.pool.name in ranges))
+    asks = [Ask(s.pool.name, s.resources.num_cpus, s.resources.num_gpus, int(s.memory or 0), s.min_size)
+            for s in sized]
+    if view.autoscaling:
+        check_actors(asks, view.offers(), "node type or node")
+        return sized
+    check_actors(asks, {f"node {nid[:8]}": res for nid, res in view.nodes.items()}, "node")
+    fit = fit_fixed(asks, list(view.free.values()))
+    for note in fit.notes:
+        notice(note)
+    out = []
+    for s, a in zip(sized, fit.asks):
+        if a.cpu != s.resources.num_cpus:
+            s = replace(s, resources=s.resources.model_copy(update={"num_cpus": a.cpu}))
+        if s.memory and a.memory != s.memory:
+            s = replace(s, memory=a.memory)
+        out.append(s)
+    return out
+
+
+def budget_bundles(sized: list[Sized]) -> list[dict[str, float]]:
+    """One bundle per actor of each GPU pool's range: what an autoscaler is asked for up front."""
+    out = []
+    for s in sized:
+        if s.resources.num_gpus <= 0:
+            continue
+        bundle = {"CPU": s.resources.num_cpus, "GPU": s.resources.num_gpus}
+        if s.memory:
+            bundle["memory"] = float(s.memory)
+        out += [dict(bundle) for _ in range(s.max_size)]
+    return out

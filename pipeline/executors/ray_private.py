@@ -1,0 +1,144 @@
+"""Every use of Ray's private or semi-public internals, in one place.
+
+Ray 2.60 has no public API for three things the Ray executor needs:
+
+* blocks of exact row counts from a repartition whose tasks ask for no CPU
+  (:func:`exact_blocks`: the logical operator's ``ray_remote_args`` and ``compute``);
+* the node types an autoscaler may start, with their resources and counts
+  (:func:`node_types`: the cluster config the autoscaler reports to the GCS, which Ray Data
+  itself reads for its own autoscaling);
+* each node's free resources (:func:`free_per_node`: Ray's state module);
+* asking the autoscaler for a run's whole GPU budget (:func:`budget_request`: through Ray
+  Data's coordinator, which would overwrite a request made beside it);
+* the address ``ray start`` left in Ray's bootstrap file (:func:`bootstrap_address`).
+
+``tests/test_ray_private.py`` checks each against the installed Ray, so a Ray upgrade that
+changes one fails there, not in the middle of a build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+
+class RayInternalsChanged(RuntimeError):
+    """The installed Ray no longer has an internal this module relies on."""
+
+
+def exact_blocks(ds, rows: int, tasks: int):
+    """``ds`` cut into blocks of exactly ``rows`` rows (the last may hold fewer), streaming.
+
+    The repartition's tasks ask for no CPU, and at most ``tasks`` run at once.  At Ray Data's
+    default of one CPU each they waited until the actor pools released theirs, i.e. until
+    the end of the build, and nothing was committed before it; with no CPU and no cap Ray
+    started a worker process for each of dozens of concurrent tasks.  Ray 2.60 takes neither
+    setting for this operator, so they are set on its logical operator.
+    """
+    import ray
+
+    ds = ds.repartition(target_num_rows_per_block=rows, strict=True)
+    op = getattr(getattr(ds, "_logical_plan", None), "dag", None)
+    if not isinstance(getattr(op, "ray_remote_args", None), dict) or not hasattr(op, "compute"):
+        raise RayInternalsChanged(
+            f"Ray {ray.__version__}: a repartition's logical operator has no ray_remote_args/compute "
+            "(pipeline/executors/ray_private.py exact_blocks)")
+    op.ray_remote_args.update(num_cpus=0)
+    object.__setattr__(op, "compute", ray.data.TaskPoolStrategy(size=max(1, tasks)))
+    return ds
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A node type an autoscaler may start: its resources per node and its counts."""
+
+    name: str
+    resources: dict[str, float]
+    min_count: int
+    max_count: int  # -1: unbounded
+
+
+def node_types() -> list[NodeType] | None:
+    """The connected cluster's autoscaling node types; None where no autoscaler reported any
+    (a fixed cluster: ``ray start`` nodes, a local Ray)."""
+    import ray._private.state
+
+    try:
+        config = ray._private.state.state.get_cluster_config()
+    except AttributeError as err:
+        raise RayInternalsChanged(f"Ray's GCS state has no get_cluster_config: {err}") from None
+    if not config or not config.node_group_configs:
+        return None
+    return [NodeType(g.name, {k: float(v) for k, v in g.resources.items()}, int(g.min_count), int(g.max_count))
+            for g in config.node_group_configs]
+
+
+def free_per_node() -> dict[str, dict[str, float]]:
+    """Node id -> the resources free on it now; {} where Ray cannot say."""
+    import ray._private.state
+
+    try:
+        per_node = ray._private.state.available_resources_per_node()
+    except AttributeError as err:
+        raise RayInternalsChanged(f"Ray's state module has no available_resources_per_node: {err}") from None
+    return {nid: {k: float(v) for k, v in res.items()} for nid, res in (per_node or {}).items()}
+
+
+def autoscaling_coordinator():
+    """Ray Data's coordinator of autoscaler requests (one named actor per cluster).  Ray Data
+    sends every dataset's requests to the autoscaler through it, replacing what was asked
+    before; a request made beside it (``ray.autoscaler.sdk.request_resources``) would be
+    overwritten at its next tick, so the build's budget goes through it too."""
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError as err:
+        raise RayInternalsChanged(f"Ray Data has no autoscaling coordinator: {err}") from None
+    return get_or_create_autoscaling_coordinator()
+
+
+REQUESTER = "cnsbench-build"
+REQUEST_EXPIRY_S = 7 * 24 * 3600  # held for the run: it is cancelled when the run ends
+
+
+@contextlib.contextmanager
+def budget_request(bundles: list[dict[str, float]]) -> Iterator[None]:
+    """Ask the autoscaler for ``bundles`` for the life of the block, then cancel the request so
+    that the nodes can go idle and be released (also when the run fails).  Nothing without bundles."""
+    if not bundles:
+        yield
+        return
+    import ray
+
+    coordinator = autoscaling_coordinator()
+    ray.get(coordinator.request_resources.remote(requester_id=REQUESTER, resources=bundles,
+                                                 expire_after_s=REQUEST_EXPIRY_S))
+    try:
+        yield
+    finally:
+        try:
+            ray.get(coordinator.cancel_request.remote(REQUESTER), timeout=30)
+        except Exception:  # noqa: BLE001 - it expires by itself; a failing cluster must not hide the run's error
+            pass
+
+
+def bootstrap_file() -> str:
+    """Where ``ray start`` leaves its address and ``ray.init()`` without one looks it up."""
+    from ray._common.utils import get_ray_address_file
+
+    return get_ray_address_file(None)
+
+
+def bootstrap_address() -> str | None:
+    """The address in Ray's bootstrap file (``host:port`` of a GCS), or None without one."""
+    path = bootstrap_file()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(256).strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        return None if not os.path.exists(path) else "?"

@@ -1,0 +1,162 @@
+"""The GPU budget's split, the pools' placement on a cluster, the chain's memory, the cluster's
+address, and the adapter of Ray's internals (pipeline/perf/budget.py, pipeline/executors/)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from pipeline.cli import TINY_CONFIG, main
+from pipeline.config import load_config
+from pipeline.executors import cluster, ray_private
+from pipeline.executors.placement import Ask, Unplaceable, check_actors, fit_fixed
+from pipeline.perf.budget import GpuPool, split
+
+GIB = 1024**3
+
+
+# --------------------------------------------------------------------------- the split
+def test_split_follows_gpu_time_within_the_budget():
+    # The paper's shape: generate about 85 % of the GPU time, filter and two classify groups the rest.
+    pools = [GpuPool("generate", 1.0, 1, 85.0, 100), GpuPool("filter", 0.25, 1, 5.0),
+             GpuPool("classify group 1 of 2", 0.5, 1, 6.0), GpuPool("classify group 2 of 2", 0.5, 1, 4.0)]
+    ranges = {r.name: r for r in split(8, pools)}
+    assert [ranges[n].min_size for n in ranges] == [1, 1, 1, 1]
+    assert ranges["generate"].max_size == 6  # 8 - 0.25 - 2 x 0.5 = 6.75 left for whole actors
+    assert ranges["filter"].max_size == 2 and ranges["classify group 1 of 2"].max_size == 1
+    assert sum(r.gpus for r in ranges.values()) <= 8
+    assert ranges["generate"].share == pytest.approx(8 * 0.85)
+    # More budget than the plan can use: generate stops at one actor per work unit.
+    assert {r.name: r.max_size for r in split(64, pools)}["generate"] == 54
+    assert {r.name: r.max_size for r in split(64, [GpuPool("generate", 1.0, 1, 85.0, 12)])}["generate"] == 12
+
+
+def test_split_keeps_pool_size_under_a_small_budget():
+    ranges = split(1, [GpuPool("generate", 1.0, 2, 9.0), GpuPool("classify", 0.5, 1, 1.0)])
+    assert [(r.min_size, r.max_size) for r in ranges] == [(2, 2), (1, 1)]
+
+
+def test_validate_and_estimate_print_the_same_split(capsys):
+    assert main(["validate", str(TINY_CONFIG), "--set", "resources.generate.num_gpus=1",
+                 "--set", "resources.classify.num_gpus=0.5", "--set", "resources.max_gpus=3"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU budget 3" in out
+    lines = {line.split()[0]: line for line in out.splitlines()[out.splitlines().index(
+        next(line for line in out.splitlines() if "GPU budget 3" in line)) + 1:][:2]}
+    from pipeline.perf.estimate import config_split
+
+    cfg = load_config(TINY_CONFIG, sets=["resources.generate.num_gpus=1", "resources.classify.num_gpus=0.5"])
+    for r in config_split(cfg, 3):
+        assert f"{r.min_size}-{r.max_size} actors" in lines[r.name.split()[0]]
+    gen = {r.name: r for r in config_split(cfg, 3)}["generate"]
+    assert gen.max_size == 2  # 3 GPUs: classify holds 0.5 of them, generate the other two
+
+
+# --------------------------------------------------------------------------- placement
+def test_fixed_cluster_pools_are_scaled_to_start_together():
+    # The demo's pools on a 2-CPU cluster whose job driver holds one CPU: 2.25 CPUs asked for, 1 free.
+    asks = [Ask("generate", 1.0, 0, GIB), Ask("filter", 0.5, 0, GIB), Ask("classify", 0.5, 0, GIB),
+            Ask("write", 0.25, 0, GIB // 4)]
+    fit = fit_fixed(asks, [{"CPU": 1.0, "memory": 16.0 * GIB}])
+    assert sum(a.cpu for a in fit.asks) <= 1.0
+    assert fit.asks[0].cpu == pytest.approx(2 * fit.asks[1].cpu, rel=1e-3)
+    assert [a.memory for a in fit.asks] == [a.memory for a in asks]  # memory was not what was short
+    assert "2.25 CPUs" in fit.notes[0]
+    assert fit_fixed(asks, [{"CPU": 4.0, "memory": 16.0 * GIB}]).notes == []  # fits as asked
+    with pytest.raises(Unplaceable, match="cannot all start at once") as err:
+        fit_fixed([Ask("generate", 1.0, 1.0, 0), Ask("filter", 0.5, 0.5, 0, actors=2)], [{"CPU": 8.0, "GPU": 1.0}])
+    assert "filter: 2 actor(s) of 0.5 CPU, 0.5 GPU" in str(err.value)
+
+
+def test_requests_no_node_type_offers_are_refused_naming_stage_request_and_offers():
+    offers = {"node type head": {"CPU": 2.0, "memory": 8.0 * GIB}, "node type gpu": {"CPU": 2.0, "GPU": 1.0}}
+    with pytest.raises(Unplaceable) as err:  # the GPU type declares no memory: none from zero
+        check_actors([Ask("generate", 1.0, 1.0, GIB), Ask("write", 0.25, 0, GIB)], offers, "node type or node")
+    text = str(err.value)
+    assert "generate: one actor asks for 1 CPU, 1 GPU, 1.0 GiB memory" in text
+    assert "write" not in text.split("node types")[0].split("\n", 1)[1]  # the head holds the writer
+    assert "gpu: 2 CPU, 1 GPU, no memory declared" in text and "declare each node type's memory" in text
+    with pytest.raises(Unplaceable, match="with GPU nodes"):
+        check_actors([Ask("classify", 0.5, 0.5, 0)], {"node 1234": {"CPU": 2.0, "memory": GIB}}, "node")
+    check_actors([Ask("generate", 1.0, 1.0, GIB)], {"node type gpu": {"CPU": 2.0, "GPU": 1.0, "memory": 2.0 * GIB}},
+                 "node type")
+
+
+# --------------------------------------------------------------------------- chain and Ray
+def test_evaluation_pools_declare_their_memory(ray_session, tmp_path):
+    """An evaluation's chain is a Chain: its filter, classify and write pools ask Ray for their
+    projected memory (read back from the Ray Data operators' ray_remote_args)."""
+    from pipeline.evaluate import _stages
+    from pipeline.executors.base import RunOptions
+    from pipeline.executors.chain import Chain
+    from pipeline.executors.pools import Sized
+    from pipeline.executors.ray_data import RayDataExecutor
+    from pipeline.perf.memory import actor_host_bytes
+
+    cfg = load_config(TINY_CONFIG)
+    chain = _stages(cfg, {})
+    assert isinstance(chain, Chain)
+    sized = [Sized(p, p.resources, p.memory()) for p in chain.pools]
+    ds = RayDataExecutor(cfg).dataset([{"x": 1}], str(tmp_path), sized, RunOptions())
+    ops, op = [], ds._logical_plan.dag
+    while op is not None:
+        ops.append(op)
+        op = op.input_dependencies[0] if op.input_dependencies else None
+    declared = {getattr(o, "name", ""): (getattr(o, "ray_remote_args", None) or {}).get("memory") for o in ops}
+    assert declared["MapBatches(ClassifyStage)"] == actor_host_bytes(cfg, "classify") > 0
+    assert declared["MapBatches(FilterStage)"] == actor_host_bytes(cfg, "filter") > 0
+    assert declared["MapBatches(WriteStage)"] == actor_host_bytes(cfg, "write") > 0
+    assert declared["MapBatches(LoadStage)"] is None  # not projected: asks for none
+
+
+def test_exact_blocks_sets_what_ray_data_does_not_take(ray_session):
+    """The private access of ray_private.exact_blocks: fails here when Ray changes it."""
+    import ray
+
+    ds = ray_private.exact_blocks(ray.data.range(10), 4, tasks=3)
+    op = ds._logical_plan.dag
+    assert op.ray_remote_args["num_cpus"] == 0
+    assert isinstance(op.compute, ray.data.TaskPoolStrategy) and op.compute.size == 3
+    assert sorted(len(b["id"]) for b in ds.iter_batches(batch_size=None)) == [2, 4, 4]
+    assert ray_private.node_types() is None  # a local Ray: no autoscaler
+    assert ray_private.free_per_node()
+
+
+def test_a_command_without_address_starts_its_own_ray(monkeypatch, tmp_path):
+    """Ray's bootstrap file (left by `ray start`, running or gone) is never connected to without
+    --address; --address auto refuses a stale one naming the file."""
+    import ray
+
+    from pipeline.executors.ray_data import init_ray
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    (tmp_path / "ray").mkdir()
+    stale = socket.socket()
+    stale.bind(("127.0.0.1", 0))
+    port = stale.getsockname()[1]
+    stale.close()  # nothing listens there any more
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    notes: list[str] = []
+    init_ray(None, None, notes.append)
+    assert calls[-1]["address"] == "local" and not notes
+    with pytest.raises(ValueError, match="not running") as err:
+        init_ray("auto", None, notes.append)
+    assert str(tmp_path / "ray" / "ray_current_cluster") in str(err.value)
+    with socket.socket() as live:  # a cluster that answers: one line naming it and --address auto
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        address = f"127.0.0.1:{live.getsockname()[1]}"
+        (tmp_path / "ray" / "ray_current_cluster").write_text(address)
+        init_ray(None, None, notes.append)
+        assert calls[-1]["address"] == "local"
+        assert len(notes) == 1 and address in notes[0] and "--address auto" in notes[0]
+        init_ray("auto", None, notes.append)
+        assert calls[-1]["address"] == "auto"
+    (tmp_path / "ray" / "ray_current_cluster").unlink()
+    with pytest.raises(ValueError, match="does not exist"):
+        cluster.check_auto()
