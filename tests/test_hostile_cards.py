@@ -351,3 +351,17 @@ def test_a_refused_output_hints_at_options_card_has(tmp_path, monkeypatch, fake_
     err = capsys.readouterr().err
     assert "benchmarks[0] (x)" in err and "different config" in err and "trajectories_per_shard" in err
     assert "--new-version" not in err and "--outputs" in err
+    foreign = tmp_path / "foreign"  # the entry's output holds someone's files: named as the entry's, not as --output
+    before = foreign_directory(foreign)
+
+    def claim(b, model, **kw):
+        from pipeline.io.ownership import claim_output
+
+        claim_output(OutputStore(str(foreign)))
+        raise AssertionError("the folder was claimed")
+
+    monkeypatch.setattr(make, "prepare", claim)
+    assert fake_card_run("m1", tmp_path / "card") == 2
+    err = capsys.readouterr().err
+    assert f"benchmarks[0] (x): its output {foreign} is not empty" in err and "--outputs" in err
+    assert "--output " not in err and tree_digest(foreign) == before

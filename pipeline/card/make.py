@@ -198,6 +198,7 @@ def make_card(
     ``report``: aggregate an output's report again after adding the model to it (as a
     build that adds a classifier does).  ``force``: replace another model's card in ``dest``
     (:func:`claim_card_folder`)."""
+    from pipeline.io.ownership import OwnershipError
     from pipeline.output_run import IncompatibleOutput
     from pipeline.card.page import card_html
 
@@ -212,6 +213,10 @@ def make_card(
             p = prepare(b, model, baseline=suite.baseline, runner=runner, echo=echo, ready=ready, report=report)
         except IncompatibleOutput as err:
             raise IncompatibleOutput(_card_hint(b.where, str(err))) from None
+        except OwnershipError as err:  # the benchmark's output is not ours: `--output` is the card's folder here
+            text = str(err)
+            text = "its output " + text.removeprefix("--output ") if text.startswith("--output ") else text
+            raise OwnershipError(_card_hint(b.where, text, "Choose a new or empty directory")) from None
         out_store = OutputStore(p.uri)
         key = entry_key(p, ident, suite, images_digest(out_store))
         kept = _kept(store, b.name)
@@ -255,11 +260,12 @@ def _read_card(store: OutputStore) -> dict[str, Any] | None:
         raise CardError(f"{err}; remove it to make the card again") from None
 
 
-def _card_hint(where: str, message: str) -> str:
-    """A build's refusal of an output, with the ways out that ``card`` has (not ``build``'s ``--new-version``)."""
-    detail = message.split("\nPass --new-version", 1)[0]
+def _card_hint(where: str, message: str, build_hint: str = "\nPass --new-version") -> str:
+    """A build's refusal of an output, with the ways out that ``card`` has (not ``build``'s
+    ``--new-version``): the message up to ``build_hint``, the build's own advice."""
+    detail = message.split(build_hint, 1)[0].rstrip(". ")
     return (f"{where}: {detail}\nGive this suite entry an `output` of its own (or run the card with "
-            "--outputs DIR, a new folder for all of the suite's outputs), or move the existing output away; "
+            "--outputs DIR, a new folder for all of the suite's outputs), or move what is there away; "
             "nothing was changed.")
 
 
