@@ -147,3 +147,15 @@ def test_precision_agreement(capsys):
     assert f32["kept_agreement"] == 1.0 and set(f32["top1_agreement"].values()) == {1.0}
     assert out["settings"]["tf32"]["detectors"]["clip_text"]["max_abs_score_diff"] == 0.0  # a CPU has no TF32
     assert all(0 <= v <= 1 for s in out["settings"].values() for v in s["top1_agreement"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (BENCH.parent / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
+def test_refine(capsys, tmp_path):
+    # One class and seed of the world, one round: both builds, four refinements, the truth.
+    out = _load("refine").main(["--smoke", "--work", str(tmp_path / "work"), "--json"])
+    assert _printed(capsys) == out
+    for key in ("agree_interval", "mean_abs_error", "images_ratio", "reuse_share", "recover_before_grid"):
+        assert key in out
+    assert out["images_dense"] == 3 * 41 and 0 <= out["images_ratio"] < 1
+    assert 0 < out["prefix"]["prefix_unet_s"] < out["prefix"]["call_s"]

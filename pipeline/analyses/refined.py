@@ -65,6 +65,25 @@ def mean_refined(table: pd.DataFrame, classifier: str) -> tuple[float | None, np
     return (float(values.mean()) if len(values) else None), values
 
 
+def mean_refined_interval(table: pd.DataFrame, classifier: str, resamples: int, level: float,
+                          seed: int) -> tuple[float | None, float | None, float | None]:
+    """:func:`mean_refined` with a percentile bootstrap interval at ``level``: the failing
+    trajectories resampled within (shift, class), as the grid metrics' intervals are."""
+    rows = table[(table["classifier"] == classifier) & (table["refined_fp"] > 0)]
+    if rows.empty:
+        return None, None, None
+    values = rows["refined_fp"].to_numpy(dtype=float)
+    rng = np.random.default_rng(seed)
+    means = np.zeros(resamples)
+    for _, idx in rows.reset_index(drop=True).groupby(["shift", "class_id"]).indices.items():
+        draws = rng.integers(0, len(idx), size=(resamples, len(idx)))
+        means += values[idx][draws].sum(axis=1)
+    means /= len(values)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(values.mean()), float(low), float(high)
+
+
 def distribution(table: pd.DataFrame, bin_width: float, top: float) -> pd.DataFrame:
     """Failure-point counts per bin ``(b - bin_width, b]`` (``kind`` refined) and per grid scale
     (``kind`` grid), per classifier and shift and for all shifts pooled."""

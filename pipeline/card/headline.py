@@ -159,10 +159,26 @@ def cns(t: Tables) -> Headline:
                              num(getattr(r, "fp_ratio_ci_high", None)), {"shift": ALL_SHIFTS, "scale": float(r.scale)}))
     details.append(summary_value("fp_avg", "fp_avg", {}))
     details.append(summary_value("margin_fp_avg", "margin_fp_avg", {"margin_max_scale": margin}))
+    details += refined_values(t)
     n = int(summ.at[t.model, "n_trajectories"]) if t.model in summ.index else 0
     return Headline(head.metric, head.value, head.ci_low, head.ci_high, higher_is_better("cns", head.metric),
                     f"accuracy(0) - accuracy({top:g}), mean over the {len(m.shifts)} shifts of family {group.kind}",
                     n, details)
+
+
+def refined_values(t: Tables) -> list[Value]:
+    """The mean refined failure point (``cnsbench refine``, docs/refine.md) with its bootstrap
+    interval, when the output's model was refined; nothing otherwise."""
+    from pipeline.aggregate.images import ImageReader
+    from pipeline.analyses.refined import mean_refined_interval, read_refined
+
+    table = read_refined(t.read_image.store) if isinstance(t.read_image, ImageReader) else None
+    if table is None or t.model not in set(table["classifier"]):
+        return []
+    spec = t.spec
+    value, low, high = mean_refined_interval(table, t.model, spec.resamples, spec.level, spec.seed)
+    return [Value("fp_avg_refined", num(value), num(low), num(high),
+                  {"rounds": int(table.loc[table["classifier"] == t.model, "rounds"].max())})]
 
 
 # --------------------------------------------------------------------------- corruptions

@@ -1,0 +1,204 @@
+"""Refined failure points against a dense grid's, on the demo world (docs/refine.md).
+
+    python bench/refine.py --json                 # the world, R = 3, its four classifiers
+    python bench/refine.py --json --smoke         # the suite's size: 1 class, 1 seed, R = 1
+
+Builds the world's CNS benchmark (configs/demo.yaml) twice with the same settings: on its
+6-scale grid, and on a dense grid of 41 scales from 0 to 2.5 (steps of 1/16) as the truth.
+Then runs ``cnsbench refine`` on the 6-scale build with R rounds for each of the world's
+classifiers in turn (in process), and compares every refined trajectory (grid failure point
+> 0) with the dense build's first failure over its kept images:
+
+* ``agree_interval``: the share whose refined failure point is the dense first failure or
+  one dense step from it (R = 3 on a 0.5 grid lands on the dense 1/16 grid);
+* ``mean_abs_error``: mean |refined - dense first failure|;
+* ``images_ratio``: refinement images made, summed over the classifiers, over the dense
+  build's images;
+* ``reuse_share``: of the later classifiers' points, the share already made;
+* ``recover_before_grid``: cases whose dense truth fails, recovers and fails again before
+  the grid's last correct scale (no bisection of the grid interval can see it), and
+  ``nonmonotone_in_interval``: cases whose dense truth fails earlier inside the interval
+  than the bisection's answer (a failure the midpoints stepped over).
+
+It also measures what the generation of a refinement point spends before the LoRA window
+(``prefix``): the UNet time at timesteps above the threshold in a one-point call, against
+writing and reading that latent through the output store (what caching it would cost).
+Prints one JSON object (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+WORLD_MODELS = ("linear", "cnn", "vit", "clip-zs")
+DENSE = [i / 16 for i in range(41)]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def build(out: Path, sets: list[str]) -> float:
+    from pipeline.cli import main
+
+    import contextlib
+
+    t0 = time.perf_counter()
+    args = ["build", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--runner", "local"]
+    for s in sets:
+        args += ["--set", s]
+    with contextlib.redirect_stdout(sys.stderr):  # the build's progress; stdout is the JSON
+        rc = main(args)
+    if rc != 0:
+        raise SystemExit(f"bench/refine.py: the build into {out} failed")
+    return time.perf_counter() - t0
+
+
+def dense_truth(out: Path, classifiers: list[str]):
+    """Per (trajectory, classifier), the dense first failure over the kept images and whether
+    the classifier is wrong at each kept dense scale."""
+    from pipeline.aggregate.run import load_sound_tables
+    from pipeline.io.store import OutputStore
+
+    samples, preds, _ = load_sound_tables(OutputStore(str(out)), classifiers)
+    rows = samples[samples["kept"].fillna(False).astype(bool)][["sample_id", "trajectory_id", "scale"]]
+    rows = rows.merge(preds[["sample_id", "classifier", "correct"]], on="sample_id")
+    truth = {}
+    for (tid, clf), g in rows.groupby(["trajectory_id", "classifier"]):
+        g = g.sort_values("scale")
+        wrong = g.loc[~g["correct"].astype(bool), "scale"]
+        truth[(tid, clf)] = (float(wrong.iloc[0]) if len(wrong) else None, g)
+    return truth, len(samples)
+
+
+def compare(table, truth, step: float, grid_step: float = 0.5) -> dict:
+    refined = table[table["status"] == "refined"]
+    n = agree = recover = nonmono = 0
+    errors = []
+    for r in refined.itertuples():
+        first, g = truth.get((r.trajectory_id, r.classifier), (None, None))
+        if first is None:
+            continue  # the dense build kept none of its wrong images
+        n += 1
+        errors.append(abs(r.refined_fp - first))
+        agree += abs(r.refined_fp - first) <= step + 1e-9
+        if first <= r.grid_fp - grid_step + 1e-9:
+            recover += 1  # the dense truth fails at or before the grid's last correct scale
+        elif first < r.interval_low - 1e-9:
+            nonmono += 1
+    return {"n": n, "agree_interval": agree / n if n else None,
+            "mean_abs_error": sum(errors) / n if n else None,
+            "recover_before_grid": recover, "nonmonotone_in_interval": nonmono}
+
+
+def prefix_cost(cfg_path: Path, sets: list[str]) -> dict:
+    """UNet seconds before the window in a one-point refinement call, and a latent's round trip
+    through the output store (the cost of caching it instead)."""
+    import io
+
+    import torch
+
+    from pipeline.config import load_config
+    from pipeline.families.slider import shared_sampler
+    from pipeline.io.store import OutputStore
+
+    cfg = load_config(str(cfg_path), sets=sets)
+    sampler = shared_sampler(cfg, "slider", "cpu", torch.float32)
+    threshold = cfg.generator.lora_timestep_threshold
+    spent = {"prefix": 0.0, "window": 0.0}
+    run_unet = sampler.run_unet
+
+    def timed(sample, t, embeds):
+        t0 = time.perf_counter()
+        out = run_unet(sample, t, embeds)
+        spent["prefix" if int(t) > threshold else "window"] += time.perf_counter() - t0
+        return out
+
+    sampler.run_unet = timed
+    class_id = int(cfg.benchmark.classes[0])
+    shift = cfg.benchmark.shifts[0]
+    sampler.generate_group(class_id, 1, [shift], [1.25])  # warm-up
+    spent.update(prefix=0.0, window=0.0)
+    calls, t0 = 5, time.perf_counter()
+    for seed in range(1, calls + 1):
+        sampler.generate_group(class_id, seed, [shift], [1.25])
+    call_s = (time.perf_counter() - t0) / calls
+    latent = sampler.pipe.unet.config.in_channels, cfg.generator.resolution // sampler.pipe.vae_scale_factor
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / "cnsbench-bench-refine-cache"
+    store = OutputStore(str(work))
+    t0 = time.perf_counter()
+    for i in range(calls):
+        buf = io.BytesIO()
+        torch.save(torch.randn(1, latent[0], latent[1], latent[1]), buf)
+        store.write_bytes(f"latents/{i}.pt", buf.getvalue())
+        torch.load(io.BytesIO(store.read_bytes(f"latents/{i}.pt")))
+    cache_s = (time.perf_counter() - t0) / calls
+    shutil.rmtree(work, ignore_errors=True)
+    return {"call_s": round(call_s, 4), "prefix_unet_s": round(spent["prefix"] / calls, 4),
+            "window_unet_s": round(spent["window"] / calls, 4), "prefix_share": round(spent["prefix"] / calls / call_s, 3),
+            "cache_roundtrip_s": round(cache_s, 5)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", default="/tmp/cnsbench-bench-refine", help="scratch folder for the two builds")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10, help="generator.steps of both builds (the world's: 50)")
+    p.add_argument("--classifiers", default=",".join(WORLD_MODELS))
+    p.add_argument("--smoke", action="store_true", help="the smallest size: one class and seed, one round")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine
+
+    classifiers = args.classifiers.split(",")
+    sets = [f"generator.steps={args.steps}", "aggregate.plots=false", "aggregate.strips.count=0"]
+    rounds = args.rounds
+    if args.smoke:
+        sets += ["benchmark.classes=[seven]", "benchmark.seeds=[1]"]
+        rounds = 1
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    grid_s = build(work / "grid", sets)
+    dense_s = build(work / "dense", sets + [f"benchmark.scales={DENSE}", "aggregate.margin_max_scale=3.0"])
+    runs = []
+    for clf in classifiers:
+        t1 = time.perf_counter()
+        s = refine(str(work / "grid"), clf, rounds=rounds, runner="local", echo=quiet)
+        runs.append({"classifier": clf, "refined": s.refined, "points_made": s.points_made,
+                     "points_reused": s.points_reused, "wall_s": round(time.perf_counter() - t1, 2)})
+    table = read_refined(OutputStore(str(work / "grid")))
+    truth, dense_images = dense_truth(work / "dense", classifiers)
+    result = compare(table, truth, 2.5 / 40)
+    made = sum(r["points_made"] for r in runs)
+    later = runs[1:]
+    later_points = sum(r["points_made"] + r["points_reused"] for r in later)
+    result.update({
+        "rounds": rounds, "steps": args.steps, "classifiers": classifiers, "smoke": args.smoke,
+        "images_refinement": made, "images_dense": dense_images, "images_ratio": made / dense_images,
+        "reuse_share": sum(r["points_reused"] for r in later) / later_points if later_points else None,
+        "runs": runs, "build_grid_s": round(grid_s, 1), "build_dense_s": round(dense_s, 1),
+        "refine_s": round(sum(r["wall_s"] for r in runs), 1),
+        "prefix": prefix_cost(ROOT / "configs" / "demo.yaml", sets),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    })
+    print(json.dumps(result, indent=None if args.json else 1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
