@@ -204,6 +204,19 @@ def test_a_card_is_not_written_over_another_models_card_without_force(tmp_path, 
     assert json.loads((out / "cnsbench-card.json").read_text())["model"] == "m2"
 
 
+@pytest.mark.parametrize("text,said", [("[]", "not a cnsbench card marker"), ('{"cnsbench": "compare"}', "not a cnsbench card marker"),
+                                       (nested_json(5000), "nest")])
+def test_a_damaged_card_marker_is_refused_naming_it(tmp_path, fake_card_run, capsys, text, said):
+    out = tmp_path / "card"
+    assert fake_card_run("m1", out) == 0
+    (out / "cnsbench-card.json").write_text(text)
+    before = tree_digest(out)
+    capsys.readouterr()
+    assert fake_card_run("m1", out, "--force") == 2
+    err = capsys.readouterr().err
+    assert f"{out}/cnsbench-card.json" in err and said in err and tree_digest(out) == before
+
+
 def test_a_card_made_before_markers_is_still_its_models(tmp_path, fake_card_run, capsys):
     out = tmp_path / "card"
     assert fake_card_run("m1", out) == 0
