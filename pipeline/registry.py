@@ -193,7 +193,7 @@ ANALYSES.register(
 )
 ANALYSES.register(
     "scenario_regression", "pipeline.analyses.scenario_regression:run",
-    "XIMAGENET-12: OLS of accuracy on classifier, scenario and class (estimates, p-values; statsmodels)",
+    "XIMAGENET-12: OLS of accuracy on classifier, scenario and class (estimates, p-values)",
 )
 ANALYSES.register("mask_quality", "pipeline.analyses.mask_quality:run", "object masks: area share, components, usability, IoU vs true masks")
 

@@ -1,7 +1,7 @@
 """Analysis ``scenario_regression``: accuracy explained by classifier, scenario and class.
 
 The multiple linear regression of XIMAGENET-12 (seed 003, Table 3): ordinary least
-squares (statsmodels) of the accuracy of each (classifier, scenario, class) cell at the
+squares (numpy's pseudo-inverse, the numbers of statsmodels' ``ols(...).fit()``) of the accuracy of each (classifier, scenario, class) cell at the
 evaluated strength on three categorical variables -- the classifier, the scenario (the
 original images, scale 0, are the reference level ``original``) and the class -- with
 treatment coding.  Each estimate is the accuracy change against the reference levels
@@ -48,30 +48,65 @@ def cell_accuracies(ctx: AnalysisContext) -> pd.DataFrame:
     return cells.rename(columns={"shift": "scenario", "mean": "accuracy", "size": "n"})
 
 
-def fit(cells: pd.DataFrame, classifiers: list[str]) -> tuple[pd.DataFrame, dict]:
-    import statsmodels.formula.api as smf
+def _levels(values: pd.Series, reference: str | None) -> list[str]:
+    """The levels of a categorical variable, the reference first, the rest sorted (patsy's order)."""
+    levels = sorted(values.unique())
+    if reference is not None and reference in levels:
+        levels.remove(reference)
+        levels.insert(0, reference)
+    return levels
 
+
+def ols(design: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray | float]:
+    """Ordinary least squares as statsmodels' ``OLS.fit()`` computes it (``method="pinv"``):
+    estimates ``pinv(X) y``, residual degrees of freedom ``n - rank(X)``, standard errors from
+    ``scale * pinv(X) pinv(X)^T``, two-sided p-values of the t statistics, R² against the centred total."""
+    from scipy import stats
+
+    pinv = np.linalg.pinv(design, rcond=1e-15)
+    params = pinv @ y
+    resid = y - design @ params
+    ssr = float(resid @ resid)
+    df_resid = len(y) - int(np.linalg.matrix_rank(design))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.float64(ssr) / df_resid  # no residual degree of freedom: inf (nan for an exact fit)
+        bse = np.sqrt(np.diag(pinv @ pinv.T) * scale)
+        t = params / bse
+        p = 2 * stats.t.sf(np.abs(t), df_resid)
+        centred = float(((y - y.mean()) ** 2).sum())
+        r2 = 1 - ssr / centred if centred else (float("nan") if ssr == 0 else float("-inf"))
+    return {"params": params, "bse": bse, "pvalues": p, "rsquared": r2}
+
+
+def fit(cells: pd.DataFrame, classifiers: list[str]) -> tuple[pd.DataFrame, dict]:
+    """The regression with treatment coding: an intercept, then per variable with more than one
+    level one indicator column per level but the reference (``classifiers[0]``, ``original``, the
+    first class in sorted order), the levels in sorted order (as statsmodels' formula
+    ``accuracy ~ C(classifier, Treatment(...)) + C(scenario, Treatment('original')) + C(class_name)``)."""
     data = cells.copy()
-    data["accuracy"] = data["accuracy"].astype(float)
-    terms = []
-    if data["classifier"].nunique() > 1:
-        terms.append(f"C(classifier, Treatment({classifiers[0]!r}))")
-    if data["scenario"].nunique() > 1:
-        terms.append(f"C(scenario, Treatment({ORIGINAL!r}))")
-    if data["class_name"].nunique() > 1:
-        terms.append("C(class_name)")
-    model = smf.ols("accuracy ~ " + (" + ".join(terms) or "1"), data=data).fit()
-    rows = []
-    for name in model.params.index:
-        label = (name.replace(f", Treatment({classifiers[0]!r})", "").replace(f", Treatment({ORIGINAL!r})", "")
-                 .replace("C(classifier)", "classifier").replace("C(scenario)", "scenario").replace("C(class_name)", "class")
-                 .replace("[T.", "[") )
-        p = float(model.pvalues[name])
-        rows.append({"variable": label, "estimate": float(model.params[name]), "std_error": float(model.bse[name]),
-                     "p_value": p, "significance": stars(p)})
+    y = data["accuracy"].astype(float).to_numpy()
+    columns, labels, terms = [np.ones(len(data))], ["Intercept"], []
+    for column, label, reference, term in (
+        ("classifier", "classifier", classifiers[0], f"C(classifier, Treatment({classifiers[0]!r}))"),
+        ("scenario", "scenario", ORIGINAL, f"C(scenario, Treatment({ORIGINAL!r}))"),
+        ("class_name", "class", None, "C(class_name)"),
+    ):
+        if data[column].nunique() <= 1:
+            continue
+        terms.append(term)
+        for level in _levels(data[column], reference)[1:]:
+            columns.append((data[column] == level).to_numpy(dtype=float))
+            labels.append(f"{label}[{level}]")
+    model = ols(np.column_stack(columns), y)
+    rows = [
+        {"variable": name, "estimate": float(model["params"][i]), "std_error": float(model["bse"][i]),
+         "p_value": float(model["pvalues"][i]), "significance": stars(float(model["pvalues"][i]))}
+        for i, name in enumerate(labels)
+    ]
     # NaN or -inf when every cell has the same accuracy (no variance to explain): undefined, null.
-    r2 = float(model.rsquared)
-    info = {"r_squared": round(r2, 4) if math.isfinite(r2) else None, "n_cells": int(len(data)), "formula": model.model.formula}
+    r2 = float(model["rsquared"])
+    formula = "accuracy ~ " + (" + ".join(terms) or "1")
+    info = {"r_squared": round(r2, 4) if math.isfinite(r2) else None, "n_cells": int(len(data)), "formula": formula}
     return pd.DataFrame(rows), info
 
 

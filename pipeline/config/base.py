@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict
+from pipeline.io.strict import Strict  # noqa: F401 - the config sections' base (pipeline.io.strict)
 
 REFERENCE_SCALES = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
 REFERENCE_NEGATIVE_PROMPT = "blurry,text,caption,lowquality,lowresolution,low res,grainy,ugly"
@@ -15,6 +15,3 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the file, key path and value."""
 
 
-class Strict(BaseModel):
-    # allow_inf_nan=False: NaN or infinite numbers anywhere in a config are refused.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

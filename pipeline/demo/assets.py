@@ -14,7 +14,6 @@ The commands that take a config (``validate``, ``build``, ``evaluate``, ``train-
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -50,9 +49,10 @@ def ensure_tiny_assets(root: Path = TINY_ROOT, echo=print) -> Path:
     stamp = root / "VERSION"
     if stamp.is_file() and stamp.read_text().strip() == VERSION:
         return root
+    from filelock import FileLock  # portable (fcntl is POSIX-only)
+
     root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(root.parent / f".{root.name}.lock"):
         if stamp.is_file() and stamp.read_text().strip() == VERSION:
             return root  # built by another process while this one waited
         return _build_tiny_assets(root, stamp, echo)

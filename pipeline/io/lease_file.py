@@ -21,12 +21,16 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pydantic import ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+
 from pipeline.io.safejson import loads
+from pipeline.io.strict import Strict, errors_of_type, first_problem
 
 LEASE = "lease.json"
 CLOCK_SKEW_S = 30.0  # how far ahead of our clock another host's heartbeat may be
 MAX_PID = 2**31 - 1
-_FIELDS = {"host": str, "pid": int, "command": str, "started": float, "heartbeat": float, "token": str}
+# The lease's fields and the type each refusal names (float: a finite number).
+_FIELDS = {"host": str, "pid": int, "command": str, "started": float, "heartbeat": float, "token": str, "proc_start": str}
 
 
 @dataclass
@@ -106,29 +110,47 @@ def unreadable(reason: str) -> LeaseInfo:
     return LeaseInfo("?", 0, "?", math.nan, math.nan, "", "", reason[:300])
 
 
+class LeaseDocument(Strict):
+    """The schema of ``lease.json`` (what :func:`parse_lease` accepts).  Keys it does not know
+    are ignored, so a newer writer's lease is still read (and its holder still respected)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    host: StrictStr
+    pid: StrictInt
+    command: StrictStr
+    started: StrictInt | StrictFloat
+    heartbeat: StrictInt | StrictFloat
+    token: StrictStr
+    proc_start: StrictStr = ""
+
+    @field_validator("pid")
+    @classmethod
+    def _process_id(cls, value: int) -> int:
+        if not 0 < value <= MAX_PID:
+            raise ValueError(f"lease field 'pid' must be a process id, got {value!r}"[:300])
+        return value
+
+
 def parse_lease(data: bytes | str, where: str) -> LeaseInfo:
-    """A checked :class:`LeaseInfo`; ValueError naming ``where`` and the field otherwise."""
+    """A checked :class:`LeaseInfo` (:class:`LeaseDocument`); ValueError naming ``where`` and the field otherwise."""
     doc = loads(data, where)
     if not isinstance(doc, dict):
         raise ValueError(f"{where}: a lease is a JSON object, got {type(doc).__name__}")
-    missing = sorted(set(_FIELDS) - set(doc))
-    if missing:
-        raise ValueError(f"{where}: missing lease fields {missing}")
-    for key, kind in _FIELDS.items():
-        value = doc[key]
-        ok = isinstance(value, (int, float)) and math.isfinite(value) if kind is float else isinstance(value, kind)
-        if isinstance(value, bool) or not ok:
-            what = "a finite number" if kind is float else f"a {kind.__name__}"
-            raise ValueError(f"{where}: lease field {key!r} must be {what}, got {value!r}"[:300])
-    if not 0 < doc["pid"] <= MAX_PID:
-        raise ValueError(f"{where}: lease field 'pid' must be a process id, got {doc['pid']!r}"[:300])
-    proc_start = doc.get("proc_start", "")
-    if not isinstance(proc_start, str):
-        raise ValueError(f"{where}: lease field 'proc_start' must be a string")
-    return LeaseInfo(
-        doc["host"], doc["pid"], doc["command"], float(doc["started"]), float(doc["heartbeat"]), doc["token"],
-        proc_start,
-    )
+    try:
+        lease = LeaseDocument.model_validate(doc)
+    except ValidationError as err:
+        missing = errors_of_type(err, "missing")
+        if missing:
+            raise ValueError(f"{where}: missing lease fields {missing}") from None
+        loc, kind, value, message = first_problem(err)
+        if kind == "value_error":
+            raise ValueError(f"{where}: {message}") from None
+        key = str(loc[0])
+        what = "a finite number" if _FIELDS.get(key) is float else f"a {_FIELDS.get(key, str).__name__}"
+        raise ValueError(f"{where}: lease field {key!r} must be {what}, got {value!r}"[:300]) from None
+    return LeaseInfo(lease.host, lease.pid, lease.command, float(lease.started), float(lease.heartbeat), lease.token,
+                     lease.proc_start)
 
 
 def process_start(pid: int) -> str:

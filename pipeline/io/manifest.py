@@ -3,7 +3,7 @@
 A manifest (``manifest/shard-<16 hex>.json``) is a shard's done-marker: it lists the
 shard's files (size, SHA-256) and trajectories.  Everything in it is data from disk or a
 bucket someone else may write to, so :func:`parse_manifest` checks it completely before
-anything acts on it:
+anything acts on it (:class:`ManifestDocument`, a model on the project's strict base):
 
 - the document is a JSON object of exactly the manifest's keys with the right types;
 - ``shard`` is the file's own name and looks like ``shard-<16 hex digits>``;
@@ -23,15 +23,17 @@ evaluate moves it to ``previous/quarantine/`` (:func:`quarantine`) so its shard 
 from __future__ import annotations
 
 import logging
-import math
 import posixpath
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pydantic import Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, field_validator, model_validator
+
 from pipeline.io.retry import StorageError
 from pipeline.io.safejson import dumps as strict_dumps, loads
+from pipeline.io.strict import Strict, errors_of_type, first_problem
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,6 @@ OWN_FILE = re.compile(
 # An interrupted local write: .tmp-<uuid hex>-<own file name>
 OWN_TMP = re.compile(r"\.tmp-[0-9a-f]{32}-(?P<name>.+)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_KEYS = {"shard", "trajectories", "files", "n_samples", "failed", "stats"}
-_OPTIONAL = {"classifiers"}
 
 
 class ManifestError(ValueError):
@@ -93,14 +93,77 @@ def is_own_file(rel: str) -> bool:
     return own_file_shard(f"{kind}/{inner}") is not None
 
 
-def _str_list(value: Any, key: str, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ManifestError(f"{where}: {key!r} must be a list of strings")
-    return value
+class FileEntry(Strict):
+    """One file of a shard: its size and SHA-256."""
+
+    size: StrictInt = Field(ge=0)
+    sha256: StrictStr = Field(pattern=_SHA256.pattern)
+
+
+class ManifestDocument(Strict):
+    """The schema of ``manifest/<shard>.json`` (what :func:`parse_manifest` accepts)."""
+
+    shard: StrictStr = Field(pattern=f"^{SHARD_NAME.pattern}$")
+    trajectories: list[StrictStr]
+    files: dict[str, FileEntry]
+    n_samples: StrictInt = Field(ge=0)
+    failed: dict[str, StrictStr]
+    stats: dict[str, StrictInt | StrictFloat]
+    classifiers: list[StrictStr] | None = None
+
+    @field_validator("shard")
+    @classmethod
+    def _named_as_its_file(cls, value: str, info: ValidationInfo) -> str:
+        stem = (info.context or {}).get("file")  # the manifest's file name, when read from one
+        if stem is not None and stem.endswith(".json") and stem[:-5] != value:
+            raise ValueError(f"names shard {value!r} but the file is {stem!r}")
+        return value
+
+    @field_validator("trajectories")
+    @classmethod
+    def _once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("'trajectories' lists a trajectory twice")
+        return value
+
+    @model_validator(mode="after")
+    def _own_files(self) -> "ManifestDocument":
+        for rel in self.files:
+            if own_file_shard(rel) != self.shard:
+                raise ValueError(
+                    f"file entry {rel!r} is not a file of shard {self.shard} "
+                    "(expected images/<shard>.tar, samples|predictions|failures/<shard>.parquet)"[:400]
+                )
+        return self
+
+
+def _problem(loc: tuple[Any, ...], kind: str, value: Any) -> str:
+    """The refusal of a value of the wrong type or range at ``loc`` (a key path of the manifest)."""
+    key = loc[0]
+    if key == "files":
+        if len(loc) == 1:
+            return f"'files' must map file paths to {{size, sha256}}, got {type(value).__name__}"
+        rel = loc[1]
+        if kind in ("missing", "extra_forbidden", "model_type"):
+            return f"file entry {rel!r} must be {{\"size\": int, \"sha256\": hex}}"
+        if len(loc) >= 3 and loc[2] == "size":
+            return f"file entry {rel!r}: size must be an integer >= 0, got {value!r}"
+        if len(loc) >= 3 and loc[2] == "sha256":
+            return f"file entry {rel!r}: sha256 must be 64 hex digits"
+        return f"file entry {rel!r} must be {{\"size\": int, \"sha256\": hex}}"
+    return {
+        "shard": f"'shard' must look like 'shard-<16 hex digits>', got {value!r}"[:300],
+        "trajectories": "'trajectories' must be a list of strings",
+        "n_samples": f"'n_samples' must be an integer >= 0, got {value!r}",
+        "failed": "'failed' must map trajectory ids to error messages",
+        "stats": "'stats' must map names to finite numbers",
+        "classifiers": "'classifiers' must be a list of strings",
+    }.get(key, f"{key!r} is not valid")
 
 
 def parse_manifest(text: str | bytes, source: str) -> ShardManifest:
-    """A fully checked :class:`ShardManifest` from ``text``; :class:`ManifestError` otherwise.
+    """A fully checked :class:`ShardManifest` from ``text`` (:class:`ManifestDocument`);
+    :class:`ManifestError` naming ``source`` and the key otherwise.
 
     ``source`` is the manifest's location; its file name must be ``<shard>.json``.
     """
@@ -111,56 +174,22 @@ def parse_manifest(text: str | bytes, source: str) -> ShardManifest:
         raise ManifestError(f"{where}: {err}") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: must be a JSON object, got {type(data).__name__}")
-    missing, unknown = _KEYS - set(data), set(data) - _KEYS - _OPTIONAL
-    if missing or unknown:
-        raise ManifestError(f"{where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
-    shard = data["shard"]
-    if not isinstance(shard, str) or not SHARD_NAME.fullmatch(shard):
-        raise ManifestError(f"{where}: 'shard' must look like 'shard-<16 hex digits>', got {shard!r}"[:300])
-    stem = posixpath.basename(source.rstrip("/"))
-    if stem.endswith(".json") and stem[:-5] != shard:
-        raise ManifestError(f"{where}: names shard {shard!r} but the file is {stem!r}")
-    trajectories = _str_list(data["trajectories"], "trajectories", where)
-    if len(set(trajectories)) != len(trajectories):
-        raise ManifestError(f"{where}: 'trajectories' lists a trajectory twice")
-    files = data["files"]
-    if not isinstance(files, dict):
-        raise ManifestError(f"{where}: 'files' must map file paths to {{size, sha256}}, got {type(files).__name__}")
-    for rel, meta in files.items():
-        if own_file_shard(rel) != shard:
-            raise ManifestError(
-                f"{where}: file entry {rel!r} is not a file of shard {shard} "
-                "(expected images/<shard>.tar, samples|predictions|failures/<shard>.parquet)"[:400]
-            )
-        if not isinstance(meta, dict) or set(meta) != {"size", "sha256"}:
-            raise ManifestError(f"{where}: file entry {rel!r} must be {{\"size\": int, \"sha256\": hex}}")
-        size = meta["size"]
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ManifestError(f"{where}: file entry {rel!r}: size must be an integer >= 0, got {size!r}")
-        if not isinstance(meta["sha256"], str) or not _SHA256.fullmatch(meta["sha256"]):
-            raise ManifestError(f"{where}: file entry {rel!r}: sha256 must be 64 hex digits")
-    n = data["n_samples"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ManifestError(f"{where}: 'n_samples' must be an integer >= 0, got {n!r}")
-    failed = data["failed"]
-    if not isinstance(failed, dict) or not all(isinstance(v, str) for v in failed.values()):
-        raise ManifestError(f"{where}: 'failed' must map trajectory ids to error messages")
-    stats = data["stats"]
-    if not isinstance(stats, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in stats.values()
-    ):
-        raise ManifestError(f"{where}: 'stats' must map names to finite numbers")
-    classifiers = data.get("classifiers")
-    if classifiers is not None:
-        _str_list(classifiers, "classifiers", where)
+    try:
+        doc = ManifestDocument.model_validate(data, context={"file": posixpath.basename(source.rstrip("/"))})
+    except ValidationError as err:
+        missing, unknown = errors_of_type(err, "missing"), errors_of_type(err, "extra_forbidden")
+        if missing or unknown:
+            raise ManifestError(f"{where}: missing keys {missing}, unknown keys {unknown}") from None
+        loc, kind, value, message = first_problem(err)
+        raise ManifestError(f"{where}: {message if kind == 'value_error' else _problem(loc, kind, value)}") from None
     return ShardManifest(
-        shard=shard,
-        trajectories=trajectories,
-        files=files,
-        n_samples=n,
-        failed=failed,
-        stats=stats,
-        classifiers=classifiers,
+        shard=doc.shard,
+        trajectories=list(doc.trajectories),
+        files={rel: entry.model_dump() for rel, entry in doc.files.items()},
+        n_samples=doc.n_samples,
+        failed=dict(doc.failed),
+        stats=dict(doc.stats),
+        classifiers=None if doc.classifiers is None else list(doc.classifiers),
     )
 
 

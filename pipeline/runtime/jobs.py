@@ -123,11 +123,10 @@ def working_dir_excludes(working_dir: str | os.PathLike[str]) -> list[str]:
 
 
 def _is_excluded(rel_posix: str, excludes: Sequence[str]) -> bool:
-    """Whether Ray's matcher would drop ``rel_posix`` (or one of its parent dirs)."""
-    try:
-        from ray._private.thirdparty.pathspec import PathSpec  # Ray's own matcher
-    except Exception:  # pragma: no cover - ray missing or moved: skip the check
-        return False
+    """Whether Ray's matcher would drop ``rel_posix`` (or one of its parent dirs): Ray matches
+    ``excludes`` with (a vendored copy of) ``pathspec``'s ``gitwildmatch`` patterns, as here."""
+    from pathspec import PathSpec
+
     spec = PathSpec.from_lines("gitwildmatch", list(excludes))
     parts = rel_posix.split("/")
     return any(spec.match_file("/".join(parts[: i + 1])) for i in range(len(parts)))
