@@ -40,9 +40,11 @@ def output_digest(uri: str) -> dict[str, str]:
         h_s.update(repr(tuple(row)).encode())
     for row in preds[list(_PRED_KEYS)].itertuples(index=False):
         h_p.update(repr(tuple(row)).encode())
-    images = dict(_images(store))
-    for name in sorted(images):
-        h_i.update(name.encode() + b"\0" + _pixels_sha(images[name]))
+    # One shard's tar at a time, each image reduced to its pixels' SHA-256 as it is read: the
+    # memory held is the digests (32 bytes an image), not the images.
+    pixels = {name: _pixels_sha(data) for name, data in _images(store)}
+    for name in sorted(pixels):
+        h_i.update(name.encode() + b"\0" + pixels[name])
     return {"samples": h_s.hexdigest(), "predictions": h_p.hexdigest(), "images": h_i.hexdigest()}
 
 
@@ -78,7 +80,8 @@ def pixel_blocks(uri: str, grid: int = 4) -> dict[str, np.ndarray]:
 
 
 def _images(store: OutputStore):
-    """``(member name, file bytes)`` of every image in the committed shards of ``store``."""
+    """``(member name, file bytes)`` of every image in the committed shards of ``store``, one
+    at a time (a generator: the caller keeps what it needs of each)."""
     for manifest in store.manifests():
         for rel in manifest.files:
             if rel.startswith("images/") and rel.endswith(".tar"):

@@ -73,8 +73,16 @@ FAILURES = pa.schema(
 )
 
 
-def read_shard_tables(store: OutputStore, manifest: ShardManifest, kind: str, sch: pa.Schema) -> list[pa.Table]:
-    """The ``kind`` files (``samples``, ``predictions``) of one committed shard, read with ``sch``.
+Filters = Any  # a pyarrow row filter: a pyarrow.compute expression or DNF tuples [("classifier", "==", "a")]
+
+
+def read_shard_tables(
+    store: OutputStore, manifest: ShardManifest, kind: str, sch: pa.Schema,
+    columns: list[str] | None = None, filters: Filters | None = None,
+) -> list[pa.Table]:
+    """The ``kind`` files (``samples``, ``predictions``) of one committed shard, read with ``sch``:
+    only ``columns`` (default all) and the rows ``filters`` keep (pyarrow's column projection and
+    row filters: row groups the filter rules out by their statistics are not decoded).
 
     Raises ValueError naming the file when one is missing or not Parquet of that schema.
     """
@@ -82,31 +90,39 @@ def read_shard_tables(store: OutputStore, manifest: ShardManifest, kind: str, sc
     # A shard may hold several files of a kind (predictions added for new classifiers).
     for rel in sorted(r for r in manifest.files if r.startswith(f"{kind}/")):
         try:
-            tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch))
+            tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch, columns=columns, filters=filters))
         except (pa.ArrowInvalid, OSError) as err:
             raise ValueError(f"malformed shard {store.url(rel)}: {err}") from None
     return tables
 
 
-def _read_tables(store: OutputStore, kind: str, sch: pa.Schema) -> pd.DataFrame:
+def _read_tables(
+    store: OutputStore, kind: str, sch: pa.Schema, columns: list[str] | None = None, filters: Filters | None = None
+) -> pd.DataFrame:
     """Every committed shard's ``kind`` table, concatenated (an empty table of ``sch`` when there is none)."""
     tables = []
     for manifest in store.manifests():
-        tables.extend(read_shard_tables(store, manifest, kind, sch))
+        tables.extend(read_shard_tables(store, manifest, kind, sch, columns, filters))
     if not tables:
-        return sch.empty_table().to_pandas()
+        empty = sch.empty_table()
+        return (empty.select(columns) if columns is not None else empty).to_pandas()
     return pa.concat_tables(tables).to_pandas()
 
 
-def load_samples(store: OutputStore) -> pd.DataFrame:
-    """Samples of committed shards."""
-    return _read_tables(store, "samples", SAMPLES)
+def load_samples(store: OutputStore, columns: list[str] | None = None) -> pd.DataFrame:
+    """Samples of committed shards (only ``columns`` when given)."""
+    return _read_tables(store, "samples", SAMPLES, columns)
 
 
-def load_predictions(store: OutputStore, classifiers: list[str] | None = None) -> pd.DataFrame:
-    """Predictions of committed shards, only of ``classifiers`` when given."""
-    preds = _read_tables(store, "predictions", PREDICTIONS)
-    return preds if classifiers is None else preds[preds["classifier"].isin(classifiers)].reset_index(drop=True)
+def load_predictions(
+    store: OutputStore, classifiers: list[str] | None = None, columns: list[str] | None = None
+) -> pd.DataFrame:
+    """Predictions of committed shards, only of ``classifiers`` when given (filtered as the files
+    are read), only ``columns`` when given."""
+    import pyarrow.compute as pc
+
+    filters = None if classifiers is None else pc.field("classifier").isin(pa.array(list(classifiers), pa.string()))
+    return _read_tables(store, "predictions", PREDICTIONS, columns, filters)
 
 
 def parquet_bytes(rows: list[dict[str, Any]], sch: pa.Schema) -> bytes:
