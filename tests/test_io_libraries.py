@@ -84,3 +84,35 @@ def test_image_digest_holds_one_image_at_a_time(monkeypatch):
     for name, data in sorted(real(store)):
         expected.update(name.encode() + b"\0" + digest._pixels_sha(data))
     assert out["images"] == expected.hexdigest()
+
+
+# --------------------------------------------------------------------------- hub
+def test_hub_ids_by_huggingface_hubs_rule():
+    from pipeline.assets.hub import is_hub_id
+
+    for good in ("llava-hf/llava-1.5-7b-hf", "gpt2", "org/name.v2", "a_b/c-d"):
+        assert is_hub_id(good), good
+    for bad in ("../../x/y", "org/../evil", "a/b/c", "org--x/y", "repo.git", "-x/y", "", "x" * 97, 3):
+        assert not is_hub_id(bad), bad
+
+
+def test_offline_mode_and_the_mirror_endpoint(monkeypatch):
+    """TRANSFORMERS_OFFLINE counts as offline; otherwise the HF_ENDPOINT mirror's reachability decides."""
+    import socket
+
+    from pipeline.assets import hub
+
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    assert hub.offline()
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE")
+    with socket.socket() as server:  # a local "mirror": reachable
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert not hub.offline()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now: unreachable
+    assert hub.offline()

@@ -6,7 +6,8 @@ the standard caches (the Hugging Face hub cache, open_clip's and timm's files th
 in the torch-hub checkpoint directory, torch hub's repositories).  :func:`hub_artefacts`
 lists every one with whether it is cached here; ``cnsbench validate`` reports the missing
 ones and ``cnsbench prefetch`` fetches them through the same libraries, on a node with
-internet, so a build can then run offline (``HF_HUB_OFFLINE=1``).
+internet, so a build can then run offline (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``;
+``HF_ENDPOINT`` names a mirror, which huggingface_hub's downloads and :func:`offline` use).
 
 A model reference that is neither an existing local path nor a well-formed hub id
 (``../../x/y``, ``org/../evil``) is a problem of the config (:func:`hub_id_problems`:
@@ -16,7 +17,6 @@ A model reference that is neither an existing local path nor a well-formed hub i
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -48,17 +48,19 @@ class HubArtefact:
 
 
 # --------------------------------------------------------------------------- hub ids
-# The Hugging Face hub's rule: ``name`` or ``namespace/name``, each part of letters, digits,
-# ``_ - .`` starting and ending with a letter, digit or ``_``; no ``--`` or ``..``; at most 96 characters.
-_HUB_PART = r"\w(?:[\w.\-]*\w)?"
-HUB_ID = re.compile(rf"(?:{_HUB_PART}/)?{_HUB_PART}")  # matched whole (fullmatch)
-
-
 def is_hub_id(value: str) -> bool:
-    return (
-        isinstance(value, str) and len(value) <= 96 and bool(HUB_ID.fullmatch(value))
-        and "--" not in value and ".." not in value and not value.endswith(".git")
-    )
+    """Whether ``value`` is a well-formed hub repository id (``name`` or ``namespace/name``), by
+    huggingface_hub's own rule (``validate_repo_id``: letters, digits, ``_ - .``, no ``--`` or
+    ``..``, at most 96 characters, not ending in ``.git``)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return True
 
 
 def model_ref_problem(value: str, key: str) -> str | None:
@@ -245,17 +247,35 @@ def remote_weights_not_cached(cfg: "BuildConfig") -> list[str]:
     return [a.line() for a in hub_artefacts(cfg) if not a.cached]
 
 
-def offline() -> bool:
-    """Whether hubs may not be asked: ``HF_HUB_OFFLINE`` set, or huggingface.co unreachable."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    import socket
+_TRUE = ("1", "true", "yes", "on")
 
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=5).close()
-    except OSError:
+
+def offline() -> bool:
+    """Whether hubs may not be asked: offline mode as huggingface_hub reads it (``HF_HUB_OFFLINE``,
+    or ``TRANSFORMERS_OFFLINE``, also when set after it was imported), or the hub endpoint
+    (``HF_ENDPOINT``, a mirror; default huggingface.co) unreachable."""
+    from huggingface_hub import constants, is_offline_mode
+
+    if is_offline_mode() or any(os.environ.get(k, "").strip().lower() in _TRUE
+                                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
         return True
-    return False
+    return not endpoint_reachable(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+
+
+def endpoint_reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether a TCP connection to ``url``'s host and port (443 for https, 80 for http) opens."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return False
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 PREFETCH_HINT = "on a node with internet, fetch them into the standard caches with: cnsbench prefetch {config}"
