@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +232,72 @@ def test_an_output_being_built_is_refused_by_the_lease(world, capsys):
     with hold_lease(str(world["out"]), "build"):
         assert refine_cli(str(world["out"]), "--classifier", "bright", "--runner", "local") == 2
     assert "one writer per output" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the points' sampler
+def test_points_continue_the_units_prefix_as_the_build_makes_them(tmp_path):
+    """A point made from the unit's (cached) prefix is the build sampler's image at that
+    scale, up to one level where a different batch sums in a different order; made again
+    from the cache, it is the same image; the cached prefix's UNet steps are not spent again."""
+    import torch
+
+    from pipeline.config import load_config
+    from pipeline.families.slider import shared_sampler
+    from pipeline.stages.refine_sampling import PrefixCache, generate_points
+
+    cfg = load_config(str(tiny_config(tmp_path)))
+    sampler = shared_sampler(cfg, "slider", "cpu", torch.float32)
+    class_id, shifts = int(cfg.benchmark.classes[0]), list(cfg.benchmark.shifts)
+    group = sampler.generate_group(class_id, 1, shifts, [0.0, 0.5, 1.25])
+    cache, points = PrefixCache(), [(shifts[0], 1.25), (shifts[1], 0.5)]
+    first, evals, _ = generate_points(sampler, class_id, 1, points, cache)
+    again, evals_again, _ = generate_points(sampler, class_id, 1, points, cache)
+    for p in points:
+        made = np.asarray(first[p], dtype=int)
+        assert np.abs(made - np.asarray(group.image(*p), dtype=int)).max() <= 1
+        assert (made == np.asarray(again[p], dtype=int)).all()
+    assert (cache.hits, cache.misses) == (1, 1)
+    window_steps = sum(int(t) <= cfg.generator.lora_timestep_threshold for t in sampler._timesteps().timesteps)
+    assert evals_again == 2 * 2 * window_steps  # two points, CFG: no prefix step
+    assert evals > evals_again
+
+
+# --------------------------------------------------------------------------- kill -9
+@pytest.mark.slow
+def test_killed_refinement_resumes_to_the_same_result(world, tmp_path):
+    """kill -9 between a refinement shard's files and its manifest; the next run cleans the
+    uncommitted files, keeps what was committed and ends with the uninterrupted run's table."""
+    from buildproc import ForkedBuild, env_with
+
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+
+    def fresh(name: str) -> Path:
+        out = tmp_path / name
+        shutil.copytree(world["out"], out)
+        shutil.rmtree(out / "refine", ignore_errors=True)  # another test's refinement
+        return out
+
+    argv = ["--classifier", "bright", "--rounds", "2", "--runner", "local"]
+    whole, killed = fresh("whole"), fresh("killed")
+    assert refine_cli(str(whole), *argv) == 0
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    proc = ForkedBuild(["refine", str(killed), *argv], tmp_path / "refine.log",
+                       env=env_with(CNSBENCH_FAULT_INJECT="write:before_manifest:*:pause", CNSBENCH_FAULT_DIR=str(faults)))
+    try:
+        for _ in range(1200):
+            if list(faults.glob("paused-*")) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert list(faults.glob("paused-*")), (tmp_path / "refine.log").read_text()[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list((killed / "refine" / "images").glob("*.tar")) and not list((killed / "refine" / "manifest").glob("*.json"))
+    assert refine_cli(str(killed), *argv) == 0
+    pd.testing.assert_frame_equal(read_refined(OutputStore(str(killed))), read_refined(OutputStore(str(whole))))
+    committed = {rel for m in OutputStore(str(killed / "refine")).manifests() for rel in m.files}
+    on_disk = {str(p.relative_to(killed / "refine")) for d in ("images", "samples", "predictions")
+               for p in (killed / "refine" / d).glob("*")}
+    assert on_disk == committed

@@ -6,8 +6,9 @@ shape, generate -> filter -> classify -> write, with two stages of its own:
 
 * :class:`RefineGenerateStage` takes one row per (class, seed) unit listing its points
   (shift, scale, the trajectory's stored scale-0 image) and makes each point's image with
-  the build's family, seed and settings: the points of a unit that share a scale are one
-  family call (for sliders, one shared pre-window prefix and one batch of branches).  Its
+  the build's family, seed and settings: the slider family's points of a unit continue
+  from the unit's one pre-window prefix, each as one branch (:mod:`.refine_sampling`, the
+  prefix cached for the next round); any other family is called per distinct scale.  Its
   rows carry two images, the stored scale-0 reference and the new one, so the filter
   judges the new image against the same reference the build's filter used;
 * :class:`RefineFilterStage` is the build's filter on those rows, after which the
@@ -74,7 +75,11 @@ class RefineGenerateStage(GenerateStage):
             ctx = self.unit_context(unit)
             refs = {(sh, sc): ref for sh, sc, ref in zip(row["shifts"], row["scales"], row["references"])}
             for group, family in self.families:
-                # One family call per distinct scale: its shifts share the unit's prefix.
+                if self.shares_prefix(family):
+                    out.extend(self.slider_rows(row, unit, family, [
+                        (sh, float(sc)) for sh, sc in zip(row["shifts"], row["scales"]) if sh in group.shifts]))
+                    continue
+                # Any other family: one family call per distinct scale, at [0, scale].
                 by_scale: dict[float, list[str]] = {}
                 for shift, scale in zip(row["shifts"], row["scales"]):
                     if shift in group.shifts:
@@ -92,6 +97,38 @@ class RefineGenerateStage(GenerateStage):
                         made_row["images"][0] = refs[(shift, scale)]  # the build's own reference
                         made_row["trajectory_id"] = point_key(shift, unit.class_id, unit.seed, scale)
                         out.append(made_row)
+        return out
+
+    def shares_prefix(self, family) -> bool:
+        """Whether the family's points come from the slider sampler's shared prefix (:mod:`.refine_sampling`)."""
+        from pipeline.families.slider import PromptFamily, SliderFamily
+
+        return (isinstance(family, SliderFamily) and not isinstance(family, PromptFamily)
+                and self.config.generator.share_prefix)
+
+    def slider_rows(self, row: dict[str, Any], unit: plan.WorkUnit, family, points: list[tuple[str, float]]) -> list[dict[str, Any]]:
+        """The points of one unit of the slider family: one window per point, one prefix per unit."""
+        from pipeline.stages.base import encode_image
+        from pipeline.stages.refine_sampling import generate_points
+
+        if not points:
+            return []
+        refs = {(sh, float(sc)): ref for sh, sc, ref in zip(row["shifts"], row["scales"], row["references"])}
+        try:
+            images, evals, seconds = generate_points(family.sampler, unit.class_id, unit.seed, points)
+        except Exception as err:  # recorded per point; the round goes on
+            log.exception("refinement generation failed for %s", unit.id)
+            message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+            return [_failed(row, sh, sc, message) for sh, sc in points]
+        fmt, quality = self.config.output.image_format, self.config.output.jpeg_quality
+        out = []
+        for shift, scale in points:
+            made = schema.trajectory_row(
+                class_id=unit.class_id, class_name=unit.class_name, seed=unit.seed, shift=shift, scales=[0.0, scale],
+                images=[refs[(shift, scale)], encode_image(images[(shift, scale)], fmt, quality)],
+                unet_evals=evals / len(points), gen_seconds=seconds / len(points))
+            made["trajectory_id"] = point_key(shift, unit.class_id, unit.seed, scale)
+            out.append(made)
         return out
 
     def unit_context(self, unit: plan.WorkUnit):
