@@ -83,7 +83,9 @@ class BodyLimit:
 
     Checks the declared Content-Length first, then counts what actually arrives (chunked
     bodies declare none); the body is small by construction, so it is buffered and
-    replayed to the app.
+    replayed to the app.  Starlette's ``RequestBodyLimitMiddleware`` does not give the same
+    answer (plain text, after the handler started, nothing for an invalid length), so this
+    one stays (docs/safety.md; ``tests/test_body_limit.py`` measures both).
     """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
