@@ -163,3 +163,27 @@ def test_a_lease_over_a_faulty_network_is_taken_over_and_read_back(s3_server, mo
         injected = sum(proxy.counts.values())
     assert injected >= 3, proxy.counts
     clear_s3_clients()
+
+
+def test_retries_live_in_one_layer(s3_server, monkeypatch):
+    """The output store's S3 client makes one attempt per request (s3fs's loop and botocore's off):
+    a store read that fails every time costs the store's budget of attempts, not that budget
+    times s3fs's 5 times botocore's 5."""
+    monkeypatch.setenv("CNSBENCH_STORAGE_RETRIES", "2")
+    s3_server.create_bucket("layers")
+    for k, v in s3_server.env(s3_server.url).items():
+        monkeypatch.setenv(k, v)
+    clear_s3_clients()
+    OutputStore("s3://layers/out").write_bytes("images/a.tar", b"x" * 10)
+    with FaultProxy(s3_server.url, rate=1.0, kinds=("503",), seed=1) as proxy:
+        for k, v in s3_server.env(proxy.url).items():
+            monkeypatch.setenv(k, v)
+        clear_s3_clients()
+        store = OutputStore("s3://layers/out")
+        assert store.fs.retries == 1
+        assert store.fs.config_kwargs["retries"] == {"total_max_attempts": 1, "mode": "standard"}
+        with pytest.raises(StorageError, match="still failing after 3 attempt"):
+            store.read_bytes("images/a.tar")
+        requests = proxy.counts["503"]
+    assert 3 <= requests <= 6, requests  # 3 attempts, each one or two requests (a HEAD, then the GET)
+    clear_s3_clients()

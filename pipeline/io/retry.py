@@ -15,6 +15,13 @@ looked for.
 The budget is read from the environment so that every Ray worker uses the same:
 ``CNSBENCH_STORAGE_RETRIES`` (attempts after the first, default 6) and
 ``CNSBENCH_STORAGE_RETRY_SECONDS`` (total wait, default 60).
+
+Retries are tuned in this one layer.  The output store's filesystem
+(:func:`store_filesystem`) makes one attempt per call beneath it: s3fs's own loop
+(``S3FileSystem.retries``, 5 tries) and botocore's (legacy mode, up to 5 attempts) would
+otherwise multiply the budget above (6 x 5 x 5 requests for one failing read, minutes of
+waiting).  Other readers (sources, slider stores) keep the clients' own retries: nothing
+above them retries.
 """
 
 from __future__ import annotations
@@ -104,6 +111,24 @@ def call(op: str, path: str, fn: Callable[[], T], on_retry: Callable[[], Any] | 
             if on_retry is not None:
                 on_retry()
     raise AssertionError("unreachable")
+
+
+# The S3 client of an output store: one attempt per request (botocore's "standard" mode with a
+# total of one attempt), the retries being this module's.
+SINGLE_ATTEMPT_S3: dict[str, Any] = {"config_kwargs": {"retries": {"total_max_attempts": 1, "mode": "standard"}}}
+
+
+def store_filesystem(uri: str) -> tuple[Any, str]:
+    """``(fsspec filesystem, root)`` of an output store at ``uri``, with the client's own retries
+    off where it has them (S3: s3fs and botocore), so :func:`call` is the only retrying layer."""
+    import fsspec
+
+    protocol = fsspec.core.split_protocol(uri)[0]
+    if protocol not in ("s3", "s3a"):
+        return fsspec.core.url_to_fs(uri)
+    fs, root = fsspec.core.url_to_fs(uri, **SINGLE_ATTEMPT_S3)
+    fs.retries = 1  # s3fs's loop around each call (a class attribute, no constructor argument)
+    return fs, root
 
 
 def retrying(op: str) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -23,8 +23,6 @@ import posixpath
 import uuid
 from typing import Any, Iterator
 
-import fsspec
-
 from pipeline.io.access import check_endpoint
 from pipeline.io.fs import confined_local, normalize_relpath
 from pipeline.io.manifest import (
@@ -34,7 +32,7 @@ from pipeline.io.manifest import (
     is_own_file,
     scan_manifests,
 )
-from pipeline.io.retry import StorageError, retrying
+from pipeline.io.retry import StorageError, retrying, store_filesystem
 
 __all__ = ["MANIFEST_DIR", "SHARD_DIRS", "OutputStore", "ShardManifest"]
 SHARD_DIRS = {"images": ".tar", "samples": ".parquet", "predictions": ".parquet", "failures": ".parquet"}
@@ -49,7 +47,7 @@ class OutputStore:
 
     def __init__(self, uri: str) -> None:
         self.uri = uri.rstrip("/") if "://" in uri else uri
-        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        self.fs, self.root = store_filesystem(self.uri)  # retries in one layer: pipeline.io.retry
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         if not self.local:
             check_endpoint(self.uri, self.fs)  # a closed endpoint fails now, not after a minute of retries
