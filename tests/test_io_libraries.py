@@ -116,3 +116,29 @@ def test_offline_mode_and_the_mirror_endpoint(monkeypatch):
         assert not hub.offline()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now: unreachable
     assert hub.offline()
+
+
+# --------------------------------------------------------------------------- demo assets
+def test_demo_assets_build_under_a_file_lock(tmp_path, monkeypatch):
+    """ensure_tiny_assets builds while holding filelock's lock beside the folder (another holder
+    waits), and an up-to-date build is not redone."""
+    from filelock import FileLock, Timeout
+
+    from pipeline.demo import assets
+
+    seen = []
+
+    def build(root, stamp, echo):
+        try:
+            FileLock(tmp_path / ".tiny.lock").acquire(timeout=0)
+            seen.append("free")
+        except Timeout:
+            seen.append("held")
+        root.mkdir(parents=True)
+        stamp.write_text(assets.VERSION)
+        return root
+
+    monkeypatch.setattr(assets, "_build_tiny_assets", build)
+    assert assets.ensure_tiny_assets(tmp_path / "tiny", echo=lambda m: None) == tmp_path / "tiny"
+    assets.ensure_tiny_assets(tmp_path / "tiny", echo=lambda m: None)
+    assert seen == ["held"]
