@@ -168,6 +168,12 @@ def test_cluster_launcher_config(cloud):
 
     gpu_types = {n: t for n, t in types.items() if t.get("resources", {}).get("GPU", 0) > 0}
     assert gpu_types, "a GPU worker type with resources.GPU"
+    # An autoscaler learns a type's memory from its declaration (or a node of it that ran):
+    # pools that ask Ray for memory would never start a node of a type that declares none.
+    for name, t in types.items():
+        declared = t.get("resources", {})
+        assert {"CPU", "GPU", "memory"} <= set(declared), (name, declared)
+        assert declared["memory"] >= 4 * 2**30, (name, declared["memory"])
     for name, t in gpu_types.items():
         assert name != cfg["head_node_type"]
         assert t["min_workers"] == 0, name
@@ -244,6 +250,9 @@ def test_kuberay_cluster_spec(which):
         if any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in g["template"]["spec"]["containers"])
     ]
     assert gpu_groups, "a GPU worker group"
+    for g in spec["workerGroupSpecs"]:  # KubeRay declares a group's resources from its container limits
+        limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert {"cpu", "memory", "nvidia.com/gpu"} <= set(limits), (g["groupName"], limits)
     for g in gpu_groups:
         assert g["minReplicas"] == 0
         assert g["maxReplicas"] > 0
@@ -260,7 +269,7 @@ def test_kuberay_cluster_spec(which):
 def test_rayjob_entrypoint_and_retries():
     spec = _load("kuberay/rayjob.yaml")["spec"]
     ep = spec["entrypoint"]
-    assert re.fullmatch(r"python -m pipeline\.cli build configs/[\w.-]+\.yaml --output s3://\S+", ep), ep
+    assert re.fullmatch(r"python -m pipeline\.cli build configs/[\w.-]+\.yaml --output s3://\S+ --max-gpus \d+", ep), ep
     assert "--new-version" not in ep, "retries must resume, not start a new version"
     assert spec["backoffLimit"] >= 1
     assert spec["shutdownAfterJobFinishes"] is True

@@ -15,6 +15,7 @@ budget, and requests every node can place.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -110,6 +111,15 @@ def size_pools(chain: Chain, sized: list[Sized], view: ClusterView, notice: Call
             s = replace(s, memory=a.memory)
         out.append(s)
     return out
+
+
+# Set to 0, the budget is not requested up front: the autoscaler then adds nodes at its own pace,
+# as the pools' pending actors ask (bench/autoscale.py measures the ramp both ways).
+UPFRONT_ENV = "CNSBENCH_UPFRONT_REQUEST"
+
+
+def upfront_request() -> bool:
+    return os.environ.get(UPFRONT_ENV, "1") != "0"
 
 
 def budget_bundles(sized: list[Sized]) -> list[dict[str, float]]:

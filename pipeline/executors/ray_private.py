@@ -5,8 +5,9 @@ Ray 2.60 has no public API for three things the Ray executor needs:
 * blocks of exact row counts from a repartition whose tasks ask for no CPU
   (:func:`exact_blocks`: the logical operator's ``ray_remote_args`` and ``compute``);
 * the node types an autoscaler may start, with their resources and counts
-  (:func:`node_types`: the cluster config the autoscaler reports to the GCS, which Ray Data
-  itself reads for its own autoscaling);
+  (:func:`node_types`: the cluster config an autoscaler reports to the GCS, which Ray Data
+  itself reads for its own autoscaling, else the config the head's monitor process was
+  started with: Ray's VM autoscaler reports none);
 * each node's free resources (:func:`free_per_node`: Ray's state module);
 * asking the autoscaler for a run's whole GPU budget (:func:`budget_request`: through Ray
   Data's coordinator, which would overwrite a request made beside it);
@@ -61,18 +62,56 @@ class NodeType:
 
 
 def node_types() -> list[NodeType] | None:
-    """The connected cluster's autoscaling node types; None where no autoscaler reported any
-    (a fixed cluster: ``ray start`` nodes, a local Ray)."""
+    """The connected cluster's autoscaling node types; None where no autoscaler is known (a
+    fixed cluster: ``ray start`` nodes, a local Ray).
+
+    Where an autoscaler reported them to the GCS (KubeRay), from there; else from the
+    autoscaling config its monitor process was started with (``ray up``'s head, ``ray start
+    --autoscaling-config``), when this driver runs on the head (a job's driver does)."""
     import ray._private.state
 
     try:
         config = ray._private.state.state.get_cluster_config()
     except AttributeError as err:
         raise RayInternalsChanged(f"Ray's GCS state has no get_cluster_config: {err}") from None
-    if not config or not config.node_group_configs:
+    if config and config.node_group_configs:
+        return [NodeType(g.name, {k: float(v) for k, v in g.resources.items()}, int(g.min_count), int(g.max_count))
+                for g in config.node_group_configs]
+    return _monitor_node_types()
+
+
+def _monitor_node_types() -> list[NodeType] | None:
+    """The node types of the autoscaling config this cluster's monitor was started with."""
+    import ray
+    import yaml
+
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - not connected
         return None
-    return [NodeType(g.name, {k: float(v) for k, v in g.resources.items()}, int(g.min_count), int(g.max_count))
-            for g in config.node_group_configs]
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                args = fh.read(65536).decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not any(a.endswith("monitor.py") for a in args) or f"--gcs-address={gcs}" not in args:
+            continue
+        path = next((a.split("=", 1)[1] for a in args if a.startswith("--autoscaling-config=")), None)
+        if not path:
+            return None
+        try:
+            with open(path, encoding="utf-8") as fh:
+                cfg = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError):
+            return None
+        head = cfg.get("head_node_type")
+        return [NodeType(name, {k: float(v) for k, v in (t.get("resources") or {}).items()},
+                         int(t.get("min_workers", 0)), 0 if name == head else int(t.get("max_workers", 0)))
+                for name, t in (cfg.get("available_node_types") or {}).items()]
+    return None
 
 
 def free_per_node() -> dict[str, dict[str, float]]:
