@@ -28,6 +28,7 @@ from pipeline.labels import LabelSpace
 from pipeline.io.regular import NotRegularFile, regular_file
 from pipeline.models import pt2_check, stored_preprocess
 from pipeline.models.classifiers import Classifier
+from pipeline.models.footprint import ModelSize
 
 
 def read_preprocess(spec: ClassifierSpec, where: str | None = None) -> dict[str, Any]:
@@ -86,11 +87,11 @@ class ExportedClassifier(Classifier):
             ) from None
 
     @staticmethod
-    def footprint(spec: ClassifierSpec, images: int) -> tuple[int, int]:
-        """(parameters, activation bytes) for the memory projection: the archive's float32
-        weights; a program's activations are not known without running it."""
+    def footprint(spec: ClassifierSpec, images: int) -> ModelSize:
+        """The memory projection's size: the archive's float32 weights (a program's
+        activations are not known without running it)."""
         size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
-        return size // 4, 0
+        return ModelSize(size // 4, 0)
 
 
 def archive_problems(spec: ClassifierSpec, where: str) -> list[str]:
