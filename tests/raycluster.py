@@ -244,3 +244,122 @@ class Cluster:
             except ProcessLookupError:
                 pass
         return left
+
+
+# --------------------------------------------------------------------------- autoscaling
+# Ray's fake multi-node provider, with the node's memory passed as Ray's ``memory`` resource:
+# Ray's own passes every resource other than CPU, GPU and object store as a custom resource,
+# so it refuses ``memory`` in a node type.  Nodes it starts are processes of the head's
+# autoscaler, inside the head's PID namespace: killing the head's namespace ends them all.
+PROVIDER_MODULE = "raycluster.MemoryFakeProvider"
+FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
+
+
+def _memory_provider():
+    import ray._private.parameter
+    from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
+
+    class MemoryFakeProvider(FakeMultiNodeProvider):
+        def _create_node_with_resources_and_labels(self, node_config, tags, count, resources, labels):
+            resources = dict(resources)
+            memory = resources.pop("memory", None)
+            original = ray._private.parameter.RayParams
+
+            def params(*args, **kwargs):
+                if memory:
+                    kwargs["memory"] = int(memory)
+                kwargs.setdefault("object_store_memory", 100_000_000)
+                return original(*args, **kwargs)
+
+            with self.lock:
+                ray._private.parameter.RayParams = params
+                try:
+                    super()._create_node_with_resources_and_labels(node_config, tags, count, resources, labels)
+                finally:
+                    ray._private.parameter.RayParams = original
+
+    return MemoryFakeProvider
+
+
+def __getattr__(name: str):  # the provider class is built on first use: importing Ray's provider is slow
+    if name == "MemoryFakeProvider":
+        return _memory_provider()
+    raise AttributeError(name)
+
+
+class AutoscalingCluster(Cluster):
+    """A head with CPUs only, ``ray start --autoscaling-config`` with the fake provider
+    (``RAY_FAKE_CLUSTER=1``), in its own PID namespace: GPU nodes are started from zero on
+    demand and released after ``idle_timeout_minutes``.  ``gpu_type`` is the GPU node type's
+    ``resources`` (e.g. ``{"CPU": 1, "GPU": 1, "memory": 2**31}``; leave ``memory`` out for a
+    type that declares none)."""
+
+    def __init__(self, base: Path, gpu_type: dict, max_workers: int = 3, idle_timeout_minutes: float = 0.25,
+                 head_cpus: int = 2) -> None:
+        super().__init__(base)
+        self.gpu_type = gpu_type
+        self.max_workers = max_workers
+        self.idle_timeout_minutes = idle_timeout_minutes
+        self.head_cpus = head_cpus
+
+    def start(self) -> None:
+        import ray._private.services
+        import yaml
+
+        p = _free_ports(9)
+        self.gcs_port, self.dashboard_port = p[0], p[1]
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.gcs_address = f"{ray._private.services.get_node_ip_address()}:{p[0]}"
+        config = {
+            "cluster_name": "cnsbench-fake",
+            "max_workers": self.max_workers,
+            "provider": {"type": "external", "module": PROVIDER_MODULE, "gcs_address": self.gcs_address,
+                         "use_node_id_as_ip": True, "disable_node_updaters": True,
+                         "disable_launch_config_check": True},
+            "available_node_types": {
+                "ray.head.default": {"resources": {"CPU": self.head_cpus}, "node_config": {}, "max_workers": 0},
+                "gpu": {"resources": dict(self.gpu_type), "node_config": {}, "min_workers": 0,
+                        "max_workers": self.max_workers},
+            },
+            "head_node_type": "ray.head.default",
+            "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": self.idle_timeout_minutes,
+            "docker": {}, "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
+            "worker_setup_commands": [], "head_start_ray_commands": [], "worker_start_ray_commands": [],
+            "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+            "rsync_exclude": [], "rsync_filter": [],
+        }
+        config_file = self.base / "autoscaling.yaml"
+        config_file.write_text(yaml.safe_dump(config))
+        tests = str(Path(__file__).resolve().parent)
+        env = {**self.env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [tests, self.env.get("PYTHONPATH")]))}
+        self.env = env
+        self.head = Node("h", [
+            "--head", f"--port={p[0]}", "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}",
+            f"--ray-client-server-port={p[2]}", f"--num-cpus={self.head_cpus}",
+            f"--autoscaling-config={config_file}", *self._node_ports(p[3:]),
+        ], env, self.base)
+        self.nodes.append(self.head)
+        self._wait(lambda: self._jobs_api_up(), "the head's Jobs API", self.head)
+
+    def gpu_nodes(self) -> list:
+        """The alive nodes that have a GPU."""
+        return [n for n in self.alive_nodes() if float((n.resources_total or {}).get("GPU", 0)) > 0]
+
+    def kill_gpu_node(self) -> str:
+        """SIGKILL every process of one GPU node (as a spot reclaim does); returns its node id."""
+        node = self.gpu_nodes()[0]
+        marker = f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node.node_id}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return node.node_id

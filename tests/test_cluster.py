@@ -58,6 +58,7 @@ pytestmark = [
 
 CLASSIFIERS = LIGHT_CLASSIFIERS
 JOB_TIMEOUT = 420
+ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "cnsbench-cluster"
 
 
@@ -177,6 +178,49 @@ def test_token_auth_is_enforced(cluster, workdir, tmp_path, capsys):
     assert rc == 1 and ("Forbidden" in capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
     assert cluster.client().list_jobs() == []  # nothing was submitted
+
+
+def test_demo_submits_to_a_two_cpu_cluster(cluster, tmp_path, capsys):
+    """Issue 48: `cnsbench submit configs/demo.yaml` to a 2-CPU cluster (the head alone; the
+    job's driver reserves one CPU) hung whenever Ray placed a downstream pool's actor before the
+    generate actor (2.25 CPUs asked for, 1 free).  The pools are now scaled to start together."""
+    out = tmp_path / "demo-out"
+    capsys.readouterr()
+    rc = main(["submit", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), *_conn(cluster)])
+    job_id = capsys.readouterr().out.strip()
+    assert rc == 0, job_id
+    status = _wait(cluster, job_id, capsys)
+    logs = _logs(cluster, job_id, tail=None)
+    assert status == "SUCCEEDED", logs[-4000:]
+    assert "the actor pools ask for 2.25 CPUs and the cluster has 1 free" in logs, logs[-4000:]
+    assert "360 images" in logs or len(OutputStore(str(out)).list("manifest")) == 15
+
+
+def test_a_build_without_address_starts_its_own_ray_beside_a_running_cluster(cluster, tmp_path, capsys):
+    """Issue 49: Ray's bootstrap file names a running `ray start` cluster (this one): a build
+    without --address starts its own local Ray, says so in one line, and shows no Ray error."""
+    import subprocess
+    import sys
+
+    from buildproc import env_with
+
+    # Ray's temp dir of this build: a short path (Ray's unix sockets live under it).
+    ray_tmp = Path(tempfile.mkdtemp(prefix="cnsr-", dir="/tmp"))
+    (ray_tmp / "ray").mkdir()
+    gcs = f"127.0.0.1:{cluster.gcs_port}"
+    (ray_tmp / "ray" / "ray_current_cluster").write_text(gcs)
+    cfg = tiny_config(tmp_path, cluster_config)
+    env = {k: v for k, v in env_with(RAY_TMPDIR=str(ray_tmp)).items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    assert [line for line in text.splitlines() if gcs in line] == [
+        f"[cnsbench] a Ray cluster started by `ray start` is running at {gcs}; this command starts its own local "
+        "Ray (pass --address auto to run on that cluster)"]
+    assert "num_cpus and num_gpus must not be provided" not in text
+    assert len(OutputStore(str(tmp_path / "out")).list("manifest")) == 4
 
 
 def test_worker_node_killed_mid_build(cluster, workdir, tiny_reference, tmp_path, capsys):

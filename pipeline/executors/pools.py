@@ -9,7 +9,8 @@ budget, and requests every node can place.
   is refused before anything waits on it; on a fixed cluster the pools' first actors must fit
   at once, and their CPU and memory requests are scaled until they do.
 * **The request up front**: on an autoscaling cluster, one bundle per actor of each GPU pool's
-  range (:func:`budget_bundles`), asked for at the start so that the nodes start together.
+  range (:func:`budget_bundles`), asked for at the start so that the nodes start together, and
+  withdrawn once they are up (:func:`pipeline.executors.ray_private.budget_request`).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -140,28 +141,59 @@ def autoscaling_coordinator():
 
 
 REQUESTER = "cnsbench-build"
-REQUEST_EXPIRY_S = 7 * 24 * 3600  # held for the run: it is cancelled when the run ends
+REQUEST_EXPIRY_S = 7 * 24 * 3600  # withdrawn by the run itself (budget_request)
+
+
+HANDOVER_TIMEOUT_S = 1800.0  # a request the cloud never met is withdrawn after this long
 
 
 @contextlib.contextmanager
-def budget_request(bundles: list[dict[str, float]]) -> Iterator[None]:
-    """Ask the autoscaler for ``bundles`` for the life of the block, then cancel the request so
-    that the nodes can go idle and be released (also when the run fails).  Nothing without bundles."""
+def budget_request(bundles: list[dict[str, float]], poll_s: float = 2.0) -> Iterator[None]:
+    """Ask the autoscaler for ``bundles`` at once, and withdraw the request as soon as the cluster
+    holds their GPUs (or the block ends, or fails): the nodes are then started together, and
+    released once idle after the run.
+
+    The request goes through Ray Data's coordinator, which reserves what a requester asked for:
+    held for the whole run, it would keep the GPUs from the run's own dataset, whose pools could
+    then not grow onto them.  Withdrawn once the nodes are up, the pools' actors hold them."""
     if not bundles:
         yield
         return
+    import threading
+
     import ray
 
     coordinator = autoscaling_coordinator()
     ray.get(coordinator.request_resources.remote(requester_id=REQUESTER, resources=bundles,
                                                  expire_after_s=REQUEST_EXPIRY_S))
-    try:
-        yield
-    finally:
+    wanted = sum(float(b.get("GPU", 0)) for b in bundles)
+    done = threading.Event()
+
+    def withdraw() -> None:
         try:
             ray.get(coordinator.cancel_request.remote(REQUESTER), timeout=30)
         except Exception:  # noqa: BLE001 - it expires by itself; a failing cluster must not hide the run's error
             pass
+
+    def hand_over() -> None:
+        deadline = time.monotonic() + HANDOVER_TIMEOUT_S
+        while not done.wait(poll_s):
+            try:
+                up = float(ray.cluster_resources().get("GPU", 0))
+            except Exception:  # noqa: BLE001 - the driver is going away
+                return
+            if up >= wanted - 1e-6 or time.monotonic() > deadline:
+                withdraw()
+                return
+
+    watcher = threading.Thread(target=hand_over, name="cnsbench-budget-request", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+        withdraw()
 
 
 def bootstrap_file() -> str:

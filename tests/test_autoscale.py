@@ -1,0 +1,177 @@
+"""A build on an autoscaling cluster: GPU nodes started from zero under the GPU budget, a
+reclaimed node survived, nodes given back, requests no node type offers refused.
+
+The cluster is Ray's fake multi-node provider (``tests/raycluster.py`` ``AutoscalingCluster``:
+``ray start --head --autoscaling-config`` in its own PID namespace, ``RAY_FAKE_CLUSTER=1``):
+a head with 2 CPUs and no GPU, and a GPU node type (min 0, max 3, idle timeout 15 s) whose
+nodes are processes of the head's autoscaler.  The tiny models run on the CPU of a node that
+declares a GPU.  One cluster serves every test of this module; none runs ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from buildproc import HAS_UNSHARE, assert_same_as_full, env_with, light, snapshot, tiny_config
+from raycluster import AutoscalingCluster
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not HAS_UNSHARE, reason="needs `unshare -p -f --mount-proc` to run the head in its own "
+                       "PID namespace"),
+]
+
+GIB = 2**30
+GPU_TYPE = {"CPU": 2, "GPU": 1, "memory": 3 * GIB}
+BUILD_TIMEOUT = 480
+SCALE_DOWN_S = 150
+GPU_SETS = ["--set", "resources.generate.num_gpus=1", "--set", "resources.classify.num_gpus=0.5"]
+
+
+@pytest.fixture(scope="module")
+def fake_cluster():
+    base = Path(tempfile.mkdtemp(prefix="cnsa-", dir="/tmp"))
+    c = AutoscalingCluster(base, GPU_TYPE, max_workers=3, idle_timeout_minutes=0.25)
+    try:
+        c.start()
+        yield c
+    finally:
+        left = c.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        assert not left, f"processes of the test cluster outlived it: {left}"
+
+
+def _env(c: AutoscalingCluster) -> dict[str, str]:
+    env = {k: v for k, v in env_with().items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    return {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(c.token_file)}
+
+
+def _build(c: AutoscalingCluster, cfg: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(out), "--address", c.gcs_address,
+           *GPU_SETS, *extra]
+    return subprocess.Popen(cmd, env={**_env(c), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+class Watch(threading.Thread):
+    """Samples the cluster every second: GPU nodes, and alive generate actors."""
+
+    def __init__(self, c: AutoscalingCluster) -> None:
+        super().__init__(daemon=True)
+        self.c, self.stop_ = c, threading.Event()
+        self.gpu_nodes: list[int] = []
+        self.generate_actors: list[int] = []
+
+    def run(self) -> None:
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        while not self.stop_.is_set():
+            try:
+                self.gpu_nodes.append(len(self.c.gpu_nodes()))
+                actors = self.c._state().list(StateResource.ACTORS, options=ListApiOptions(
+                    filters=[("state", "=", "ALIVE")], detail=True), raise_on_missing_output=False)
+                self.generate_actors.append(sum("GenerateStage" in (a.class_name or "") for a in actors))
+            except Exception:  # noqa: BLE001 - the state API is busy: sample again
+                pass
+            self.stop_.wait(1.0)
+
+
+def _wait_scaled_down(c: AutoscalingCluster) -> float:
+    t0 = time.monotonic()
+    while c.gpu_nodes():
+        assert time.monotonic() - t0 < SCALE_DOWN_S, "the GPU nodes were not released after the idle timeout"
+        time.sleep(2)
+    return time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def light_cfg(tmp_path_factory) -> Path:
+    return tiny_config(tmp_path_factory.mktemp("autoscale-cfg"), light)
+
+
+def test_a_request_no_node_type_offers_is_refused(fake_cluster, light_cfg, tmp_path):
+    """The GPU node type declares no memory: the pools' memory requests could never start one
+    from zero.  Refused within 60 s, naming the stage, its request and the node types."""
+    config = fake_cluster.base / "autoscaling.yaml"
+    original = config.read_text()
+    raw = yaml.safe_load(original)
+    raw["available_node_types"]["gpu"]["resources"].pop("memory")
+    config.write_text(yaml.safe_dump(raw))
+    try:
+        t0 = time.monotonic()
+        proc = _build(fake_cluster, light_cfg, tmp_path / "out", "--max-gpus", "3")
+        out, _ = proc.communicate(timeout=120)
+        seconds = time.monotonic() - t0
+    finally:
+        config.write_text(original)
+    assert proc.returncode == 2, out[-3000:]
+    assert seconds < 60, seconds
+    assert "generate: one actor asks for 1 CPU, 1 GPU" in out and "GiB memory" in out, out[-3000:]
+    assert "node type gpu: 2 CPU, 1 GPU, no memory declared" in out, out[-3000:]
+    assert "Traceback" not in out
+    assert not fake_cluster.gpu_nodes()
+
+
+def test_build_scales_from_zero_gpu_nodes_and_gives_them_back(fake_cluster, light_cfg, tiny_reference, tmp_path):
+    """The tiny models generate a unit in a second or two, before a second GPU node is up: every
+    generation batch is held (fault injection's ``hold``) until the pool has grown to two actors
+    or 240 s have passed, so that the pool's growth is what is tested, not the race."""
+    assert not fake_cluster.gpu_nodes()
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    watch = Watch(fake_cluster)
+    watch.start()
+    proc = _build(fake_cluster, light_cfg, tmp_path / "out", "--max-gpus", "3",
+                  env={"CNSBENCH_FAULT_INJECT": "generate:start:*:hold", "CNSBENCH_FAULT_DIR": str(faults)})
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and max(watch.generate_actors, default=0) < 2:
+            time.sleep(1)
+        (faults / "release").touch()
+        out, _ = proc.communicate(timeout=BUILD_TIMEOUT)
+    finally:
+        watch.stop_.set()
+        watch.join()
+    assert proc.returncode == 0, out[-4000:]
+    assert "GPU budget 3: generate 1-2 actors, classify 1-1 actors" in out, out[-3000:]
+    assert max(watch.gpu_nodes) >= 2, watch.gpu_nodes
+    assert max(watch.generate_actors) >= 2, watch.generate_actors
+    assert_same_as_full(snapshot(tmp_path / "out"), snapshot(tiny_reference))
+    _wait_scaled_down(fake_cluster)
+
+
+def test_a_reclaimed_gpu_node_costs_nothing(fake_cluster, light_cfg, tiny_reference, tmp_path):
+    """A GPU node's processes killed mid-build (a spot reclaim): the autoscaler replaces it and
+    the build finishes, equal to an uninterrupted one (nothing lost, nothing duplicated)."""
+    from pipeline.io.store import OutputStore
+
+    out_dir = tmp_path / "out"
+    proc = _build(fake_cluster, light_cfg, out_dir, "--max-gpus", "3")
+    killed = None
+    try:
+        deadline = time.monotonic() + BUILD_TIMEOUT
+        while killed is None and proc.poll() is None and time.monotonic() < deadline:
+            # Once the first shard is committed, generation is under way on the GPU nodes.
+            if out_dir.exists() and OutputStore(str(out_dir)).list("manifest") and fake_cluster.gpu_nodes():
+                killed = fake_cluster.kill_gpu_node()
+            time.sleep(0.5)
+        out, _ = proc.communicate(timeout=BUILD_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed, "the build ended before a GPU node could be killed"
+    assert proc.returncode == 0, out[-4000:]
+    snap = snapshot(out_dir)
+    assert snap["samples"]["sample_id"].is_unique
+    assert_same_as_full(snap, snapshot(tiny_reference))
+    _wait_scaled_down(fake_cluster)
+    assert os.environ.get("RAY_ADDRESS") is None
