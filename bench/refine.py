@@ -21,8 +21,9 @@ classifiers in turn (in process), and compares every refined trajectory (grid fa
   than the bisection's answer (a failure the midpoints stepped over).
 
 It also measures what the generation of a refinement point spends before the LoRA window
-(``prefix``): the UNet time at timesteps above the threshold in a one-point call, against
-writing and reading that latent through the output store (what caching it would cost).
+(``prefix``): a one-point call with the unit's prefix computed and cached, the UNet time
+at timesteps above the threshold, against writing and reading that latent through the
+output store (what a cache kept in the output would cost).
 Prints one JSON object (``--json``).
 """
 
@@ -100,8 +101,11 @@ def compare(table, truth, step: float, grid_step: float = 0.5) -> dict:
 
 
 def prefix_cost(cfg_path: Path, sets: list[str]) -> dict:
-    """UNet seconds before the window in a one-point refinement call, and a latent's round trip
-    through the output store (the cost of caching it instead)."""
+    """What a refinement point's generation spends before the LoRA window: a one-point call of
+    :func:`pipeline.stages.refine_sampling.generate_points` with the unit's prefix computed
+    (cold) and cached (warm), the UNet seconds at timesteps above the threshold, and a
+    latent's round trip through the output store (what a cache kept in the output, for
+    actor pools that live one round, would cost per unit)."""
     import io
 
     import torch
@@ -109,6 +113,7 @@ def prefix_cost(cfg_path: Path, sets: list[str]) -> dict:
     from pipeline.config import load_config
     from pipeline.families.slider import shared_sampler
     from pipeline.io.store import OutputStore
+    from pipeline.stages.refine_sampling import PrefixCache, generate_points
 
     cfg = load_config(str(cfg_path), sets=sets)
     sampler = shared_sampler(cfg, "slider", "cpu", torch.float32)
@@ -123,14 +128,19 @@ def prefix_cost(cfg_path: Path, sets: list[str]) -> dict:
         return out
 
     sampler.run_unet = timed
-    class_id = int(cfg.benchmark.classes[0])
-    shift = cfg.benchmark.shifts[0]
-    sampler.generate_group(class_id, 1, [shift], [1.25])  # warm-up
+    class_id, shift, calls = int(cfg.benchmark.classes[0]), cfg.benchmark.shifts[0], 5
+    generate_points(sampler, class_id, 99, [(shift, 1.25)], PrefixCache())  # warm-up
+    cache = PrefixCache()
     spent.update(prefix=0.0, window=0.0)
-    calls, t0 = 5, time.perf_counter()
+    t0 = time.perf_counter()
     for seed in range(1, calls + 1):
-        sampler.generate_group(class_id, seed, [shift], [1.25])
-    call_s = (time.perf_counter() - t0) / calls
+        generate_points(sampler, class_id, seed, [(shift, 1.25)], cache)
+    cold_s = (time.perf_counter() - t0) / calls
+    prefix_s = spent["prefix"] / calls
+    t0 = time.perf_counter()
+    for seed in range(1, calls + 1):
+        generate_points(sampler, class_id, seed, [(shift, 1.125)], cache)
+    warm_s = (time.perf_counter() - t0) / calls
     latent = sampler.pipe.unet.config.in_channels, cfg.generator.resolution // sampler.pipe.vae_scale_factor
     work = Path(os.environ.get("TMPDIR", "/tmp")) / "cnsbench-bench-refine-cache"
     store = OutputStore(str(work))
@@ -142,9 +152,9 @@ def prefix_cost(cfg_path: Path, sets: list[str]) -> dict:
         torch.load(io.BytesIO(store.read_bytes(f"latents/{i}.pt")))
     cache_s = (time.perf_counter() - t0) / calls
     shutil.rmtree(work, ignore_errors=True)
-    return {"call_s": round(call_s, 4), "prefix_unet_s": round(spent["prefix"] / calls, 4),
-            "window_unet_s": round(spent["window"] / calls, 4), "prefix_share": round(spent["prefix"] / calls / call_s, 3),
-            "cache_roundtrip_s": round(cache_s, 5)}
+    return {"call_cold_s": round(cold_s, 4), "call_warm_s": round(warm_s, 4), "prefix_unet_s": round(prefix_s, 4),
+            "prefix_share": round(prefix_s / cold_s, 3), "cache_hits": cache.hits,
+            "store_roundtrip_s": round(cache_s, 5)}
 
 
 def main(argv: list[str] | None = None) -> dict:

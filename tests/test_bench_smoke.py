@@ -158,4 +158,4 @@ def test_refine(capsys, tmp_path):
     for key in ("agree_interval", "mean_abs_error", "images_ratio", "reuse_share", "recover_before_grid"):
         assert key in out
     assert out["images_dense"] == 3 * 41 and 0 <= out["images_ratio"] < 1
-    assert 0 < out["prefix"]["prefix_unet_s"] < out["prefix"]["call_s"]
+    assert 0 < out["prefix"]["prefix_unet_s"] < out["prefix"]["call_cold_s"] and out["prefix"]["cache_hits"] == 5
