@@ -34,6 +34,7 @@ LONGEST_FIRST = (
     "test_imagenet_d_world",
     "test_imagenet_e_world",
     "test_cluster",
+    "test_autoscale",
     "test_rehearsal",
     "test_chaos",
     "test_object_storage",
