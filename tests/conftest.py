@@ -42,6 +42,7 @@ LONGEST_FIRST = (
     "test_stopping",
     "test_hostile_round2",
     "test_evaluate",
+    "test_refine",
 )
 SHARED_UNITS = {
     "test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world",

@@ -301,3 +301,34 @@ def test_killed_refinement_resumes_to_the_same_result(world, tmp_path):
     on_disk = {str(p.relative_to(killed / "refine")) for d in ("images", "samples", "predictions")
                for p in (killed / "refine" / d).glob("*")}
     assert on_disk == committed
+
+
+# --------------------------------------------------------------------------- reuse
+def test_a_second_classifier_classifies_the_points_it_finds(world, tmp_path):
+    """The same model under a second name needs exactly the first one's points: it classifies
+    them (the reclassify stage adds its predictions to the refinement shards) and makes none."""
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine
+
+    out = tmp_path / "out"
+    shutil.copytree(world["out"], out)
+    shutil.rmtree(out / "refine", ignore_errors=True)
+    first = refine(str(out), "bright", rounds=2, runner="local", echo=lambda m: None)
+
+    def twin(raw):
+        custom(raw)
+        for name in ("bright", "bright-twin"):
+            raw["classifiers"].append({"name": name, "kind": "torchscript", "model": "brightness",
+                                       "checkpoint": str(world["root"] / "bright.pt")})
+
+    assert build_here(tiny_config(tmp_path, mutate=twin, name="twin.yaml"), out) == 0
+    shards = sorted(p.name for p in (out / "refine" / "manifest").glob("*.json"))
+    second = refine(str(out), "bright-twin", rounds=2, runner="local", echo=lambda m: None)
+    assert first.points_made > 0
+    assert (second.points_made, second.points_reused) == (0, first.points_made)
+    assert sorted(p.name for p in (out / "refine" / "manifest").glob("*.json")) == shards  # nothing generated
+    table = read_refined(OutputStore(str(out)))
+    mine = table[table["classifier"] == "bright"].drop(columns="classifier").reset_index(drop=True)
+    twin_rows = table[table["classifier"] == "bright-twin"].drop(columns="classifier").reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, twin_rows)
