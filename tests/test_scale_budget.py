@@ -160,3 +160,17 @@ def test_a_command_without_address_starts_its_own_ray(monkeypatch, tmp_path):
     (tmp_path / "ray" / "ray_current_cluster").unlink()
     with pytest.raises(ValueError, match="does not exist"):
         cluster.check_auto()
+
+
+def test_estimate_uses_the_split_and_counts_ramp_and_idle_tail():
+    from pipeline.perf.estimate import IDLE_TIMEOUT_MIN, NODE_START_S, config_split, estimate
+
+    cfg = load_config(TINY_CONFIG, sets=["resources.generate.num_gpus=1", "resources.classify.num_gpus=0.5"])
+    est = estimate(cfg, "h100", 3, price_per_hour=2.0)
+    assert [(r.name, r.min_size, r.max_size) for r, _ in est.pools] == [
+        (r.name, r.min_size, r.max_size) for r in config_split(cfg, 3)]
+    assert est.ramp_s == NODE_START_S and est.idle_tail_s == IDLE_TIMEOUT_MIN * 60
+    assert est.wall_seconds == pytest.approx(est.ramp_s + est.startup_s + est.work_seconds)
+    assert est.cost == pytest.approx((est.wall_seconds + est.idle_tail_s) / 3600 * 3 * 2.0)
+    text = "\n".join(est.lines())
+    assert "ramp" in text and "idle tail" in text and "1-2" in text
