@@ -332,3 +332,31 @@ def test_a_second_classifier_classifies_the_points_it_finds(world, tmp_path):
     mine = table[table["classifier"] == "bright"].drop(columns="classifier").reset_index(drop=True)
     twin_rows = table[table["classifier"] == "bright-twin"].drop(columns="classifier").reset_index(drop=True)
     pd.testing.assert_frame_equal(mine, twin_rows)
+
+
+def test_a_point_that_fails_is_reported_and_made_by_the_next_run(world, tmp_path, monkeypatch):
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine
+    from pipeline.stages import refine_sampling
+
+    out = tmp_path / "out"
+    shutil.copytree(world["out"], out)
+    shutil.rmtree(out / "refine", ignore_errors=True)
+    made = refine_sampling.generate_points
+
+    def broken(sampler, class_id, seed, points, *args):
+        if any(scale < 0.5 or 1.0 < scale < 1.5 or 2.0 < scale for _, scale in points):
+            raise RuntimeError("no memory left")
+        return made(sampler, class_id, seed, points, *args)
+
+    monkeypatch.setattr(refine_sampling, "generate_points", broken)
+    first = refine(str(out), "bright", rounds=1, runner="local", echo=lambda m: None)
+    monkeypatch.setattr(refine_sampling, "generate_points", made)
+    failures = list((out / "refine" / "failures").glob("*.parquet"))
+    table = read_refined(OutputStore(str(out)))
+    refined = table[table["status"] == "refined"]
+    assert first.failed == len(refined[refined["rounds"] == 0]) > 0 and failures
+    assert refine_cli(str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local") == 0
+    table = read_refined(OutputStore(str(out)))
+    assert (table.loc[table["status"] == "refined", "rounds"] == 1).all()

@@ -12,7 +12,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[cnsbench] table: {summary.table}")
     if summary.build is not None and summary.build.report:
         print(f"[cnsbench] report: {summary.build.report}")
-    return 0
+    return 0 if not summary.failed else 3  # as a build with failed trajectories
 
 
 def register(sub) -> None:
