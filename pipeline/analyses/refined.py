@@ -11,8 +11,9 @@ when an output has not been refined.  Otherwise, per shift and classifier:
   shift pooled); the grid's counts are those of ``failure_points.csv``;
 * ``fp_refined.png``: the two cumulative curves (grid: a step curve on the grid's scales,
   refined: on the fine bins), one panel per shift, one colour per classifier;
-* its JSON: per classifier the mean grid and refined failure point over the failing
-  trajectories (failure point > 0), the rounds, and the refined share of them.
+* its JSON: per classifier the mean grid and refined failure point over the failed
+  trajectories (as the grid's ``fp_avg``: every trajectory with a failure point, 0
+  included), how many were refined, and the rounds.
 
 Refinement never changes a grid metric: the grid numbers here are read from the same
 table, never written back.
@@ -58,18 +59,19 @@ def read_refined(store: Any, rel: str = REFINED_CSV) -> pd.DataFrame | None:
 
 
 def mean_refined(table: pd.DataFrame, classifier: str) -> tuple[float | None, np.ndarray]:
-    """The mean refined failure point of ``classifier`` over its failing trajectories (failure
-    point > 0, as the grid's ``fp_avg`` counts failures), and those values (for a bootstrap)."""
-    rows = table[(table["classifier"] == classifier) & (table["refined_fp"] > 0)]
+    """The mean refined failure point of ``classifier`` over its failed trajectories (those with
+    a failure point, 0 included: the grid's ``fp_avg`` over the same trajectories, each
+    refined one at its refined point), and those values (for a bootstrap)."""
+    rows = table[(table["classifier"] == classifier) & table["refined_fp"].notna()]
     values = rows["refined_fp"].to_numpy(dtype=float)
     return (float(values.mean()) if len(values) else None), values
 
 
 def mean_refined_interval(table: pd.DataFrame, classifier: str, resamples: int, level: float,
                           seed: int) -> tuple[float | None, float | None, float | None]:
-    """:func:`mean_refined` with a percentile bootstrap interval at ``level``: the failing
+    """:func:`mean_refined` with a percentile bootstrap interval at ``level``: the failed
     trajectories resampled within (shift, class), as the grid metrics' intervals are."""
-    rows = table[(table["classifier"] == classifier) & (table["refined_fp"] > 0)]
+    rows = table[(table["classifier"] == classifier) & table["refined_fp"].notna()]
     if rows.empty:
         return None, None, None
     values = rows["refined_fp"].to_numpy(dtype=float)
@@ -146,12 +148,13 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     top = float(np.nanmax(table[["grid_fp", "refined_fp", "interval_low"]].to_numpy(dtype=float)))
     bin_width = finest if finest > 0 else max(top, 1.0) / 16
     dist = distribution(table, bin_width, top)
+    plots = ctx.config.aggregate.plots
 
     summary: dict[str, Any] = {}
     for clf in classifiers:
         mine = table[table["classifier"] == clf]
         refined_mean, values = mean_refined(table, clf)
-        grid = mine.loc[mine["grid_fp"] > 0, "grid_fp"]
+        grid = mine["grid_fp"].dropna()
         summary[clf] = {
             "fp_avg_grid": float(grid.mean()) if len(grid) else None,
             "fp_avg_refined": refined_mean,
@@ -168,13 +171,13 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
         "<p>Each failing trajectory's first failing grid interval bisected with images made at its midpoints "
         "(<code>cnsbench refine</code>, docs/refine.md); dashed: the grid's cumulative failure-point ratio, solid: "
         f"the refined one in bins of {bin_width:g}. The grid metrics above are unchanged.</p>"
-        "<img src='fp_refined.png' alt='cumulative failure points, grid and refined'>"
-        "<table><tr><th>classifier</th><th>mean FP (grid)</th><th>mean FP (refined)</th><th>trajectories refined</th>"
+        + ("<img src='fp_refined.png' alt='cumulative failure points, grid and refined'>" if plots else "")
+        + "<table><tr><th>classifier</th><th>mean FP (grid)</th><th>mean FP (refined)</th><th>trajectories refined</th>"
         f"<th>rounds</th></tr>{rows}</table>"
     )
     return AnalysisResult(
         tables={"failure_points_refined": table, "fp_refined_distribution": dist},
-        figures={"fp_refined": _figure(dist, classifiers, shifts)},
+        figures={"fp_refined": _figure(dist, classifiers, shifts)} if plots else {},
         json={"bin": bin_width, "classifiers": summary},
         html=body,
         title="Refined failure points",
