@@ -86,14 +86,14 @@ def mean_refined_interval(table: pd.DataFrame, classifier: str, resamples: int, 
     return float(values.mean()), float(low), float(high)
 
 
-def distribution(table: pd.DataFrame, bin_width: float, top: float) -> pd.DataFrame:
-    """Failure-point counts per bin ``(b - bin_width, b]`` (``kind`` refined) and per grid scale
-    (``kind`` grid), per classifier and shift and for all shifts pooled."""
+def distribution(table: pd.DataFrame, bin_width: float, top: float, grid: list[float]) -> pd.DataFrame:
+    """Failure-point counts per bin ``(b - bin_width, b]`` (``kind`` refined) and per scale of the
+    ``grid`` (``kind`` grid), per classifier and shift and for all shifts pooled."""
     bins = np.round(np.arange(0.0, top + bin_width / 2, bin_width), 6)
     rows = []
     for (clf, shift), g in _with_all(table).groupby(["classifier", "shift"], sort=False):
         n = len(g)
-        for kind, column, edges in (("grid", "grid_fp", np.sort(g["grid_fp"].dropna().unique())), ("refined", "refined_fp", bins)):
+        for kind, column, edges in (("grid", "grid_fp", np.array(sorted(grid))), ("refined", "refined_fp", bins)):
             values = g[column].dropna().to_numpy(dtype=float)
             # A value v lies in the bin of the smallest edge >= v (scale 0 is its own bin).
             idx = np.searchsorted(edges, values - 1e-9) if len(edges) else np.array([], dtype=int)
@@ -119,10 +119,11 @@ def _figure(dist: pd.DataFrame, classifiers: list[str], shifts: list[str]) -> Fi
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     for ax, shift in zip(axes, panels):
         for clf in classifiers:
-            for kind, style in (("grid", dict(drawstyle="steps-post", linestyle="--", alpha=0.6)), ("refined", {})):
+            # Steps: the cumulative share at x counts the failure points <= x.
+            for kind, style in (("grid", dict(linestyle="--", alpha=0.6)), ("refined", {})):
                 d = dist[(dist["classifier"] == clf) & (dist["shift"] == shift) & (dist["kind"] == kind)]
                 if not d.empty:
-                    ax.plot(d["scale"], d["fp_ratio_cumulative"], color=colours[clf],
+                    ax.plot(d["scale"], d["fp_ratio_cumulative"], color=colours[clf], drawstyle="steps-post",
                             label=f"{clf} ({kind})", **style)
         ax.set_title(shift, fontsize="medium")
         ax.set_xlabel("scale")
@@ -147,7 +148,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     finest = float(widths.min()) if len(widths) else 0.0
     top = float(np.nanmax(table[["grid_fp", "refined_fp", "interval_low"]].to_numpy(dtype=float)))
     bin_width = finest if finest > 0 else max(top, 1.0) / 16
-    dist = distribution(table, bin_width, top)
+    dist = distribution(table, bin_width, top, sorted({s for g in ctx.groups for s in g.scales}))
     plots = ctx.config.aggregate.plots
 
     summary: dict[str, Any] = {}
