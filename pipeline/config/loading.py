@@ -150,15 +150,29 @@ def resolved_dict(cfg: BuildConfig) -> dict[str, Any]:
     return cfg.model_dump(mode="json")
 
 
+HASHED_WHEN_SET = ("vision_dtype", "image_aspect_ratio")  # classifier keys hashed only when not None
+
+
 def config_hash(cfg: BuildConfig) -> str:
     """Hash of the resolved config (resources excluded: they never change outputs, but for a
     filter or classify precision other than float32, which does; :data:`.resources.OUTPUT_CHANGING`)."""
     from pipeline.config.resources import output_changing
 
+    from pipeline.config.refine import RefineSpec
+
     data = resolved_dict(cfg)
     numeric = output_changing(data.pop("resources", None) or {})
     if numeric:  # float32 configs hash as they did before precision was a key
         data["resources"] = numeric
+    # Keys added since outputs were first hashed count only when set, so that an output's
+    # hash stays what it was: the refinement's defaults change no row, and a classifier without
+    # a vision_dtype / image_aspect_ratio runs as before they existed.
+    if data.get("refine") == RefineSpec().model_dump(mode="json"):
+        data.pop("refine")
+    for clf in data.get("classifiers", []):
+        for key in HASHED_WHEN_SET:
+            if clf.get(key) is None:
+                clf.pop(key, None)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 
