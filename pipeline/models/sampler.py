@@ -281,23 +281,47 @@ class SliderSampler(TextToImageSampler):
         neg, pos = self.prompt_embeds(class_id)
         self.bank.reserve(len(shifts))  # every shift of the unit stays loaded while it runs
         sliders = {s: self.load_slider(class_id, s) for s in shifts}
-        sched = self._timesteps()
-        timesteps = sched.timesteps
-        threshold = self.spec.lora_timestep_threshold
-        latents = self._initial_latents(seed)
-
         # Steps before the window: identical for every branch, computed once.
+        state = self.pre_window(seed, neg, pos)
+        prefix_evals = self._evals
+        branches: list[tuple[str | None, float]] = [(None, 0.0)]
+        branches += [(shift, scale) for shift in shifts for scale in scales if scale != 0]
+        images = self.decode_finals(self.run_branches(state, neg, pos, sliders, branches))
+        return GroupResult(
+            images=images,
+            unet_evals=self._evals,
+            seconds=time.perf_counter() - start,
+            stats={"prefix_evals": prefix_evals, "branches": len(branches), "window_start": state[2]},
+        )
+
+    @property
+    def unet_evals(self) -> int:
+        """UNet sample-evaluations since the current group (or :meth:`reset_evals`) began."""
+        return self._evals
+
+    def reset_evals(self) -> None:
+        self._evals = 0
+
+    def pre_window(self, seed: int, neg: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, Any, int]:
+        """A (class, seed)'s state where the slider window starts: the latent after the steps
+        before it (slider off), the scheduler at that point, and the first window step's index."""
+        sched = self._timesteps()
+        latents = self._initial_latents(seed)
         self.bank.clear_route()
-        first_window = len(timesteps)
-        for i, t in enumerate(timesteps):
-            if int(t) <= threshold:
+        first_window = len(sched.timesteps)
+        for i, t in enumerate(sched.timesteps):
+            if int(t) <= self.spec.lora_timestep_threshold:
                 first_window = i
                 break
             latents = self._step(sched, latents, t, neg, pos)
-        prefix_evals = self._evals
+        return latents, sched, first_window
 
-        branches: list[tuple[str | None, float]] = [(None, 0.0)]
-        branches += [(shift, scale) for shift in shifts for scale in scales if scale != 0]
+    def run_branches(self, state: tuple[torch.Tensor, Any, int], neg: torch.Tensor, pos: torch.Tensor,
+                     sliders: dict[str, str], branches: list[tuple[str | None, float]]) -> dict:
+        """The final latent of each (shift, multiplier) branch continued from ``state`` (a shift
+        of None: no slider), in chunks of ``branch_batch_size``."""
+        latents, sched, first_window = state
+        timesteps = sched.timesteps
         finals: dict[tuple[str | None, float], torch.Tensor] = {}
         size = self.spec.branch_batch_size
         for lo in range(0, len(branches), size):
@@ -321,15 +345,11 @@ class SliderSampler(TextToImageSampler):
             self.bank.clear_route()
             for b, key in enumerate(chunk):
                 finals[key] = lat[b : b + 1]
+        return finals
 
-        images = self._decode(finals)
-        total = self._evals
-        return GroupResult(
-            images=images,
-            unet_evals=total,
-            seconds=time.perf_counter() - start,
-            stats={"prefix_evals": prefix_evals, "branches": len(branches), "window_start": first_window},
-        )
+    def decode_finals(self, finals: dict) -> dict:
+        """The images of final latents, decoded in chunks of ``branch_batch_size``."""
+        return self._decode(finals)
 
     # ------------------------------------------------------------------ naive reference
     @torch.inference_mode()

@@ -18,7 +18,6 @@ px), against the pre-window UNet steps that recomputing it costs every round
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import OrderedDict
 from typing import Any
@@ -59,9 +58,11 @@ in-process runner; on Ray, an actor pool lives one round)."""
 def generate_points(sampler: Any, class_id: int, seed: int, points: list[tuple[str, float]],
                     cache: PrefixCache = PREFIXES) -> tuple[dict[tuple[str, float], Any], float, float]:
     """The images of ``points`` ((shift, nonzero scale) of one (class, seed)) with the slider
-    sampler's semantics; returns ``({point: PIL image}, UNet sample-evaluations, seconds)``."""
+    sampler's semantics (:meth:`pipeline.models.sampler.SliderSampler.pre_window` and
+    ``run_branches``, as ``generate_group`` runs them); returns ``({point: PIL image},
+    UNet sample-evaluations, seconds)``."""
     start = time.perf_counter()
-    sampler._evals = 0
+    sampler.reset_evals()
     neg, pos = sampler.prompt_embeds(class_id)
     shifts = sorted({s for s, _ in points})
     sampler.bank.reserve(len(shifts))
@@ -69,41 +70,8 @@ def generate_points(sampler: Any, class_id: int, seed: int, points: list[tuple[s
     key = (id(sampler), class_id, seed)
     state = cache.get(key)
     if state is None:
-        state = prefix(sampler, seed, neg, pos)
+        state = sampler.pre_window(seed, neg, pos)
         cache.put(key, state)
-    latents, sched, first_window = state
-    timesteps = sched.timesteps
-
-    finals: dict[tuple[str, float], torch.Tensor] = {}
-    size = sampler.spec.branch_batch_size
-    for lo in range(0, len(points), size):
-        chunk = points[lo : lo + size]
-        n = len(chunk)
-        pad = size - n if sampler.compiled else 0  # compiled: every window forward has the build's shapes
-        csched = copy.deepcopy(sched)
-        lat = latents.expand(n + pad, -1, -1, -1).clone()
-        rows = [sliders[s] for s, _ in chunk] + [None] * pad
-        mults = [float(m) for _, m in chunk] + [0.0] * pad
-        sampler.bank.route(rows * 2 if sampler.do_cfg else rows, mults * 2 if sampler.do_cfg else mults)
-        cond = pos.expand(n + pad, -1, -1)
-        for t in timesteps[first_window:]:
-            lat = sampler._step(csched, lat, t, neg, cond)
-        sampler.bank.clear_route()
-        for b, point in enumerate(chunk):
-            finals[point] = lat[b : b + 1]
-    images = sampler._decode(finals)
-    return images, float(sampler._evals), time.perf_counter() - start
-
-
-def prefix(sampler: Any, seed: int, neg: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, Any, int]:
-    """The unit's state where the window starts: latent, scheduler, index of the first window step."""
-    sched = sampler._timesteps()
-    latents = sampler._initial_latents(seed)
-    sampler.bank.clear_route()
-    first_window = len(sched.timesteps)
-    for i, t in enumerate(sched.timesteps):
-        if int(t) <= sampler.spec.lora_timestep_threshold:
-            first_window = i
-            break
-        latents = sampler._step(sched, latents, t, neg, pos)
-    return latents, sched, first_window
+    finals = sampler.run_branches(state, neg, pos, sliders, [(s, float(m)) for s, m in points])
+    images = sampler.decode_finals(finals)
+    return images, float(sampler.unet_evals), time.perf_counter() - start
