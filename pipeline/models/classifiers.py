@@ -242,11 +242,13 @@ class Classifier(BaseClassifier):
             self.model = precision.prepare(model)
         self.precision = precision
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of a preprocessed batch: the kind's ``self.model`` unless it overrides this."""
+        return self.model(x)
 
-    def _preprocess(self, image: Any) -> torch.Tensor:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def _preprocess(self, image: Any) -> torch.Tensor:
+        """One image as the model's input: the kind's ``self.transform`` unless it overrides this."""
+        return self.transform(image)
 
     @torch.inference_mode()
     def predict(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
@@ -313,12 +315,6 @@ class TimmClassifier(Classifier):
         if not n_out:
             raise ValueError(f"{self.where}: timm model {spec.model!r} has no classification head (num_classes=0)")
         self._map_outputs(n_out)
-
-    def _preprocess(self, image: Any) -> torch.Tensor:
-        return self.transform(image)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
 
     @classmethod
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
@@ -395,9 +391,6 @@ class OpenClipZeroShot(Classifier):
         emb = torch.cat(embs).view(len(names), len(templates), -1).mean(dim=1)
         return torch.nn.functional.normalize(emb, dim=-1).T.contiguous()
 
-    def _preprocess(self, image: Any) -> torch.Tensor:
-        return self.transform(image)
-
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         img = torch.nn.functional.normalize(self.model.encode_image(x).float(), dim=-1)
         # The head (built in float32 before any cast) stays float32 whatever the precision:
@@ -473,17 +466,16 @@ class TorchScriptClassifier(Classifier):
         n_out = int(probe.shape[1])
         self._map_outputs(n_out)
 
-    def _preprocess(self, image: Any) -> torch.Tensor:
-        return self.transform(image)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
-
     @classmethod
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
-        """The file's float32 weights; a TorchScript program's activations are not known without running it."""
-        size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
-        return ModelSize(size // 4, 0)
+        return archive_footprint(spec)
+
+
+def archive_footprint(spec: ClassifierSpec) -> ModelSize:
+    """A program archive's size (TorchScript, ``torch.export``): its file as float32 weights;
+    a program's activations are not known without running it."""
+    size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
+    return ModelSize(size // 4, 0)
 
 
 # --------------------------------------------------------------------------- torch hub
@@ -526,12 +518,6 @@ class TorchHubClassifier(Classifier):
         if probe.ndim != 2:
             raise ValueError(f"{self.where}: the hub model returns shape {tuple(probe.shape)}, expected [N, K]")
         self._map_outputs(int(probe.shape[1]))
-
-    def _preprocess(self, image: Any) -> torch.Tensor:
-        return self.transform(image)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
 
     @classmethod
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:

@@ -27,7 +27,7 @@ from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace
 from pipeline.io.regular import NotRegularFile, regular_file
 from pipeline.models import pt2_check, stored_preprocess
-from pipeline.models.classifiers import Classifier
+from pipeline.models.classifiers import Classifier, archive_footprint
 from pipeline.models.footprint import ModelSize
 
 
@@ -73,9 +73,6 @@ class ExportedClassifier(Classifier):
             raise ValueError(f"{self.where}: the exported program returns shape {tuple(probe.shape)}, expected [N, K]")
         self._map_outputs(int(probe.shape[1]))
 
-    def _preprocess(self, image: Any) -> torch.Tensor:
-        return self.transform(image)
-
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         try:
             return self.model(x)
@@ -88,10 +85,7 @@ class ExportedClassifier(Classifier):
 
     @staticmethod
     def footprint(spec: ClassifierSpec, images: int) -> ModelSize:
-        """The memory projection's size: the archive's float32 weights (a program's
-        activations are not known without running it)."""
-        size = os.path.getsize(spec.checkpoint) if spec.checkpoint and os.path.isfile(spec.checkpoint) else 0
-        return ModelSize(size // 4, 0)
+        return archive_footprint(spec)
 
 
 def archive_problems(spec: ClassifierSpec, where: str) -> list[str]:
