@@ -48,6 +48,10 @@ TEST_STEPS = 10
 TEST_TEMPLATES = ["a photo of a {c}."]
 
 
+# One prompt template for the tiny config's zero-shot classifier (its --set): the head is built
+# in a tenth of the time, nothing else changes.
+FAST_ZERO_SHOT = ["classifiers[2].templates=['a photo of a {c}.']"]
+
 def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bool = False,
                 steps: int = TEST_STEPS) -> Path:
     """configs/tiny.yaml with absolute asset paths (so it can live anywhere), optionally changed.

@@ -201,6 +201,15 @@ def demo_world(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tiny_assets_one_thread(one_torch_thread):
+    """The tiny config's assets built (once per checkout), and one torch thread for the module."""
+    from pipeline.demo.assets import ensure_tiny_assets
+
+    ensure_tiny_assets()
+    yield
+
+
+@pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread for a module's tiny models: they gain nothing from more, and on a busy
     2-core machine OpenMP threads spinning against other processes make each op ~100x slower.

@@ -15,27 +15,15 @@ import pytest
 from PIL import Image
 
 from pipeline.plan import schema
+from buildproc import FAST_ZERO_SHOT as FAST
+
 from pipeline.runtime.checkout import TINY_CONFIG
 from pipeline.config import load_config
 from pipeline.perf.memory import GB, RUNTIME_BYTES, Footprint, classifier_footprints, classifier_groups, group_bytes, pack
 from pipeline.stages.classify import ClassifyStage, classify_specs
 
 MB = 1024**2
-# One prompt template: the zero-shot head is built in a tenth of the time, nothing else changes.
-FAST = ["classifiers[2].templates=['a photo of a {c}.']"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _tiny_assets():
-    import torch
-
-    from pipeline.demo.assets import ensure_tiny_assets
-
-    ensure_tiny_assets()
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("tiny_assets_one_thread")
 
 
 def fp(name: str, weights_mb: int, act_mb: int = 0) -> Footprint:

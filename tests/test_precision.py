@@ -10,22 +10,12 @@ from pipeline.output_run import differing_keys
 from pipeline.config import config_hash, load_config, resolved_dict
 from pipeline.perf import memory
 from pipeline.perf.memory import GB, RUNTIME_BYTES, Footprint
+from buildproc import FAST_ZERO_SHOT as FAST
+
 from pipeline.runtime.checkout import TINY_CONFIG
 
 MB = 1024**2
-# One prompt template: the zero-shot head is built in a tenth of the time, nothing else changes.
-FAST = ["classifiers[2].templates=['a photo of a {c}.']"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _tiny_assets():
-    from pipeline.demo.assets import ensure_tiny_assets
-
-    ensure_tiny_assets()
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("tiny_assets_one_thread")
 
 
 def tiny(*sets: str):
