@@ -25,13 +25,13 @@ SCORE_COLUMNS = ("clip_text", "clip_shift_text", "clip_image", "dino_image")
 # pipeline.aggregate.realisation.shift_realisation).  NaN when the filter did not run.
 REALISATION_COLUMNS = ("clip_shift_alignment",)
 
+# Where an image comes from, the same columns in every table and row that carries it.
+UNIT_COORDINATES = [("class_id", pa.int64()), ("class_name", pa.string()), ("seed", pa.int64())]
+
 SAMPLES = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("trajectory_id", pa.string()),
-        ("class_id", pa.int64()),
-        ("class_name", pa.string()),
-        ("seed", pa.int64()),
+    [("sample_id", pa.string()), ("trajectory_id", pa.string())]
+    + UNIT_COORDINATES
+    + [
         ("shift", pa.string()),
         ("scale", pa.float64()),
         ("shard", pa.string()),

@@ -11,33 +11,20 @@ from __future__ import annotations
 import pyarrow as pa
 
 # The stored tables and the per-image score columns are the output's format: pipeline.io.tables.
-from pipeline.io.tables import FAILURES, PREDICTIONS, REALISATION_COLUMNS, SAMPLES, SCORE_COLUMNS  # noqa: E402,F401
+from pipeline.io.tables import (  # noqa: E402,F401
+    FAILURES, PREDICTIONS, REALISATION_COLUMNS, SAMPLES, SCORE_COLUMNS, UNIT_COORDINATES,
+)
 
 # Work units going into generation (see pipeline.plan.WorkUnit.to_row).
-UNIT = pa.schema(
-    [
-        ("unit_id", pa.string()),
-        ("class_id", pa.int64()),
-        ("class_name", pa.string()),
-        ("seed", pa.int64()),
-        ("shifts", pa.list_(pa.string())),
-    ]
-)
+UNIT = pa.schema([("unit_id", pa.string())] + UNIT_COORDINATES + [("shifts", pa.list_(pa.string()))])
 
 # The ids and coordinates of one trajectory, with its scales and their sample ids: the
 # leading columns of every trajectory row, the stages' below and a source's pointer rows
 # (pipeline.sources.common.SOURCE_ROW).
 TRAJECTORY = pa.schema(
-    [
-        ("trajectory_id", pa.string()),
-        ("unit_id", pa.string()),
-        ("class_id", pa.int64()),
-        ("class_name", pa.string()),
-        ("seed", pa.int64()),
-        ("shift", pa.string()),
-        ("scales", pa.list_(pa.float64())),
-        ("sample_ids", pa.list_(pa.string())),
-    ]
+    [("trajectory_id", pa.string()), ("unit_id", pa.string())]
+    + UNIT_COORDINATES
+    + [("shift", pa.string()), ("scales", pa.list_(pa.float64())), ("sample_ids", pa.list_(pa.string()))]
 )
 
 # After generation: one row per trajectory.  `images[i]` is the encoded image at

@@ -37,12 +37,8 @@ log = logging.getLogger(__name__)
 
 # Input rows of a round: one (class, seed) unit and its points, aligned lists.
 REFINE_UNIT = pa.schema(
-    [
-        ("unit_id", pa.string()),
-        ("class_id", pa.int64()),
-        ("class_name", pa.string()),
-        ("seed", pa.int64()),
-        ("shifts", pa.list_(pa.string())),
+    list(schema.UNIT)
+    + [
         ("scales", pa.list_(pa.float64())),
         ("references", pa.list_(pa.binary())),  # each point's trajectory's committed scale-0 image
     ]
