@@ -99,6 +99,18 @@ def shared_build(tmp_path_factory, name: str, make_config) -> tuple[Path, Path]:
     return cfg, out
 
 
+def wait_for_pause(proc, fault_dir: Path, rule: str, output) -> None:
+    """Until the build ``proc`` pauses at ``rule`` (its marker in ``fault_dir``); AssertionError,
+    with the tail of ``output()``, when it ends first or not within SUBPROCESS_BUILD_S."""
+    deadline = time.time() + SUBPROCESS_BUILD_S
+    while not list(fault_dir.glob("paused-*")):
+        if proc.poll() is not None:
+            raise AssertionError(f"build ended before reaching {rule}: {output()[-3000:]}")
+        if time.time() > deadline:
+            raise AssertionError(f"build never reached {rule}")
+        time.sleep(0.2)
+
+
 def build_cmd(cfg: Path, out: Path, runner: str, *extra: str) -> list[str]:
     cmd = [sys.executable, "-m", "pipeline.cli", "build", str(cfg), "--output", str(out), "--runner", runner, *extra]
     return ["unshare", "-p", "-f", "--mount-proc", *cmd] if HAS_UNSHARE else cmd
@@ -130,14 +142,8 @@ def kill_at(cfg: Path, out: Path | str, runner: str, rule: str, fault_dir: Path,
         return _kill_forked(cfg, out, rule, fault_dir, env or {})
     env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir), **(env or {}))
     proc = subprocess.Popen(build_cmd(cfg, out, runner), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + SUBPROCESS_BUILD_S
     try:
-        while not list(fault_dir.glob("paused-*")):
-            if proc.poll() is not None:
-                raise AssertionError(f"build ended before reaching {rule}: {proc.stdout.read().decode()[-3000:]}")
-            if time.time() > deadline:
-                raise AssertionError(f"build never reached {rule}")
-            time.sleep(0.2)
+        wait_for_pause(proc, fault_dir, rule, lambda: proc.stdout.read().decode())
     finally:
         # The namespace's init is unshare's child: killing it kills the whole namespace.
         if HAS_UNSHARE:
@@ -218,14 +224,8 @@ def _kill_forked(cfg: Path, out: Path | str, rule: str, fault_dir: Path, env: di
     log = fault_dir / "build.log"
     child_env = env_with(CNSBENCH_FAULT_INJECT=rule, CNSBENCH_FAULT_DIR=str(fault_dir), **env)
     proc = ForkedBuild(["build", cfg, "--output", out, "--runner", "local"], log, env=child_env)
-    deadline = time.time() + SUBPROCESS_BUILD_S
     try:
-        while not list(fault_dir.glob("paused-*")):
-            if proc.poll() is not None:
-                raise AssertionError(f"build ended before reaching {rule}: {log.read_text()[-3000:]}")
-            if time.time() > deadline:
-                raise AssertionError(f"build never reached {rule}")
-            time.sleep(0.2)
+        wait_for_pause(proc, fault_dir, rule, log.read_text)
     finally:
         proc.kill()
         proc.wait()  # reaped: its lease on the output names a dead process

@@ -59,6 +59,14 @@ def three_cards(root: Path, family: str = "cns") -> list[Path]:
             for m, v in (("a", 0.1), ("b", 0.3), ("c", 0.2))]
 
 
+def folder_of(path: Path, files: dict[str, str]) -> tuple[Path, str]:
+    """A new folder holding ``files`` (name -> text), and its tree digest."""
+    path.mkdir()
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path, tree_digest(path)
+
+
 def leaderboard(*cards: Path, out: Path) -> int:
     return main(["leaderboard", *map(str, cards), "--output", str(out)])
 
@@ -143,11 +151,7 @@ def test_an_oversized_card_is_refused_before_it_is_read(tmp_path, capsys, monkey
 # --------------------------------------------------------------------------- 4. folders claimed by a marker
 def test_leaderboard_into_a_folder_of_user_files_changes_nothing(tmp_path, capsys):
     cards = three_cards(tmp_path)
-    out = tmp_path / "mine"
-    out.mkdir()
-    (out / "leaderboard.csv").write_text("my,own,table\n")
-    (out / "index.html").write_text("<h1>my page</h1>")
-    before = tree_digest(out)
+    out, before = folder_of(tmp_path / "mine", {"leaderboard.csv": "my,own,table\n", "index.html": "<h1>my page</h1>"})
     assert leaderboard(*cards, out=out) == 2
     err = capsys.readouterr().err
     assert "holds no leaderboard" in err and "leaderboard.csv" in err and "nothing was changed" in err
@@ -161,11 +165,7 @@ def test_leaderboard_marker_is_checked_and_its_own_folder_reused(tmp_path, capsy
     assert json.loads((out / "cnsbench-leaderboard.json").read_text())["cnsbench"] == "leaderboard"
     assert leaderboard(*cards[:2], out=out) == 0  # an earlier leaderboard's folder: replaced
     assert set(json.loads((out / "cnsbench-leaderboard.json").read_text())["models"]) == {"a", "b"}
-    fake = tmp_path / "fake"
-    fake.mkdir()
-    (fake / "cnsbench-leaderboard.json").write_text('{"cnsbench": "compare"}')
-    (fake / "index.html").write_text("theirs")
-    before = tree_digest(fake)
+    fake, before = folder_of(tmp_path / "fake", {"cnsbench-leaderboard.json": '{"cnsbench": "compare"}', "index.html": "theirs"})
     assert leaderboard(*cards, out=fake) == 2
     assert "not a cnsbench leaderboard marker" in capsys.readouterr().err and tree_digest(fake) == before
 
