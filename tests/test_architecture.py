@@ -402,6 +402,31 @@ def test_only_the_run_module_performs_the_steps_of_a_run():
     assert not found, "steps of an output's run outside pipeline/output_run.py (use OutputRun):\n" + "\n".join(found)
 
 
+STAGE_NAMES = ("generate", "filter", "classify", "write", "load", "reclassify", "train")
+
+
+def stages_named_in(path: Path, function: str) -> list[str]:
+    """Stage names that ``function`` of ``path`` spells (as a string or an attribute): the
+    executor sizes a local Ray from the chain it is handed, knowing no stage by name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            for sub in (n for stmt in body for n in ast.walk(stmt)):
+                if isinstance(sub, ast.Constant) and sub.value in STAGE_NAMES:
+                    found.append(f"{function}:{sub.lineno} names {sub.value!r}")
+                elif isinstance(sub, ast.Attribute) and sub.attr in STAGE_NAMES:
+                    found.append(f"{function}:{sub.lineno} reads .{sub.attr}")
+    return found
+
+
+def test_init_ray_names_no_stage():
+    path = PKG / "executors" / "ray_data.py"
+    assert "def init_ray(" in path.read_text()
+    found = stages_named_in(path, "init_ray")
+    assert not found, "init_ray must size a local Ray from the chain it is given:\n" + "\n".join(found)
+
+
 # -- each check can fail (synthetic trees) --------------------------------------------------
 
 
@@ -515,3 +540,11 @@ def test_a_lifecycle_step_called_outside_the_run_module_is_found(tmp_path):
         "other.py": "def f(run):\n    run.finish(aggregate=True)\n",
     })
     assert lifecycle_calls(pkg) == ["pkg.driver:4 calls write_config"]
+
+
+def test_a_stage_named_in_init_ray_is_found(tmp_path):
+    pkg = _tree(tmp_path, {"ray_data.py": (
+        'def init_ray(address, cfg):\n    """Mentions generate in its docstring only."""\n'
+        '    pools = (cfg.resources.generate, cfg.resources.filter)\n    return "write"\n')})
+    assert stages_named_in(pkg / "ray_data.py", "init_ray") == [
+        "init_ray:3 reads .generate", "init_ray:3 reads .filter", "init_ray:4 names 'write'"]
