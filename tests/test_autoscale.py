@@ -175,3 +175,22 @@ def test_a_reclaimed_gpu_node_costs_nothing(fake_cluster, light_cfg, tiny_refere
     assert_same_as_full(snap, snapshot(tiny_reference))
     _wait_scaled_down(fake_cluster)
     assert os.environ.get("RAY_ADDRESS") is None
+
+
+def test_bench_autoscale_smallest(fake_cluster, capsys):
+    """bench/autoscale.py at its smallest size, on this module's cluster (the stand-in build from
+    0 GPU nodes; no second run, no fixed cluster)."""
+    import importlib.util
+    import json
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "autoscale.py"
+    spec = importlib.util.spec_from_file_location("bench_autoscale", bench)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _wait_scaled_down(fake_cluster)
+    out = module.main(["--max-gpus", "2", "--classes", "1", "--seeds", "2", "--shifts", "2", "--classifiers", "2",
+                       "--skip-paced", "--skip-fixed", "--json"], cluster=fake_cluster)
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.index("{"):]) == out
+    assert out["images"] == 24 and out["gpu_nodes_max"] >= 1 and out["generate_actors_max"] >= 1
+    assert out["scaled_down_s"] is not None and 0 < out["gpu_busy_share"] <= 1.0
