@@ -174,3 +174,21 @@ def test_estimate_uses_the_split_and_counts_ramp_and_idle_tail():
     assert est.cost == pytest.approx((est.wall_seconds + est.idle_tail_s) / 3600 * 3 * 2.0)
     text = "\n".join(est.lines())
     assert "ramp" in text and "idle tail" in text and "1-2" in text
+
+
+def test_a_cluster_without_gpus_at_start_is_told_about_max_gpus():
+    from pipeline.build import build_chain
+    from pipeline.executors.cluster import ClusterView
+    from pipeline.executors.pools import gpu_budget
+
+    cfg = load_config(TINY_CONFIG, sets=["resources.generate.num_gpus=1"])
+    chain = build_chain(cfg)
+    nodes = {"head": {"CPU": 4.0, "memory": 8.0 * GIB}}
+    notes: list[str] = []
+    assert gpu_budget(chain, ClusterView(False, nodes, nodes, None), notes.append) is None
+    assert len(notes) == 1 and "no GPU at start" in notes[0] and "--max-gpus" in notes[0]
+    with_gpus = {"head": {"CPU": 4.0, "GPU": 2.0}}
+    assert gpu_budget(chain, ClusterView(False, with_gpus, with_gpus, None), notes.append) == 2.0
+    assert gpu_budget(chain, ClusterView(True, with_gpus, with_gpus, None), notes.append) is None  # a local Ray
+    budgeted = build_chain(load_config(TINY_CONFIG, sets=["resources.generate.num_gpus=1", "resources.max_gpus=5"]))
+    assert gpu_budget(budgeted, ClusterView(False, nodes, nodes, None), notes.append) == 5.0 and len(notes) == 1
