@@ -54,9 +54,11 @@ def make_config(tmp: Path, shifts: int, seeds: int, steps: int):
 
 
 def init_ray(address, cfg) -> None:
+    """The Ray the build would start for ``cfg``: sized from the build's chain."""
+    from pipeline.build import build_chain
     from pipeline.executors.ray_data import init_ray as init
 
-    init(address, cfg)
+    init(address, build_chain(cfg))
 
 
 def run_build(cfg, units, out: str):

@@ -382,7 +382,7 @@ class OutputRun:
         changed about the resources."""
         if not rows:
             return
-        executor = get_executor(self.runner, cfg or self.cfg, self.address, notice=notice)
+        executor = get_executor(self.runner, cfg or self.cfg, self.address, notice=notice or (lambda m: self.echo(f"[cnsbench] {m}")))
         with self._lease.guarding():
             for _ in executor.run(rows, self.uri, chain, num_blocks=num_blocks, first_schema=first_schema,
                                   on_shard=on_shard or (self.tally if count else None)):

@@ -161,7 +161,9 @@ def _run_probes(jobs: list[tuple], opts: RobustnessOptions) -> list[float]:
         import ray
 
         if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, include_dashboard=False)
+            # address="local": this process's own Ray, never a `ray start` cluster that Ray's
+            # bootstrap file may name (running or gone).
+            ray.init(address="local", ignore_reinit_error=True, include_dashboard=False)
         task = ray.remote(num_cpus=1)(_probe_task)
         return ray.get([task.remote(*j, opts.probe_l2, opts.probe_iterations) for j in jobs])
     return [_probe_task(*j, opts.probe_l2, opts.probe_iterations) for j in jobs]
