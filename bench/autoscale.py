@@ -12,21 +12,24 @@ node holds one of them and a quarter-GPU filter or classify actor.  Three runs:
 * ``upfront``: the build requests its whole budget at its start (what a build does);
 * ``paced``: ``CNSBENCH_UPFRONT_REQUEST=0``, the autoscaler adding nodes as pending actors ask;
 * ``fixed``: the same build on a fixed simulated cluster of ``--max-gpus`` GPUs
-  (``bench/simcluster.py``, as ``bench/scale.py``), its pools at their largest from the start.
+  (``bench/simcluster.py``, as ``bench/scale.py``), its pools at their largest from the start,
+  with as many logical CPUs per GPU as the fake GPU nodes (2) and 2 more for the driver.
 
     python bench/autoscale.py --max-gpus 4 --json       # the contract's run
     python bench/autoscale.py --max-gpus 8 --images 2520 --json
 
 Reported: ``gpu_nodes_max``, ``generate_actors_max``, seconds from the build's start to the first
 and to the last GPU node (both ways), ``gpu_busy_share`` (GPU-seconds the stand-ins worked / GPU
-node-seconds up during the build), ``scaled_down_s`` (build end to 0 GPU nodes), the wall time
-against the fixed cluster's, and ``digest_equal`` (the outputs' content digests).
+node-seconds up during the build; ``gpu_node_s_split``: those node-seconds before the first GPU
+work, while working, and after the last), ``scaled_down_s`` (build end to 0 GPU nodes), the wall
+time against the fixed cluster's, and ``digest_equal`` (the outputs' content digests).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -104,11 +107,20 @@ def run_build(args, shared: dict, pools: dict, address: str, env: dict, workdir:
     if proc.returncode:
         raise RuntimeError(f"the {tag} build failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
     driver = json.loads(result.read_text())
-    work = 0.0
+    work, spans = 0.0, []
     for stage, lines in scale.read_stats(stats).items():
         share = sim["shares"].get(stage, 0.0)
         work += sum((ln["end"] - ln["start"]) * share for ln in lines)
-    return {**driver, "gpu_work_s": work, "output": str(out), "log": log.read_text()}
+        spans += [(ln["start"], ln["end"]) for ln in lines] if share > 0 else []
+    first, last = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (None, None)
+    return {**driver, "gpu_work_s": work, "first_work": first, "last_work": last, "output": str(out),
+            "log": log.read_text()}
+
+
+def node_seconds(samples: list[tuple[float, int, int]], t0: float, t1: float) -> float:
+    """GPU-node-seconds up between ``t0`` and ``t1`` (each sample's count held to the next)."""
+    during = [s for s in samples if t0 <= s[0] <= t1]
+    return sum((b[0] - a[0]) * a[1] for a, b in zip(during, during[1:]))
 
 
 def timeline(samples: list[tuple[float, int, int]], t0: float, t1: float) -> dict:
@@ -117,10 +129,9 @@ def timeline(samples: list[tuple[float, int, int]], t0: float, t1: float) -> dic
     peak = max((s[1] for s in during), default=0)
     first = next((s[0] - t0 for s in during if s[1] >= 1), None)
     last = next((s[0] - t0 for s in during if s[1] >= peak), None) if peak else None
-    node_s = sum((b[0] - a[0]) * a[1] for a, b in zip(during, during[1:]))
     return {"gpu_nodes_max": peak, "generate_actors_max": max((s[2] for s in during), default=0),
             "first_gpu_node_s": None if first is None else round(first, 1),
-            "last_gpu_node_s": None if last is None else round(last, 1), "gpu_node_s": node_s}
+            "last_gpu_node_s": None if last is None else round(last, 1), "gpu_node_s": node_seconds(samples, t0, t1)}
 
 
 def autoscaling_run(args, shared: dict, workdir: Path, tag: str, upfront: bool, cluster=None) -> dict:
@@ -148,10 +159,18 @@ def autoscaling_run(args, shared: dict, workdir: Path, tag: str, upfront: bool, 
         finally:
             sampler.stop_.set()
             sampler.join()
-        line = timeline(sampler.samples, build["t_start"], build["t_end"])
-        return {**line, "scaled_down_s": round(scaled_down, 1), "wall_s": round(build["t_end"] - build["t_start"], 1),
+        t0, t1 = build["t_start"], build["t_end"]
+        line = timeline(sampler.samples, t0, t1)
+        # Where the GPU-node-seconds went: before the first GPU work (nodes starting, actors
+        # starting and loading), during it, and after the last (the build's own end).
+        a, b = build["first_work"] or t1, build["last_work"] or t1
+        split = {"before_work": node_seconds(sampler.samples, t0, a), "working": node_seconds(sampler.samples, a, b),
+                 "after_work": node_seconds(sampler.samples, b, t1)}
+        return {**line, "scaled_down_s": round(scaled_down, 1), "wall_s": round(t1 - t0, 1),
                 "gpu_busy_share": round(build["gpu_work_s"] / line["gpu_node_s"], 3) if line["gpu_node_s"] else None,
-                "images": build["images"], "output": build["output"]}
+                "gpu_work_s": round(build["gpu_work_s"], 1),
+                "gpu_node_s_split": {k: round(v, 1) for k, v in split.items()},
+                "first_work_s": round(a - t0, 1), "images": build["images"], "output": build["output"]}
     finally:
         if own:
             cluster.stop()
@@ -163,7 +182,9 @@ def fixed_run(args, shared: dict, workdir: Path) -> dict:
     GPU pools grow to their shares at once, every GPU being there from the start."""
     from simcluster import SimCluster
 
-    cluster = SimCluster(nodes=2, gpus=args.max_gpus, cpus_per_node=2)
+    # As many logical CPUs per GPU as the fake GPU nodes declare (2), and the head's 2 for the
+    # driver's reservations: its actors wait for no CPU the autoscaling run's did not.
+    cluster = SimCluster(nodes=2, gpus=args.max_gpus, cpus_per_node=2 * math.ceil(args.max_gpus / 2) + 2)
     try:
         build = run_build(args, shared, autoscale_layout(shared), cluster.address,
                           {**cluster.env, "PYTHONPATH": str(ROOT)}, workdir, "fixed")
@@ -206,7 +227,9 @@ def main(argv: list[str] | None = None, cluster=None) -> dict:
             "first_gpu_node_s": upfront["first_gpu_node_s"], "last_gpu_node_s": upfront["last_gpu_node_s"],
             "first_gpu_node_s_without_request": paced and paced["first_gpu_node_s"],
             "last_gpu_node_s_without_request": paced and paced["last_gpu_node_s"],
-            "gpu_busy_share": upfront["gpu_busy_share"], "scaled_down_s": upfront["scaled_down_s"],
+            "gpu_busy_share": upfront["gpu_busy_share"], "gpu_work_s": upfront["gpu_work_s"],
+            "gpu_node_s_split": upfront["gpu_node_s_split"], "first_work_s": upfront["first_work_s"],
+            "scaled_down_s": upfront["scaled_down_s"],
             "wall_s": upfront["wall_s"], "wall_s_without_request": paced and paced["wall_s"],
             "wall_s_fixed": fixed and fixed["wall_s"],
             "wall_vs_fixed": fixed and round(upfront["wall_s"] / fixed["wall_s"], 3),

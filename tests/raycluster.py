@@ -168,7 +168,7 @@ class Cluster:
             self.base,
         )
         self.nodes.append(self.head)
-        self._wait(lambda: self._jobs_api_up(), "the head's Jobs API", self.head)
+        self._wait(self._head_up, "the head's Jobs API and raylet", self.head)
 
     def add_worker(self, name: str, **extra_env: str) -> Node:
         """Start a worker node (2 CPUs) in a new PID namespace; it becomes ``self.worker``."""
@@ -213,6 +213,11 @@ class Cluster:
         from ray.util.state.api import StateApiClient
 
         return StateApiClient(address=self.address, headers=jobs.auth_headers(self.token_file))
+
+    def _head_up(self) -> bool:
+        """The Jobs API answers and the head's raylet has registered (the dashboard comes up
+        before the raylet does: on a busy machine, seconds before)."""
+        return self._jobs_api_up() and any(n.is_head_node for n in self.alive_nodes())
 
     def alive_nodes(self) -> list:
         from ray.util.state.common import ListApiOptions, StateResource
@@ -340,7 +345,7 @@ class AutoscalingCluster(Cluster):
             f"--autoscaling-config={config_file}", *self._node_ports(p[3:]),
         ], env, self.base)
         self.nodes.append(self.head)
-        self._wait(lambda: self._jobs_api_up(), "the head's Jobs API", self.head)
+        self._wait(self._head_up, "the head's Jobs API and raylet", self.head)
 
     def gpu_nodes(self) -> list:
         """The alive nodes that have a GPU."""

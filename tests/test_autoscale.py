@@ -10,6 +10,7 @@ declares a GPU.  One cluster serves every test of this module; none runs ``ray s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ pytestmark = [
 GIB = 2**30
 GPU_TYPE = {"CPU": 2, "GPU": 1, "memory": 3 * GIB}
 BUILD_TIMEOUT = 480
+GROWTH_TIMEOUT = 420
 SCALE_DOWN_S = 150
 GPU_SETS = ["--set", "resources.generate.num_gpus=1", "--set", "resources.classify.num_gpus=0.5"]
 
@@ -85,6 +87,21 @@ class Watch(threading.Thread):
             self.stop_.wait(1.0)
 
 
+@contextlib.contextmanager
+def idle_timeout(c: AutoscalingCluster, minutes: float):
+    """The GPU nodes' idle timeout set to ``minutes`` for a while (the autoscaler reads its
+    config file again at every update)."""
+    config = c.base / "autoscaling.yaml"
+    original = config.read_text()
+    raw = yaml.safe_load(original)
+    raw["idle_timeout_minutes"] = minutes
+    config.write_text(yaml.safe_dump(raw))
+    try:
+        yield
+    finally:
+        config.write_text(original)
+
+
 def _wait_scaled_down(c: AutoscalingCluster) -> float:
     t0 = time.monotonic()
     while c.gpu_nodes():
@@ -121,55 +138,56 @@ def test_a_request_no_node_type_offers_is_refused(fake_cluster, light_cfg, tmp_p
     assert not fake_cluster.gpu_nodes()
 
 
-def test_build_scales_from_zero_gpu_nodes_and_gives_them_back(fake_cluster, light_cfg, tiny_reference, tmp_path):
-    """The tiny models generate a unit in a second or two, before a second GPU node is up: every
-    generation batch is held (fault injection's ``hold``) until the pool has grown to two actors
-    or 240 s have passed, so that the pool's growth is what is tested, not the race."""
+def _grow_then_reclaim(c: AutoscalingCluster, proc: subprocess.Popen, watch: Watch, faults: Path):
+    """Hold the build until its generate pool has 2 actors, kill a GPU node, release; wait for the end."""
+    deadline = time.monotonic() + GROWTH_TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline and max(watch.generate_actors, default=0) < 2:
+        time.sleep(1)
+    grown = max(watch.generate_actors, default=0) >= 2
+    killed = c.kill_gpu_node() if grown and proc.poll() is None else None  # while the batches are held
+    (faults / "release").touch()
+    out, _ = proc.communicate(timeout=BUILD_TIMEOUT)
+    return grown, killed, out
+
+
+def test_build_from_zero_gpu_nodes_grows_survives_a_reclaimed_node_and_gives_nodes_back(
+    fake_cluster, light_cfg, tiny_reference, tmp_path
+):
+    """One build from 0 GPU nodes under --max-gpus 3: the generate pool grows to two actors on
+    the nodes the autoscaler starts; then a GPU node's processes are killed (a spot reclaim), the
+    autoscaler replaces it, and the build finishes equal to an uninterrupted one (nothing lost,
+    nothing duplicated); the nodes are given back after the idle timeout.
+
+    The tiny models generate a unit in a second or two, before a second GPU node is up: every
+    generation batch is held (fault injection's ``hold``) until the pool has grown to two actors,
+    so that the pool's growth is what is tested, not the race.  On a quiet 2-core machine it grows
+    about 40 s after the build's start; the wait allows ten times that for a busy one.  While the
+    build runs the nodes' idle timeout is 90 s, as a cloud's is longer than an actor's start-up:
+    with this cluster's 15 s, a busy machine released the node the pool was to grow onto while
+    the pool's first actor was still starting (deploy/README.md, "The request up front")."""
     assert not fake_cluster.gpu_nodes()
     faults = tmp_path / "faults"
     faults.mkdir()
+    out_dir = tmp_path / "out"
     watch = Watch(fake_cluster)
     watch.start()
-    proc = _build(fake_cluster, light_cfg, tmp_path / "out", "--max-gpus", "3",
+    proc = _build(fake_cluster, light_cfg, out_dir, "--max-gpus", "3",
                   env={"CNSBENCH_FAULT_INJECT": "generate:start:*:hold", "CNSBENCH_FAULT_DIR": str(faults)})
+    killed = None
     try:
-        deadline = time.monotonic() + 240
-        while proc.poll() is None and time.monotonic() < deadline and max(watch.generate_actors, default=0) < 2:
-            time.sleep(1)
-        (faults / "release").touch()
-        out, _ = proc.communicate(timeout=BUILD_TIMEOUT)
+        with idle_timeout(fake_cluster, 1.5):
+            grown, killed, out = _grow_then_reclaim(fake_cluster, proc, watch, faults)
     finally:
         watch.stop_.set()
         watch.join()
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 0, out[-4000:]
     assert "GPU budget 3: generate 1-2 actors, classify 1-1 actors" in out, out[-3000:]
     assert max(watch.gpu_nodes) >= 2, watch.gpu_nodes
-    assert max(watch.generate_actors) >= 2, watch.generate_actors
-    assert_same_as_full(snapshot(tmp_path / "out"), snapshot(tiny_reference))
-    _wait_scaled_down(fake_cluster)
-
-
-def test_a_reclaimed_gpu_node_costs_nothing(fake_cluster, light_cfg, tiny_reference, tmp_path):
-    """A GPU node's processes killed mid-build (a spot reclaim): the autoscaler replaces it and
-    the build finishes, equal to an uninterrupted one (nothing lost, nothing duplicated)."""
-    from pipeline.io.store import OutputStore
-
-    out_dir = tmp_path / "out"
-    proc = _build(fake_cluster, light_cfg, out_dir, "--max-gpus", "3")
-    killed = None
-    try:
-        deadline = time.monotonic() + BUILD_TIMEOUT
-        while killed is None and proc.poll() is None and time.monotonic() < deadline:
-            # Once the first shard is committed, generation is under way on the GPU nodes.
-            if out_dir.exists() and OutputStore(str(out_dir)).list("manifest") and fake_cluster.gpu_nodes():
-                killed = fake_cluster.kill_gpu_node()
-            time.sleep(0.5)
-        out, _ = proc.communicate(timeout=BUILD_TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert killed, "the build ended before a GPU node could be killed"
-    assert proc.returncode == 0, out[-4000:]
+    assert grown, (f"the generate pool did not reach 2 actors within {GROWTH_TIMEOUT} s: GPU nodes "
+                   f"{watch.gpu_nodes}, generate actors {watch.generate_actors}")
+    assert killed, "the build ended before a GPU node could be reclaimed"
     snap = snapshot(out_dir)
     assert snap["samples"]["sample_id"].is_unique
     assert_same_as_full(snap, snapshot(tiny_reference))

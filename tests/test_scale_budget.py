@@ -192,3 +192,64 @@ def test_a_cluster_without_gpus_at_start_is_told_about_max_gpus():
     assert gpu_budget(chain, ClusterView(True, with_gpus, with_gpus, None), notes.append) is None  # a local Ray
     budgeted = build_chain(load_config(TINY_CONFIG, sets=["resources.generate.num_gpus=1", "resources.max_gpus=5"]))
     assert gpu_budget(budgeted, ClusterView(False, nodes, nodes, None), notes.append) == 5.0 and len(notes) == 1
+
+
+# --------------------------------------------------------------------------- the request up front
+def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus(monkeypatch):
+    """Withdrawn when the nodes are up *and* the pools' first actors are placed: withdrawn as soon
+    as the nodes were up, a node the pools had not grown onto yet was idle and could be released
+    before they did.  Withdrawn in any case when the run ends."""
+    import threading
+
+    import ray
+
+    calls: list[tuple] = []
+    state = {"up": 0.0, "used": 0.0}
+    polled = threading.Event()
+
+    class Method:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, *args, **kwargs):
+            calls.append((self.name, args, kwargs))
+
+    class Coordinator:
+        request_resources, cancel_request = Method("request"), Method("cancel")
+
+    def gpus():
+        polled.set()
+        return state["up"], state["used"]
+
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
+    monkeypatch.setattr(ray_private, "autoscaling_coordinator", lambda: Coordinator())
+    monkeypatch.setattr(ray_private, "gpus_up_and_used", gpus)
+
+    def wait_polls(n=3):
+        for _ in range(n):
+            polled.clear()
+            assert polled.wait(5)
+
+    bundles = [{"CPU": 1, "GPU": 1.0}, {"CPU": 1, "GPU": 1.0}, {"CPU": 1, "GPU": 0.5}]
+    with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01):
+        assert [c[0] for c in calls] == ["request"] and calls[0][2]["resources"] == bundles
+        state["up"] = 3.0  # every node up, no actor placed yet: still asked for
+        wait_polls()
+        assert [c[0] for c in calls] == ["request"]
+        state["used"] = 1.0  # one of the two first actors placed
+        wait_polls()
+        assert [c[0] for c in calls] == ["request"]
+        state["used"] = 1.5  # both: handed over to the pools
+        for _ in range(500):
+            if len(calls) > 1:
+                break
+            threading.Event().wait(0.01)
+        assert [c[0] for c in calls] == ["request", "cancel"]
+    assert [c[0] for c in calls][-1] == "cancel"  # and once more at the end (harmless)
+
+    calls.clear()
+    state.update(up=0.0, used=0.0)
+    with pytest.raises(RuntimeError):
+        with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01):
+            raise RuntimeError("the run failed")
+    assert [c[0] for c in calls] == ["request", "cancel"]  # withdrawn with the failure

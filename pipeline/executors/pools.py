@@ -10,7 +10,8 @@ budget, and requests every node can place.
   at once, and their CPU and memory requests are scaled until they do.
 * **The request up front**: on an autoscaling cluster, one bundle per actor of each GPU pool's
   range (:func:`budget_bundles`), asked for at the start so that the nodes start together, and
-  withdrawn once they are up (:func:`pipeline.executors.ray_private.budget_request`).
+  withdrawn once they are up and the pools' first actors hold their GPUs
+  (:func:`first_gpus`, :func:`pipeline.executors.ray_private.budget_request`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,11 @@ UPFRONT_ENV = "CNSBENCH_UPFRONT_REQUEST"
 
 def upfront_request() -> bool:
     return os.environ.get(UPFRONT_ENV, "1") != "0"
+
+
+def first_gpus(sized: list[Sized]) -> float:
+    """The GPUs the pools' first actors (``pool_size`` each) hold."""
+    return sum(s.min_size * s.resources.num_gpus for s in sized if s.resources.num_gpus > 0)
 
 
 def budget_bundles(sized: list[Sized]) -> list[dict[str, float]]:

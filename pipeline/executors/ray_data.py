@@ -20,7 +20,7 @@ from pipeline.config import StageResources
 from pipeline.executors import cluster
 from pipeline.executors.base import Executor, RunOptions, StageSpec
 from pipeline.executors.chain import Chain, as_chain
-from pipeline.executors.pools import Sized, budget_bundles, size_pools, upfront_request
+from pipeline.executors.pools import Sized, budget_bundles, first_gpus, size_pools, upfront_request
 from pipeline.executors.ray_private import budget_request, exact_blocks
 from pipeline.runtime.faults import fault_env
 
@@ -253,7 +253,8 @@ class RayDataExecutor(Executor):
 
         # On an autoscaling cluster the whole budget is asked for now, so its GPU nodes start
         # together rather than one per autoscaler tick; the request ends with the run.
-        with budget_request(budget_bundles(sized) if view.autoscaling and upfront_request() else []):
+        with budget_request(budget_bundles(sized) if view.autoscaling and upfront_request() else [],
+                            first_gpus=first_gpus(sized)):
             with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
                 for row in ds.iter_rows():
                     row = dict(row)

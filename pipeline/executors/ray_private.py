@@ -13,7 +13,7 @@ Ray 2.60 has no public API for three things the Ray executor needs:
   Data's coordinator, which would overwrite a request made beside it);
 * the address ``ray start`` left in Ray's bootstrap file (:func:`bootstrap_address`).
 
-``tests/test_ray_private.py`` checks each against the installed Ray, so a Ray upgrade that
+``tests/test_scale_budget.py`` checks each against the installed Ray, so a Ray upgrade that
 changes one fails there, not in the middle of a build.
 """
 
@@ -145,17 +145,31 @@ REQUEST_EXPIRY_S = 7 * 24 * 3600  # withdrawn by the run itself (budget_request)
 
 
 HANDOVER_TIMEOUT_S = 1800.0  # a request the cloud never met is withdrawn after this long
+FIRST_ACTORS_WAIT_S = 300.0  # nodes up, the pools' first actors not placed: withdrawn all the same
+
+
+def gpus_up_and_used() -> tuple[float, float]:
+    """The cluster's GPUs, and how many of them its actors hold now."""
+    import ray
+
+    total = float(ray.cluster_resources().get("GPU", 0))
+    return total, total - float(ray.available_resources().get("GPU", 0))
 
 
 @contextlib.contextmanager
-def budget_request(bundles: list[dict[str, float]], poll_s: float = 2.0) -> Iterator[None]:
+def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0) -> Iterator[None]:
     """Ask the autoscaler for ``bundles`` at once, and withdraw the request as soon as the cluster
-    holds their GPUs (or the block ends, or fails): the nodes are then started together, and
-    released once idle after the run.
+    holds their GPUs and the pools' first actors (``first_gpus``: their GPUs) hold theirs (or the
+    block ends, or fails): the nodes are then started together, and released once idle after the
+    run.
 
     The request goes through Ray Data's coordinator, which reserves what a requester asked for:
     held for the whole run, it would keep the GPUs from the run's own dataset, whose pools could
-    then not grow onto them.  Withdrawn once the nodes are up, the pools' actors hold them."""
+    then not grow onto them.  Withdrawn once the nodes are up and the pools' first actors placed,
+    the pools grow onto the rest at once (their first actors' queues are full by then): withdrawn
+    as soon as the nodes were up, a node the pools had not yet grown onto (their first actors
+    still starting) was idle, and an idle timeout shorter than an actor's start-up released it
+    before they could (measured with a 15 s timeout; the pools then never grew onto it)."""
     if not bundles:
         yield
         return
@@ -176,13 +190,17 @@ def budget_request(bundles: list[dict[str, float]], poll_s: float = 2.0) -> Iter
             pass
 
     def hand_over() -> None:
-        deadline = time.monotonic() + HANDOVER_TIMEOUT_S
+        deadline, all_up = time.monotonic() + HANDOVER_TIMEOUT_S, None
         while not done.wait(poll_s):
             try:
-                up = float(ray.cluster_resources().get("GPU", 0))
+                up, used = gpus_up_and_used()
             except Exception:  # noqa: BLE001 - the driver is going away
                 return
-            if up >= wanted - 1e-6 or time.monotonic() > deadline:
+            now = time.monotonic()
+            if up >= wanted - 1e-6:
+                all_up = all_up or now
+            placed = used >= first_gpus - 1e-6
+            if (all_up and (placed or now - all_up > FIRST_ACTORS_WAIT_S)) or now > deadline:
                 withdraw()
                 return
 

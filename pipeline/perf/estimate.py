@@ -188,7 +188,7 @@ def _asks(kind: str) -> bool:
     from pipeline import registry
 
     try:
-        return bool(getattr(registry.CLASSIFIERS.get(kind), "asks", False))
+        return bool(registry.CLASSIFIERS.get(kind).asks)  # a Classifier's class attribute
     except (KeyError, ImportError):
         return False
 
