@@ -58,11 +58,15 @@ SCALE_DOWN_LIMIT_S = 300
 # 4 put generation on 3 GPUs and the quarter-GPU actors on the fourth, which their 15 % of the work
 # left mostly idle: GPU busy share 0.535 (BENCHMARKS.md, "Autoscaling").
 GENERATE_SHARE = 0.75
+# The filter's and the classifier groups' actors: a quarter of a GPU each.  An eighth (generation
+# on seven eighths) put two of them on one node, which could then hold no generation actor: the
+# generate pool reached 3 actors of 4 and the busy share fell to 0.556 (BENCHMARKS.md, "Autoscaling").
+AUX_SHARE = scale_model.QUARTER
 
 
 def autoscale_layout(shared: dict) -> dict[str, dict]:
     """Every pool at one actor (the budget grows the GPU pools)."""
-    pools = {k: {"actors": 1, "gpu_share": scale_model.QUARTER} for k in shared["seconds"] if k != "generate"}
+    pools = {k: {"actors": 1, "gpu_share": AUX_SHARE} for k in shared["seconds"] if k != "generate"}
     return {"generate": {"actors": 1, "gpu_share": GENERATE_SHARE}, **pools, "write": {"actors": 1, "gpu_share": 0.0}}
 
 
@@ -89,6 +93,12 @@ class Sampler(threading.Thread):
             self.stop_.wait(1.0)
 
 
+def machine_cpu_seconds() -> float:
+    """CPU-seconds this machine has spent working since boot (every process: user, nice, system, irq)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
+
+
 def run_build(args, shared: dict, pools: dict, address: str, env: dict, workdir: Path, tag: str) -> dict:
     """One stand-in build with the driver in a subprocess; its figures and output."""
     out, stats = workdir / f"out-{tag}", workdir / f"stats-{tag}"
@@ -96,14 +106,16 @@ def run_build(args, shared: dict, pools: dict, address: str, env: dict, workdir:
     raw.setdefault("resources", {})["max_gpus"] = args.max_gpus
     sim = {"gpu": args.gpu, "compression": args.compression, "stats_dir": str(stats), "palette": shared["palette"],
            "shares": {k: p["gpu_share"] for k, p in pools.items() if ":" not in k}
-           | {"classify": scale_model.QUARTER},
+           | {"classify": AUX_SHARE},
            "pools": pools, "groups": shared["groups"], "actors": sum(p["actors"] for p in pools.values()),
            "cpu_model_s": shared["cpu"], "startup_s": shared["startup_s"], "hold_s": 0.0}
     job, result, log = workdir / f"job-{tag}.json", workdir / f"result-{tag}.json", workdir / f"driver-{tag}.log"
     job.write_text(json.dumps({"raw": raw, "output": str(out), "sim": sim, "address": address, "result": str(result)}))
+    cpu0, t0 = machine_cpu_seconds(), time.time()
     with open(log, "w") as fh:
         proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--driver", str(job)], env=env,
                               stdout=fh, stderr=subprocess.STDOUT, text=True)
+    cpu_share = (machine_cpu_seconds() - cpu0) / ((time.time() - t0) * (os.cpu_count() or 1))
     if proc.returncode:
         raise RuntimeError(f"the {tag} build failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
     driver = json.loads(result.read_text())
@@ -113,8 +125,11 @@ def run_build(args, shared: dict, pools: dict, address: str, env: dict, workdir:
         work += sum((ln["end"] - ln["start"]) * share for ln in lines)
         spans += [(ln["start"], ln["end"]) for ln in lines] if share > 0 else []
     first, last = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (None, None)
+    busy = {stage: round(sum(ln["end"] - ln["start"] for ln in lines) / max(1e-9, (last - first) * n), 3)
+            for stage, lines in scale.read_stats(stats).items()
+            if lines and first is not None and (n := len({ln["pid"] for ln in lines}))}
     return {**driver, "gpu_work_s": work, "first_work": first, "last_work": last, "output": str(out),
-            "log": log.read_text()}
+            "machine_cpu_share": round(cpu_share, 3), "busy": busy, "log": log.read_text()}
 
 
 def node_seconds(samples: list[tuple[float, int, int]], t0: float, t1: float) -> float:
@@ -170,7 +185,8 @@ def autoscaling_run(args, shared: dict, workdir: Path, tag: str, upfront: bool, 
                 "gpu_busy_share": round(build["gpu_work_s"] / line["gpu_node_s"], 3) if line["gpu_node_s"] else None,
                 "gpu_work_s": round(build["gpu_work_s"], 1),
                 "gpu_node_s_split": {k: round(v, 1) for k, v in split.items()},
-                "first_work_s": round(a - t0, 1), "images": build["images"], "output": build["output"]}
+                "first_work_s": round(a - t0, 1), "machine_cpu_share": build["machine_cpu_share"],
+                "busy": build["busy"], "images": build["images"], "output": build["output"]}
     finally:
         if own:
             cluster.stop()
@@ -229,6 +245,7 @@ def main(argv: list[str] | None = None, cluster=None) -> dict:
             "last_gpu_node_s_without_request": paced and paced["last_gpu_node_s"],
             "gpu_busy_share": upfront["gpu_busy_share"], "gpu_work_s": upfront["gpu_work_s"],
             "gpu_node_s_split": upfront["gpu_node_s_split"], "first_work_s": upfront["first_work_s"],
+            "busy_while_working": upfront["busy"], "machine_cpu_share": upfront["machine_cpu_share"],
             "scaled_down_s": upfront["scaled_down_s"],
             "wall_s": upfront["wall_s"], "wall_s_without_request": paced and paced["wall_s"],
             "wall_s_fixed": fixed and fixed["wall_s"],
