@@ -153,6 +153,9 @@ class _PromptRecorder:
         self.ooc.spec = spec
         self.seen: list[tuple[str, str]] = []
 
+    def set_precision(self, precision):  # the filter contract (docs/architecture.md, "Registries")
+        self.precision = precision
+
     def evaluate(self, items):
         from pipeline.models.keep_all import KeepAll
 
