@@ -50,7 +50,7 @@ class FilterStage(Stage):
         # Keeping every image needs no device (nor torch, which choosing one imports).
         self.device = pick_device(self.device_override) if cls is not KeepAll else (self.device_override or "cpu")
         self.filter = cls(spec, self.device)
-        if cls is not KeepAll:  # resources.filter.precision / channels_last (keeping all imports no torch)
+        if self.uses_torch:  # resources.filter.precision / channels_last (keeping all imports no torch)
             from pipeline.models.precision import ModelPrecision
 
             self.filter.set_precision(ModelPrecision.of(cfg.resources.filter))
