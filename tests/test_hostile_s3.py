@@ -86,3 +86,28 @@ def test_foreign_prefix_is_refused_and_lease_round_trip(s3, tmp_path, capsys):
         with pytest.raises(LeaseHeld, match="being written by"):
             acquire(OutputStore(uri), "evaluate")
     assert read_lease(OutputStore(uri)) is None
+
+
+def test_a_lease_renewed_between_open_and_read_is_read_again(s3, monkeypatch):
+    """The lease is rewritten while a worker reads it (its heartbeat): s3fs then refuses the
+    read of the object it opened (PreconditionFailed on the old ETag).  That is a race, not a
+    fault: the read is retried and returns the new lease whole."""
+    from pipeline.io import retry
+    from pipeline.io.store import OutputStore
+
+    monkeypatch.setattr(retry.time, "sleep", lambda s: None)
+    store = OutputStore(f"{s3}/builds/renewed")
+    store.write_bytes("lease.json", b'{"renewal": 1}')
+    opened = store.fs.open
+    replaced = []
+
+    def open_then_renew(path, mode="rb", **kwargs):
+        fh = opened(path, mode, **kwargs)
+        if not replaced:  # the heartbeat's write lands after the open took the old ETag
+            replaced.append(1)
+            store.fs.pipe(path, b'{"renewal": 2}')
+        return fh
+
+    monkeypatch.setattr(store.fs, "open", open_then_renew)
+    assert store.read_bytes("lease.json") == b'{"renewal": 2}'
+    assert replaced == [1]

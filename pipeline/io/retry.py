@@ -51,6 +51,9 @@ _TRANSIENT_TYPES = (
     "ClientConnectionError", "ServerDisconnectedError", "ClientPayloadError", "ClientOSError",
     "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
     "IncompleteRead", "ResponseStreamingError", "FSTimeoutError", "ProtocolError",
+    # s3fs: the object was replaced between the open (which took its ETag) and the read; the
+    # next attempt, after the cache is invalidated, reads the new object whole.
+    "FileExpired",
 )
 
 
