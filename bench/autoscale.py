@@ -53,14 +53,16 @@ IDLE_TIMEOUT_MIN = 0.25
 SCALE_DOWN_LIMIT_S = 300
 
 
-# Generation on three quarters of a GPU: each 1-GPU node then holds a generation actor and a
-# quarter-GPU filter or classify actor.  On whole GPUs (cns_bench.yaml's num_gpus 1) the budget of
-# 4 put generation on 3 GPUs and the quarter-GPU actors on the fourth, which their 15 % of the work
-# left mostly idle: GPU busy share 0.535 (BENCHMARKS.md, "Autoscaling").
-GENERATE_SHARE = 0.75
-# The filter's and the classifier groups' actors: a quarter of a GPU each.  An eighth (generation
-# on seven eighths) put two of them on one node, which could then hold no generation actor: the
-# generate pool reached 3 actors of 4 and the busy share fell to 0.556 (BENCHMARKS.md, "Autoscaling").
+# Generation on half a GPU, the filter's and the classifier groups' actors on a quarter each: at
+# 4 GPUs the budget holds 7 generation actors and the two quarter-GPU actors, all 4 GPUs, and any
+# node holds two generation actors or one beside up to two quarter-GPU ones.  Layouts measured
+# (BENCHMARKS.md, "Autoscaling" and "Pools that start at their share (2026-11-28)"): on whole GPUs
+# (cns_bench.yaml's num_gpus 1) generation held 3 GPUs and the quarter-GPU actors the fourth,
+# mostly idle (GPU busy share 0.535); on three quarters, 4 generation actors each beside a
+# quarter-GPU actor (0.626); on seven eighths with the others on an eighth, two small actors on
+# one node left it no room for generation (0.556); on half, with the others on an eighth, a
+# quarter of a GPU was left over and the filter's one actor was busy 0.78 (0.712).
+GENERATE_SHARE = 0.5
 AUX_SHARE = scale_model.QUARTER
 
 

@@ -194,6 +194,45 @@ def test_a_cluster_without_gpus_at_start_is_told_about_max_gpus():
     assert gpu_budget(budgeted, ClusterView(False, nodes, nodes, None), notes.append) == 5.0 and len(notes) == 1
 
 
+def test_gpu_pools_start_at_their_share_where_its_gpus_are_there_or_asked_for(monkeypatch):
+    """Ray Data grows a pool about one step per ten seconds as its queue fills; where the budget's
+    GPUs are asked for up front (an autoscaling cluster) or already there (a fixed cluster that
+    holds it), each GPU pool starts at its maximum instead.  A budget larger than a fixed
+    cluster's GPUs leaves the pools at pool_size, growing as Ray Data sees fit."""
+    from pipeline.build import build_chain
+    from pipeline.executors import pools
+    from pipeline.executors.cluster import ClusterView
+    from pipeline.executors.pools import Sized, first_gpus, size_pools
+
+    cfg = load_config(TINY_CONFIG, sets=["resources.generate.num_gpus=1", "resources.classify.num_gpus=0.5",
+                                         "resources.max_gpus=4"])
+    chain = build_chain(cfg)
+    sized = [Sized(p, p.resources, GIB) for p in chain.pools]
+    head = {"head": {"CPU": 8.0, "memory": 64.0 * GIB}}
+    gpu_type = ray_private.NodeType("gpu", {"CPU": 8.0, "GPU": 1.0, "memory": 32.0 * GIB}, 0, 4)
+    notes: list[str] = []
+
+    def starts(view) -> dict[str, tuple[int, int, int]]:
+        return {s.pool.name: (s.min_size, s.initial_size, s.max_size)
+                for s in size_pools(chain, sized, view, notes.append) if s.resources.num_gpus > 0}
+
+    autoscaling = starts(ClusterView(False, head, head, [gpu_type]))
+    assert autoscaling["generate"][0] == 1 and autoscaling["generate"][1] == autoscaling["generate"][2] > 1
+    assert all(initial == top for _, initial, top in autoscaling.values())
+    assert notes[-1].endswith("each GPU pool starts at its maximum")
+    monkeypatch.setenv(pools.UPFRONT_ENV, "0")  # no request up front: the pools grow as nodes join
+    assert all(initial == low for low, initial, _ in starts(ClusterView(False, head, head, [gpu_type])).values())
+    monkeypatch.delenv(pools.UPFRONT_ENV)
+    four = {"head": {"CPU": 8.0, "memory": 64.0 * GIB}, "gpus": {"CPU": 16.0, "GPU": 4.0, "memory": 64.0 * GIB}}
+    fixed = starts(ClusterView(False, four, four, None))
+    assert fixed == autoscaling
+    two = {"head": {"CPU": 8.0, "memory": 64.0 * GIB}, "gpus": {"CPU": 16.0, "GPU": 2.0, "memory": 64.0 * GIB}}
+    short = starts(ClusterView(False, two, two, None))  # the budget (4) is more than the cluster has (2)
+    assert all(initial == low for low, initial, _ in short.values()) and short["generate"][2] > 1
+    held = size_pools(chain, sized, ClusterView(False, four, four, None), notes.append)
+    assert first_gpus(held) == sum(s.max_size * s.resources.num_gpus for s in held if s.resources.num_gpus > 0)
+
+
 # --------------------------------------------------------------------------- the request up front
 def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus(monkeypatch):
     """Withdrawn when the nodes are up *and* the pools' first actors are placed: withdrawn as soon

@@ -3,14 +3,16 @@ budget, and requests every node can place.
 
 * **The GPU budget** (``resources.max_gpus``, ``--max-gpus``; on a cluster given by address
   without one, the GPUs it has at start) is split among the GPU pools by
-  :func:`pipeline.perf.budget.split`: each starts at ``pool_size`` and may grow to its share
-  (Ray Data's ``ActorPoolStrategy(min_size, max_size)``) as GPU nodes join.
+  :func:`pipeline.perf.budget.split`: each pool's range runs from ``pool_size`` to its share
+  (Ray Data's ``ActorPoolStrategy(min_size, max_size, initial_size)``).  Where the budget's GPUs
+  are asked for up front or already there, a GPU pool starts at its share (its actors wait for
+  their nodes); elsewhere it starts at ``pool_size`` and Ray Data grows it.
 * **Placement** (:mod:`pipeline.executors.placement`): an actor that no node (type) can hold
   is refused before anything waits on it; on a fixed cluster the pools' first actors must fit
   at once, and their CPU and memory requests are scaled until they do.
 * **The request up front**: on an autoscaling cluster, one bundle per actor of each GPU pool's
   range (:func:`budget_bundles`), asked for at the start so that the nodes start together, and
-  withdrawn once they are up and the pools' first actors hold their GPUs
+  withdrawn once they are up and the pools' starting actors hold their GPUs
   (:func:`first_gpus`, :func:`pipeline.executors.ray_private.budget_request`).
 """
 
@@ -38,6 +40,7 @@ class Sized:
     pool: Pool
     resources: "StageResources"
     memory: int | None
+    initial: int | None = None  # actors started at once (None: min_size)
 
     @property
     def min_size(self) -> int:
@@ -46,6 +49,10 @@ class Sized:
     @property
     def max_size(self) -> int:
         return self.resources.max_pool_size or self.resources.pool_size
+
+    @property
+    def initial_size(self) -> int:
+        return self.initial if self.initial is not None else self.min_size
 
 
 def gpu_budget(chain: Chain, view: ClusterView, notice: Callable[[str], None]) -> float | None:
@@ -91,11 +98,20 @@ def size_pools(chain: Chain, sized: list[Sized], view: ClusterView, notice: Call
         if view.local:
             budget = min(budget, view.total("GPU"))
         ranges = _ranges(chain, sized, budget)
-        sized = [replace(s, resources=s.resources.model_copy(update={"max_pool_size": ranges[s.pool.name]}))
+        # The GPU pools start at their whole share where its GPUs are there or asked for: on an
+        # autoscaling cluster (the budget requested up front; each actor waits for its node), and
+        # on a fixed cluster that holds the budget.  Ray Data's own growth adds actors as their
+        # queues fill, about one step per ten seconds: at 4 GPUs from zero nodes, the generate
+        # actors began work 17, 37 and 54 s into the build, the nodes having been up since
+        # 18 s (BENCHMARKS.md, "Pools that start at their share (2026-11-28)").
+        whole = view.autoscaling and upfront_request() or budget <= view.total("GPU") + 1e-6
+        sized = [replace(s, resources=s.resources.model_copy(update={"max_pool_size": ranges[s.pool.name]}),
+                         initial=ranges[s.pool.name] if whole else None)
                  if s.pool.name in ranges else s for s in sized]
         if ranges:
             notice(f"GPU budget {budget:g}: " + ", ".join(
-                f"{s.pool.name} {s.min_size}-{s.max_size} actors" for s in sized if s.pool.name in ranges))
+                f"{s.pool.name} {s.min_size}-{s.max_size} actors" for s in sized if s.pool.name in ranges)
+                + ("; each GPU pool starts at its maximum" if whole else ""))
     asks = [Ask(s.pool.name, s.resources.num_cpus, s.resources.num_gpus, int(s.memory or 0), s.min_size)
             for s in sized]
     if view.autoscaling:
@@ -125,8 +141,8 @@ def upfront_request() -> bool:
 
 
 def first_gpus(sized: list[Sized]) -> float:
-    """The GPUs the pools' first actors (``pool_size`` each) hold."""
-    return sum(s.min_size * s.resources.num_gpus for s in sized if s.resources.num_gpus > 0)
+    """The GPUs the pools' starting actors (``initial_size`` each) hold."""
+    return sum(s.initial_size * s.resources.num_gpus for s in sized if s.resources.num_gpus > 0)
 
 
 def budget_bundles(sized: list[Sized]) -> list[dict[str, float]]:

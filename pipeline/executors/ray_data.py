@@ -96,10 +96,10 @@ def cpu_only_local_cluster(address: str | None) -> bool:
     return float(ray.cluster_resources().get("GPU", 0)) == 0
 
 
-def _pool(stage: StageResources):
+def _pool(sized: Sized):
     import ray
 
-    return ray.data.ActorPoolStrategy(min_size=stage.pool_size, max_size=stage.max_pool_size or stage.pool_size)
+    return ray.data.ActorPoolStrategy(min_size=sized.min_size, max_size=sized.max_size, initial_size=sized.initial_size)
 
 
 def _remote_args(stage: StageResources, bookkept: bool) -> dict:
@@ -229,7 +229,7 @@ class RayDataExecutor(Executor):
                     fn_constructor_kwargs=kwargs,
                     batch_size=s.pool.batch_size,
                     batch_format="pyarrow",
-                    compute=_pool(r),
+                    compute=_pool(s),
                     num_gpus=r.num_gpus,
                     num_cpus=r.num_cpus,
                     **({"memory": mem} if mem else {}),

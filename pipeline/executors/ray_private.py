@@ -159,14 +159,14 @@ def gpus_up_and_used() -> tuple[float, float]:
 @contextlib.contextmanager
 def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0) -> Iterator[None]:
     """Ask the autoscaler for ``bundles`` at once, and withdraw the request as soon as the cluster
-    holds their GPUs and the pools' first actors (``first_gpus``: their GPUs) hold theirs (or the
+    holds their GPUs and the pools' starting actors (``first_gpus``: their GPUs) hold theirs (or the
     block ends, or fails): the nodes are then started together, and released once idle after the
     run.
 
     The request goes through Ray Data's coordinator, which reserves what a requester asked for:
     held for the whole run, it would keep the GPUs from the run's own dataset, whose pools could
-    then not grow onto them.  Withdrawn once the nodes are up and the pools' first actors placed,
-    the pools grow onto the rest at once (their first actors' queues are full by then): withdrawn
+    then not grow onto them.  Withdrawn once the nodes are up and the pools' starting actors
+    placed, the pools use the nodes (and grow onto any room left as their queues fill): withdrawn
     as soon as the nodes were up, a node the pools had not yet grown onto (their first actors
     still starting) was idle, and an idle timeout shorter than an actor's start-up released it
     before they could (measured with a 15 s timeout; the pools then never grew onto it)."""
