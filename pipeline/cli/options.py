@@ -25,8 +25,9 @@ def add_set_argument(parser: argparse.ArgumentParser) -> None:
 def add_max_gpus_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-gpus", type=_max_gpus, default=None, metavar="N",
-        help="GPU budget (resources.max_gpus): the GPU pools start at pool_size and grow to their share of N "
-        "GPUs, split by projected GPU time; on an autoscaling cluster all N are requested up front",
+        help="GPU budget (resources.max_gpus): the GPU pools range from pool_size to their share of N GPUs, "
+        "split by projected GPU time; on an autoscaling cluster all N are requested up front and the pools "
+        "start at their share",
     )
 
 

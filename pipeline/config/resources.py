@@ -110,8 +110,9 @@ class Resources(Strict):
         ge=1,
         le=100_000,
         description="GPU budget of a build (`--max-gpus`): split among the GPU pools in proportion to their "
-        "projected GPU time (pipeline/perf/budget.py); each pool starts at pool_size and may grow to its share "
-        "as GPU nodes join; on an autoscaling cluster the whole budget is requested up front. Unset: a "
+        "projected GPU time (pipeline/perf/budget.py), each pool ranging from pool_size to its share; on an "
+        "autoscaling cluster the whole budget is requested up front and the pools start at their share, "
+        "their actors starting as GPU nodes join. Unset: a "
         "cluster given by address uses the GPUs it has at start; a local Ray, the pools as configured",
     )
 
