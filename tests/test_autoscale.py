@@ -154,17 +154,19 @@ def test_build_from_zero_gpu_nodes_grows_survives_a_reclaimed_node_and_gives_nod
     fake_cluster, light_cfg, tiny_reference, tmp_path
 ):
     """One build from 0 GPU nodes under --max-gpus 3: the generate pool (started at its share, two
-    actors waiting for their nodes) reaches two live actors on the nodes the autoscaler starts; then a GPU node's processes are killed (a spot reclaim), the
-    autoscaler replaces it, and the build finishes equal to an uninterrupted one (nothing lost,
-    nothing duplicated); the nodes are given back after the idle timeout.
+    actors waiting for their nodes) reaches two live actors on the nodes the autoscaler starts;
+    then a GPU node's processes are killed (a spot reclaim), the autoscaler replaces it, and the
+    build finishes equal to an uninterrupted one (nothing lost, nothing duplicated); the nodes are
+    given back after the idle timeout.
 
     The tiny models generate a unit in a second or two, before a second GPU node is up: every
-    generation batch is held (fault injection's ``hold``) until the pool has two live actors,
-    so that the pool's use of the new nodes is what is tested, not the race.  On a quiet 2-core machine it grows
-    about 40 s after the build's start; the wait allows ten times that for a busy one.  While the
-    build runs the nodes' idle timeout is 90 s, as a cloud's is longer than an actor's start-up:
-    with this cluster's 15 s, a busy machine released the node the pool was to grow onto while
-    the pool's first actor was still starting (deploy/README.md, "The request up front")."""
+    generation batch is held (fault injection's ``hold``) until the pool has two live actors, so
+    that the pool's use of the new nodes is what is tested, not the race.  On a quiet 2-core
+    machine that is about 40 s after the build's start; the wait allows ten times that for a busy
+    one.  While the build runs the nodes' idle timeout is 90 s, as a cloud's is longer than an
+    actor's start-up: with this cluster's 15 s, a busy machine released the node the pool was to
+    grow onto while the pool's first actor was still starting (deploy/README.md, "The request up
+    front")."""
     assert not fake_cluster.gpu_nodes()
     faults = tmp_path / "faults"
     faults.mkdir()

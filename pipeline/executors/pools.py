@@ -40,7 +40,7 @@ class Sized:
     pool: Pool
     resources: "StageResources"
     memory: int | None
-    initial: int | None = None  # actors started at once (None: min_size)
+    starts_whole: bool = False  # started at max_size (its share), not min_size
 
     @property
     def min_size(self) -> int:
@@ -52,7 +52,7 @@ class Sized:
 
     @property
     def initial_size(self) -> int:
-        return self.initial if self.initial is not None else self.min_size
+        return self.max_size if self.starts_whole else self.min_size
 
 
 def gpu_budget(chain: Chain, view: ClusterView, notice: Callable[[str], None]) -> float | None:
@@ -104,9 +104,9 @@ def size_pools(chain: Chain, sized: list[Sized], view: ClusterView, notice: Call
         # queues fill, about one step per ten seconds: at 4 GPUs from zero nodes, the generate
         # actors began work 17, 37 and 54 s into the build, the nodes having been up since
         # 18 s (BENCHMARKS.md, "Pools that start at their share (2026-11-28)").
-        whole = view.autoscaling and upfront_request() or budget <= view.total("GPU") + 1e-6
+        whole = (view.autoscaling and upfront_request()) or budget <= view.total("GPU") + 1e-6
         sized = [replace(s, resources=s.resources.model_copy(update={"max_pool_size": ranges[s.pool.name]}),
-                         initial=ranges[s.pool.name] if whole else None)
+                         starts_whole=whole)
                  if s.pool.name in ranges else s for s in sized]
         if ranges:
             notice(f"GPU budget {budget:g}: " + ", ".join(
