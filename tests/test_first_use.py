@@ -212,3 +212,18 @@ def test_model_libraries_progress_bars_are_off_without_verbose(monkeypatch):
         assert not diffusers_logging.is_progress_bar_enabled()
     finally:
         (diffusers_logging.enable_progress_bar if was else diffusers_logging.disable_progress_bar)()
+
+
+def test_the_command_line_starts_without_the_model_libraries():
+    """`cnsbench --help`, `status`, `jobs` and `submit` load no model library: the parser of every
+    command imports torch, diffusers, timm, open_clip and Ray only when a command runs that needs
+    them (a fresh process, as a shell's is)."""
+    import subprocess
+    import sys
+
+    snippet = ("import sys\nfrom pipeline.cli import make_parser\nmake_parser()\n"
+               "print(sorted(m for m in ('torch', 'diffusers', 'timm', 'open_clip', 'transformers', 'peft', 'ray')"
+               " if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

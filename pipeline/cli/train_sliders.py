@@ -7,8 +7,6 @@ from typing import Any
 
 from pipeline.cli.options import add_set_argument, load_cli_config
 from pipeline.config import ConfigError
-from pipeline.train.run import train_sliders
-from pipeline.train.sliders import LOG_PREFIX
 
 
 def _cmd_train_sliders(args: argparse.Namespace) -> int:
@@ -18,13 +16,14 @@ def _cmd_train_sliders(args: argparse.Namespace) -> int:
     if not store:
         raise ConfigError("no slider store: pass --output STORE or set generator.slider_store in the config")
     from pipeline.io.fs import check_writable_dir
+    from pipeline.train.run import train_sliders  # torch and diffusers: only when the command runs
+    from pipeline.train.sliders import LOG_PREFIX
 
     check_writable_dir(store, "slider store")  # a file or an unwritable place fails now, not per pair
     summary = train_sliders(cfg, store, address=args.address, runner=args.runner)
     for line in summary.lines():
         print(f"{LOG_PREFIX} {line}")
     return 0 if not summary.failed else 3
-
 
 
 def register(subparsers: Any) -> None:
