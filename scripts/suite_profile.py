@@ -42,7 +42,8 @@ def by_module(junit: Path) -> Counter:
     seconds: Counter = Counter()
     for case in ET.parse(junit).getroot().iter("testcase"):
         module = case.get("classname", "").split(".")
-        name = next((part for part in module if part.startswith("test_")), ".".join(module))
+        # The module is the last dotted part named test_*: a class name follows it, folders precede it.
+        name = next((part for part in reversed(module) if part.startswith("test_")), ".".join(module))
         seconds[name] += float(case.get("time", 0.0))
     return seconds
 

@@ -21,7 +21,7 @@ def test_seconds_per_module_add_up_from_the_junit_report(tmp_path):
         '<testsuites><testsuite name="pytest">'
         '<testcase classname="tests.test_a" name="test_one" time="1.5"/>'
         '<testcase classname="tests.test_a.TestGroup" name="test_two" time="0.25"/>'
-        '<testcase classname="tests.test_b" name="test_three" time="2.0"/>'
+        '<testcase classname="tmp.test_run_0.test_b" name="test_three" time="2.0"/>'
         "</testsuite></testsuites>")
     assert dict(_load().by_module(report)) == {"test_a": 1.75, "test_b": 2.0}
 
