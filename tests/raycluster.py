@@ -23,6 +23,11 @@ from pipeline.runtime import jobs
 RAY = str(Path(sys.executable).with_name("ray"))
 HEAD_RESOURCE = "cnsbench_test_head"  # a custom resource only the head has (for a holder job)
 START_TIMEOUT = 420  # a node joins in seconds alone; minutes beside a busy suite
+NODE_LABEL = "cnsbench-test-node"  # each node's temp dir name, to tell a worker's node id
+
+
+class NodeExited(RuntimeError):
+    """``ray start`` ended before its node was ready."""
 
 def small_pools(raw: dict) -> None:
     """A config mutation for ``buildproc.tiny_config``: generate 1 + filter/classify/write 0.25
@@ -149,50 +154,67 @@ class Cluster:
 
     def start(self) -> None:
         """Start the head node (its Jobs API up); worker nodes join with ``add_worker``."""
-        p = _free_ports(9)
-        self.gcs_port, self.dashboard_port = p[0], p[1]
-        self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        self.head = Node(
-            "h",
-            [
-                "--head",
-                f"--port={p[0]}",
-                "--dashboard-host=127.0.0.1",
-                f"--dashboard-port={p[1]}",
-                f"--ray-client-server-port={p[2]}",
-                "--num-cpus=2",
-                f"--resources={json.dumps({HEAD_RESOURCE: 1})}",
+
+        def head() -> Node:
+            p = _free_ports(9)
+            self.gcs_port, self.dashboard_port = p[0], p[1]
+            self.address = f"http://127.0.0.1:{self.dashboard_port}"
+            return self._node("h", [
+                "--head", f"--port={p[0]}", "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}",
+                f"--ray-client-server-port={p[2]}", "--num-cpus=2", f"--resources={json.dumps({HEAD_RESOURCE: 1})}",
                 *self._node_ports(p[3:]),
-            ],
-            self.env,
-            self.base,
-        )
-        self.nodes.append(self.head)
-        self._wait(self._head_up, "the head's Jobs API and raylet", self.head)
+            ], self.env)
+
+        self.head = self._start(head, self._head_up, "the head's Jobs API and raylet")
 
     def add_worker(self, name: str, **extra_env: str) -> Node:
         """Start a worker node (2 CPUs) in a new PID namespace; it becomes ``self.worker``."""
-        known = {n.node_id for n in self.alive_nodes()}
         # The worker gets its own temp dir: two nodes sharing one would share the runtime-env
         # cache, and the worker's agent would delete the job's working_dir from under the driver.
-        worker = Node(name, [f"--address=127.0.0.1:{self.gcs_port}", "--num-cpus=2", *self._node_ports(_free_ports(6))],
-                      {**self.env, **extra_env}, self.base)
-        self.nodes.append(worker)
+        # Its label tells it from every other node, a failed earlier try's included.
         new = []
 
+        def worker() -> Node:
+            return self._node(name, [f"--address=127.0.0.1:{self.gcs_port}", "--num-cpus=2",
+                                     *self._node_ports(_free_ports(6))], {**self.env, **extra_env})
+
         def joined() -> bool:
-            new[:] = [n.node_id for n in self.alive_nodes() if not n.is_head_node and n.node_id not in known]
+            label = {NODE_LABEL: self.nodes[-1].temp_dir.name}
+            new[:] = [n.node_id for n in self.alive_nodes() if label.items() <= (n.labels or {}).items()]
             return bool(new)
 
-        self._wait(joined, f"worker node {name} to join", worker)
-        self.worker, self.worker_node_id = worker, new[0]
-        return worker
+        self.worker = self._start(worker, joined, f"worker node {name} to join")
+        self.worker_node_id = new[0]
+        return self.worker
+
+    def _node(self, name: str, args: list[str], env: dict) -> Node:
+        """Start a node labelled with its temp dir's name; a retry gets a temp dir of its own
+        (``w-1``, ``w-2``)."""
+        tries = sum(1 for n in self.nodes if n.temp_dir.name.split("-")[0] == name)
+        name = name if not tries else f"{name}-{tries}"
+        return Node(name, [*args, f"--labels={NODE_LABEL}={name}"], env, self.base)
+
+    def _start(self, make, ready, what: str, tries: int = 3) -> Node:
+        """Start the node ``make()`` describes and wait until ``ready()``.  On a busy machine
+        ``ray start`` may exit before that: its wait for the raylet to register is a fixed 30 s
+        (``ray._private.node``), and a loaded GCS can take longer; such a node is started again,
+        with fresh ports, ``tries`` times in all."""
+        for attempt in range(1, tries + 1):
+            node = make()
+            self.nodes.append(node)
+            try:
+                self._wait(ready, what, node)
+                return node
+            except NodeExited:
+                if attempt == tries:
+                    raise
+                node.kill()
 
     def _wait(self, ready, what: str, node: Node) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if not node.alive():
-                raise RuntimeError(f"`ray start` for {what} exited:\n{node.log_tail()}")
+                raise NodeExited(f"`ray start` for {what} exited:\n{node.log_tail()}")
             try:
                 if ready():
                     return
@@ -311,11 +333,27 @@ class AutoscalingCluster(Cluster):
         import ray._private.services
         import yaml
 
-        p = _free_ports(9)
-        self.gcs_port, self.dashboard_port = p[0], p[1]
-        self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        self.gcs_address = f"{ray._private.services.get_node_ip_address()}:{p[0]}"
-        config = {
+        tests = str(Path(__file__).resolve().parent)
+        self.env = {**self.env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [tests, self.env.get("PYTHONPATH")]))}
+
+        def head() -> Node:
+            p = _free_ports(9)
+            self.gcs_port, self.dashboard_port = p[0], p[1]
+            self.address = f"http://127.0.0.1:{self.dashboard_port}"
+            self.gcs_address = f"{ray._private.services.get_node_ip_address()}:{p[0]}"
+            config_file = self.base / "autoscaling.yaml"
+            config_file.write_text(yaml.safe_dump(self._autoscaling_config()))
+            return self._node("h", [
+                "--head", f"--port={p[0]}", "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}",
+                f"--ray-client-server-port={p[2]}", f"--num-cpus={self.head_cpus}",
+                f"--autoscaling-config={config_file}", *self._node_ports(p[3:]),
+            ], self.env)
+
+        self.head = self._start(head, self._head_up, "the head's Jobs API and raylet")
+
+    def _autoscaling_config(self) -> dict:
+        return {
             "cluster_name": "cnsbench-fake",
             "max_workers": self.max_workers,
             "provider": {"type": "external", "module": PROVIDER_MODULE, "gcs_address": self.gcs_address,
@@ -333,19 +371,6 @@ class AutoscalingCluster(Cluster):
             "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
             "rsync_exclude": [], "rsync_filter": [],
         }
-        config_file = self.base / "autoscaling.yaml"
-        config_file.write_text(yaml.safe_dump(config))
-        tests = str(Path(__file__).resolve().parent)
-        env = {**self.env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [tests, self.env.get("PYTHONPATH")]))}
-        self.env = env
-        self.head = Node("h", [
-            "--head", f"--port={p[0]}", "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}",
-            f"--ray-client-server-port={p[2]}", f"--num-cpus={self.head_cpus}",
-            f"--autoscaling-config={config_file}", *self._node_ports(p[3:]),
-        ], env, self.base)
-        self.nodes.append(self.head)
-        self._wait(self._head_up, "the head's Jobs API and raylet", self.head)
 
     def gpu_nodes(self) -> list:
         """The alive nodes that have a GPU."""
