@@ -29,6 +29,7 @@ NODE_LABEL = "cnsbench-test-node"  # each node's temp dir name, to tell a worker
 class NodeExited(RuntimeError):
     """``ray start`` ended before its node was ready."""
 
+
 def small_pools(raw: dict) -> None:
     """A config mutation for ``buildproc.tiny_config``: generate 1 + filter/classify/write 0.25
     = 1.75 CPUs, so all four pools fit on either 2-CPU node alone."""
@@ -134,6 +135,7 @@ class Cluster:
         self.head: Node | None = None
         self.worker: Node | None = None
         self.worker_node_id: str | None = None
+        self.head_cpus = 2
 
     # Every port explicit and free: other Ray instances on this host use the defaults.
     @staticmethod
@@ -154,18 +156,21 @@ class Cluster:
 
     def start(self) -> None:
         """Start the head node (its Jobs API up); worker nodes join with ``add_worker``."""
+        self.head = self._start(self._head, self._head_up, "the head's Jobs API and raylet")
 
-        def head() -> Node:
-            p = _free_ports(9)
-            self.gcs_port, self.dashboard_port = p[0], p[1]
-            self.address = f"http://127.0.0.1:{self.dashboard_port}"
-            return self._node("h", [
-                "--head", f"--port={p[0]}", "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}",
-                f"--ray-client-server-port={p[2]}", "--num-cpus=2", f"--resources={json.dumps({HEAD_RESOURCE: 1})}",
-                *self._node_ports(p[3:]),
-            ], self.env)
+    def _head(self) -> Node:
+        p = _free_ports(9)
+        self.gcs_port, self.dashboard_port = p[0], p[1]
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        return self._node("h", [
+            "--head", f"--port={p[0]}", "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}",
+            f"--ray-client-server-port={p[2]}", f"--num-cpus={self.head_cpus}", *self._head_args(),
+            *self._node_ports(p[3:]),
+        ], self.env)
 
-        self.head = self._start(head, self._head_up, "the head's Jobs API and raylet")
+    def _head_args(self) -> list[str]:
+        """The head's own arguments beyond the common ones (``gcs_port`` is chosen by then)."""
+        return [f"--resources={json.dumps({HEAD_RESOURCE: 1})}"]
 
     def add_worker(self, name: str, **extra_env: str) -> Node:
         """Start a worker node (2 CPUs) in a new PID namespace; it becomes ``self.worker``."""
@@ -330,27 +335,19 @@ class AutoscalingCluster(Cluster):
         self.head_cpus = head_cpus
 
     def start(self) -> None:
-        import ray._private.services
-        import yaml
-
         tests = str(Path(__file__).resolve().parent)
         self.env = {**self.env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [tests, self.env.get("PYTHONPATH")]))}
+        super().start()
 
-        def head() -> Node:
-            p = _free_ports(9)
-            self.gcs_port, self.dashboard_port = p[0], p[1]
-            self.address = f"http://127.0.0.1:{self.dashboard_port}"
-            self.gcs_address = f"{ray._private.services.get_node_ip_address()}:{p[0]}"
-            config_file = self.base / "autoscaling.yaml"
-            config_file.write_text(yaml.safe_dump(self._autoscaling_config()))
-            return self._node("h", [
-                "--head", f"--port={p[0]}", "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}",
-                f"--ray-client-server-port={p[2]}", f"--num-cpus={self.head_cpus}",
-                f"--autoscaling-config={config_file}", *self._node_ports(p[3:]),
-            ], self.env)
+    def _head_args(self) -> list[str]:
+        import ray._private.services
+        import yaml
 
-        self.head = self._start(head, self._head_up, "the head's Jobs API and raylet")
+        self.gcs_address = f"{ray._private.services.get_node_ip_address()}:{self.gcs_port}"
+        config_file = self.base / "autoscaling.yaml"
+        config_file.write_text(yaml.safe_dump(self._autoscaling_config()))
+        return [f"--autoscaling-config={config_file}"]
 
     def _autoscaling_config(self) -> dict:
         return {
