@@ -1,0 +1,13 @@
+"""The one exception type for a user's mistakes: ``pipeline.CnsbenchError``.
+
+The Python API (``pipeline.open_output``, ``pipeline.evaluate``, ...) raises it for bad
+input: a config, a path, a model, a weight file.  Its message is the one the command line
+prints for the same input (``cnsbench CMD: error: MESSAGE``, exit 2).  It derives from
+``ValueError`` so code that already catches a bad value keeps catching it.
+"""
+
+from __future__ import annotations
+
+
+class CnsbenchError(ValueError):
+    """Bad input to cnsbench; the message names what was wrong and where."""
