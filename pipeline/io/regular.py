@@ -66,8 +66,15 @@ def _open(path: str | os.PathLike, what: str, limit: int | None) -> tuple[int, P
 def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``; a larger file is refused)."""
     fd, _ = _open(path, what, limit)
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(limit + 1)
+    chunks, total = [], 0
+    with os.fdopen(fd, "rb") as fh:  # in blocks: a large limit is not allocated up front
+        while total <= limit:
+            block = fh.read(min(1 << 24, limit + 1 - total))
+            if not block:
+                break
+            chunks.append(block)
+            total += len(block)
+    data = b"".join(chunks)
     if len(data) > limit:  # grew while read
         raise NotRegularFile(f"{what} {path}: more than {limit} bytes; refused")
     return data

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import difflib
+import io
 import json
 import os
 from typing import Any, ClassVar, Protocol, Sequence
@@ -36,6 +37,8 @@ from typing import Any, ClassVar, Protocol, Sequence
 import torch
 
 from pipeline.config import ClassifierSpec
+from pipeline.io import zip_archive
+from pipeline.io.regular import read_bounded
 from pipeline.labels import LabelSpace, label_space
 from pipeline.models.cache import shared
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
@@ -49,7 +52,6 @@ from pipeline.models.footprint import (
     timm_meta,
 )
 from pipeline.models import stored_preprocess
-from pipeline.models.stored_preprocess import PREPROCESS_FILE
 from pipeline.models.precision import FLOAT32, ModelPrecision
 
 # Images per forward inside predict(); bounds activation memory of big models.
@@ -413,7 +415,6 @@ class OpenClipZeroShot(Classifier):
 
 
 # --------------------------------------------------------------------------- torchscript
-TORCHSCRIPT_PREPROCESS_FILE = PREPROCESS_FILE  # the extra file holding the input transform
 
 
 class TorchScriptClassifier(Classifier):
@@ -441,19 +442,22 @@ class TorchScriptClassifier(Classifier):
                 f"{self.where}.model_kwargs: unknown keys {unknown} for kind torchscript; "
                 f"allowed: {sorted(stored_preprocess.KEYS)}"
             )
-        extra = {TORCHSCRIPT_PREPROCESS_FILE: ""}
+        try:  # one read, checked as torch reads it; torch loads the members checked, and only them
+            data = read_bounded(spec.checkpoint, stored_preprocess.MAX_ARCHIVE_BYTES, f"{self.where}.checkpoint")
+            members = zip_archive.read_members(data, spec.checkpoint)
+        except ValueError as err:
+            raise ValueError(f"{self.where}.checkpoint: {err}") from None
         try:
             import warnings
 
             with warnings.catch_warnings():
                 # torch >= 2.10 marks TorchScript deprecated; loading a saved file still works.
                 warnings.simplefilter("ignore", FutureWarning)
-                self.model = torch.jit.load(spec.checkpoint, map_location=device, _extra_files=extra)
+                self.model = torch.jit.load(io.BytesIO(zip_archive.rebuild(members)), map_location=device)
         except Exception as err:
             raise RuntimeError(f"{self.where}: could not load TorchScript file {spec.checkpoint}: {err}") from err
         self.model.eval()
-        saved = extra[TORCHSCRIPT_PREPROCESS_FILE]
-        saved = saved.decode("utf-8") if isinstance(saved, bytes) else saved
+        saved = stored_preprocess.saved_preprocess(members, spec.checkpoint)
         cfg = stored_preprocess.resolve(saved, spec.model_kwargs, self.where, spec.checkpoint, "torchscript")
         size = list(cfg["input_size"])
         self.preprocess_cfg = cfg

@@ -12,7 +12,8 @@ the other kinds (identity when K equals the label space's size, else ``label_map
 
 The archive must hold tensors only (:mod:`pipeline.models.pt2_check`): pickled weights or
 constants and compiled code are refused before anything is loaded, by the up-front asset
-check (:func:`archive_problems`) and again on the bytes the actor loads.
+check (:func:`archive_problems`) and again on the bytes the actor reads, once: the
+program and its preprocessing are loaded from exactly the members checked.
 """
 
 from __future__ import annotations
@@ -25,22 +26,25 @@ import torch
 
 from pipeline.config import ClassifierSpec
 from pipeline.labels import LabelSpace
-from pipeline.io.regular import NotRegularFile, regular_file
+from pipeline.io import zip_archive
+from pipeline.io.regular import NotRegularFile, read_bounded, regular_file
 from pipeline.models import pt2_check, stored_preprocess
 from pipeline.models.classifiers import Classifier, archive_footprint
 from pipeline.models.footprint import ModelSize
 
 
-def read_preprocess(spec: ClassifierSpec, where: str | None = None) -> dict[str, Any]:
-    """The entry's effective preprocessing, read from its archive without loading the program."""
-    where = where or f"classifiers[{spec.name}]"
+def read_archive(spec: ClassifierSpec, where: str) -> zip_archive.Members:
+    """The entry's archive, read once and checked (:mod:`pipeline.models.pt2_check`): the
+    members its preprocessing and its program both come from."""
     if not spec.checkpoint:
         raise ValueError(f"{where}.checkpoint: the exported kind needs the .pt2 file (torch.export.save)")
     if not os.path.lexists(spec.checkpoint):
         raise FileNotFoundError(f"{where}.checkpoint: checkpoint file not found: {spec.checkpoint}")
-    regular_file(spec.checkpoint, f"{where}.checkpoint")
-    saved = stored_preprocess.archive_preprocess(spec.checkpoint)
-    return stored_preprocess.resolve(saved, spec.model_kwargs, where, spec.checkpoint, "exported")
+    data = read_bounded(spec.checkpoint, stored_preprocess.MAX_ARCHIVE_BYTES, f"{where}.checkpoint")
+    try:
+        return pt2_check.check_archive(data, spec.checkpoint)
+    except pt2_check.UnsafeArchive as err:
+        raise pt2_check.UnsafeArchive(f"{where}.checkpoint: {err}") from None
 
 
 class ExportedClassifier(Classifier):
@@ -48,14 +52,11 @@ class ExportedClassifier(Classifier):
 
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
-        self.preprocess_cfg = read_preprocess(spec, self.where)
-        path = str(regular_file(spec.checkpoint, f"{self.where}.checkpoint"))
-        with open(path, "rb") as fh:  # one read: the bytes checked are the bytes loaded
-            data = fh.read()
+        archive = read_archive(spec, self.where)  # one read: the members checked are the members loaded
+        saved = stored_preprocess.saved_preprocess(archive, spec.checkpoint)
+        self.preprocess_cfg = stored_preprocess.resolve(saved, spec.model_kwargs, self.where, spec.checkpoint, "exported")
         try:
-            program = pt2_check.load_checked(data, spec.checkpoint)
-        except pt2_check.UnsafeArchive as err:
-            raise ValueError(f"{self.where}.checkpoint: {err}") from None
+            program = pt2_check.load_members(archive)
         except Exception as err:
             raise RuntimeError(f"{self.where}: could not load torch.export program {spec.checkpoint}: {err}") from err
         self.model = program.module().to(device)
@@ -95,8 +96,8 @@ def archive_problems(spec: ClassifierSpec, where: str) -> list[str]:
         return []  # missing: the asset check's own line
     try:
         path = regular_file(spec.checkpoint, f"{where}.checkpoint")
-        with open(path, "rb") as fh:
-            pt2_check.check_archive(fh.read(), spec.checkpoint)
+        pt2_check.check_archive(read_bounded(path, stored_preprocess.MAX_ARCHIVE_BYTES, f"{where}.checkpoint"),
+                                spec.checkpoint)
     except (NotRegularFile, pt2_check.UnsafeArchive, OSError) as err:
         return [f"{where}.checkpoint: {err}"]
     return []

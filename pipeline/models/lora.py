@@ -93,6 +93,10 @@ def load_slider_file(path: str) -> dict[str, torch.Tensor]:
         return st_load(data)
     import io
 
+    from pipeline.io import zip_archive
+
+    if data.startswith(zip_archive.LOCAL_HEADER):  # torch.save's zip: one copy per member, as checked
+        data = zip_archive.rebuild(zip_archive.read_members(data, path))
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
         raise ValueError(f"slider file {path!r}: expected a state dict, got {type(state).__name__}")

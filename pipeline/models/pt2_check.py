@@ -19,8 +19,10 @@ and refuses, naming the file and the entry, anything but this layout::
     <name>/data/sample_inputs/<model>.pt           loads with weights_only=True
     <name>/extra/<file>                            text (preprocess.json)
 
-The caller loads the very bytes that were checked (:func:`load_checked`), so the file
-cannot be swapped between the check and the load.
+An archive that zip readers could read two ways (a member twice, a second spelling of a
+name, bytes before the first member: :mod:`pipeline.io.zip_archive`) is refused first.
+The caller loads the very members that were checked (:func:`load_checked` rebuilds the
+archive from them), so neither a swapped file nor a second copy of a member is loaded.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from __future__ import annotations
 import io
 import json
 import re
-import zipfile
 from typing import Any
+
+from pipeline.io import zip_archive
 
 ROOT_FILES = {"archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id"}
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
@@ -44,89 +47,82 @@ ALLOWED = (
 MAX_CONFIG_BYTES = 64 * 1024 * 1024  # a payload config lists one entry per tensor
 
 
-class UnsafeArchive(ValueError):
-    """A model archive holding something that would run code when loaded (or not an archive)."""
+UnsafeArchive = zip_archive.UnsafeArchive  # a model archive refused before anything is loaded
 
 
-def _entries(zf: zipfile.ZipFile, path: str) -> dict[str, zipfile.ZipInfo]:
-    """The archive's members by their path below the archive's one top folder."""
-    infos = [i for i in zf.infolist() if not i.is_dir()]
-    tops = {i.filename.split("/", 1)[0] for i in infos}
-    if len(tops) != 1 or not all("/" in i.filename for i in infos):
-        raise UnsafeArchive(f"{path}: not a torch.export archive (expected one top folder, found {sorted(tops)[:5]})")
-    return {i.filename.split("/", 1)[1]: i for i in infos}
-
-
-def _payload_config(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> dict[str, Any]:
-    if info.file_size > MAX_CONFIG_BYTES:
-        raise UnsafeArchive(f"{path}: {info.filename}: {info.file_size} bytes; refused")
+def _payload_config(body: bytes, name: str, path: str) -> dict[str, Any]:
+    if len(body) > MAX_CONFIG_BYTES:
+        raise UnsafeArchive(f"{path}: {name}: {len(body)} bytes; refused")
     try:
-        config = json.loads(zf.read(info)).get("config")
+        config = json.loads(body).get("config")
     except (ValueError, AttributeError) as err:
-        raise UnsafeArchive(f"{path}: {info.filename} is not a payload config: {err}") from None
+        raise UnsafeArchive(f"{path}: {name} is not a payload config: {err}") from None
     if not isinstance(config, dict):
-        raise UnsafeArchive(f"{path}: {info.filename}: 'config' is not a mapping")
+        raise UnsafeArchive(f"{path}: {name}: 'config' is not a mapping")
     return config
 
 
-def _check_payloads(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, prefix: str) -> None:
-    for fqn, meta in _payload_config(zf, info, path).items():
+def _check_payloads(body: bytes, name: str, path: str, prefix: str) -> None:
+    for fqn, meta in _payload_config(body, name, path).items():
         if not isinstance(meta, dict):
-            raise UnsafeArchive(f"{path}: {info.filename}: entry {fqn!r} is not a mapping")
-        name = str(meta.get("path_name", ""))
+            raise UnsafeArchive(f"{path}: {name}: entry {fqn!r} is not a mapping")
+        payload = str(meta.get("path_name", ""))
         if meta.get("use_pickle") is not False:
             raise UnsafeArchive(
-                f"{path}: {info.filename}: {fqn!r} is stored pickled (use_pickle: {meta.get('use_pickle')!r}); "
+                f"{path}: {name}: {fqn!r} is stored pickled (use_pickle: {meta.get('use_pickle')!r}); "
                 "loading it would run code from the file; only raw tensors are accepted"
             )
-        if not re.fullmatch(rf"{prefix}_\d+", name):
-            raise UnsafeArchive(f"{path}: {info.filename}: {fqn!r} is a {name.split('_')[0] or 'unnamed'!r} payload "
-                                f"({name!r}), not a tensor; only raw tensors are accepted")
+        if not re.fullmatch(rf"{prefix}_\d+", payload):
+            raise UnsafeArchive(f"{path}: {name}: {fqn!r} is a {payload.split('_')[0] or 'unnamed'!r} payload "
+                                f"({payload!r}), not a tensor; only raw tensors are accepted")
 
 
-def _check_sample_inputs(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> None:
+def _check_sample_inputs(body: bytes, name: str, path: str) -> None:
     import torch
 
     try:
-        torch.load(io.BytesIO(zf.read(info)), map_location="cpu", weights_only=True)
+        torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
     except Exception as err:  # torch would retry this one with weights_only=False
-        raise UnsafeArchive(f"{path}: {info.filename} does not load as tensors only (weights_only=True): "
+        raise UnsafeArchive(f"{path}: {name} does not load as tensors only (weights_only=True): "
                             f"{str(err).splitlines()[0][:200]}") from None
 
 
-def check_archive(data: bytes, path: str) -> None:
-    """Refuse (:class:`UnsafeArchive`, naming ``path`` and the member) an archive that holds
-    anything but the layout of the module doc."""
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile:
-        raise UnsafeArchive(f"{path}: not a torch.export archive (not a zip file)") from None
-    with zf:
-        members = _entries(zf, path)
-        if not any(r.startswith("models/") for r in members):
-            raise UnsafeArchive(f"{path}: holds no exported program (no models/<name>.json); "
-                                "write it with torch.export.save")
-        if WEIGHTS_CONFIG not in members or CONSTANTS_CONFIG not in members:
-            missing = WEIGHTS_CONFIG if WEIGHTS_CONFIG not in members else CONSTANTS_CONFIG
-            raise UnsafeArchive(f"{path}: lacks {missing} (an archive of another torch version?); "
-                                "export it again with torch.export.save")
-        _check_payloads(zf, members[WEIGHTS_CONFIG], path, "weight")
-        _check_payloads(zf, members[CONSTANTS_CONFIG], path, "tensor")
-        for rel in members:
-            if rel in ROOT_FILES or rel in (WEIGHTS_CONFIG, CONSTANTS_CONFIG):
-                continue
-            if not any(p.fullmatch(rel) for p in ALLOWED):
-                what = "compiled code (AOTInductor)" if rel.startswith("data/aotinductor/") or rel.endswith(".so") else \
-                    "a member outside the tensors-only layout"
-                raise UnsafeArchive(f"{path}: holds {rel!r}, {what}; refused (docs/safety.md: what a model file may hold)")
-        for rel, info in members.items():
-            if rel.startswith("data/sample_inputs/"):
-                _check_sample_inputs(zf, info, path)
+def check_archive(data: bytes, path: str) -> zip_archive.Members:
+    """The members of the archive ``data`` (the bytes of ``path``), or :class:`UnsafeArchive`
+    naming ``path`` and the member, when it holds anything but the layout of the module doc
+    or could be read two ways (:func:`pipeline.io.zip_archive.read_members`)."""
+    archive = zip_archive.read_members(data, path)
+    members = archive.files
+    if not any(r.startswith("models/") for r in members):
+        raise UnsafeArchive(f"{path}: holds no exported program (no models/<name>.json); "
+                            "write it with torch.export.save")
+    if WEIGHTS_CONFIG not in members or CONSTANTS_CONFIG not in members:
+        missing = WEIGHTS_CONFIG if WEIGHTS_CONFIG not in members else CONSTANTS_CONFIG
+        raise UnsafeArchive(f"{path}: lacks {missing} (an archive of another torch version?); "
+                            "export it again with torch.export.save")
+    _check_payloads(members[WEIGHTS_CONFIG], f"{archive.top}/{WEIGHTS_CONFIG}", path, "weight")
+    _check_payloads(members[CONSTANTS_CONFIG], f"{archive.top}/{CONSTANTS_CONFIG}", path, "tensor")
+    for rel in members:
+        if rel in ROOT_FILES or rel in (WEIGHTS_CONFIG, CONSTANTS_CONFIG):
+            continue
+        if not any(p.fullmatch(rel) for p in ALLOWED):
+            what = "compiled code (AOTInductor)" if rel.startswith("data/aotinductor/") or rel.endswith(".so") else \
+                "a member outside the tensors-only layout"
+            raise UnsafeArchive(f"{path}: holds {rel!r}, {what}; refused (docs/safety.md: what a model file may hold)")
+    for rel, body in members.items():
+        if rel.startswith("data/sample_inputs/"):
+            _check_sample_inputs(body, f"{archive.top}/{rel}", path)
+    return archive
+
+
+def load_members(archive: zip_archive.Members):
+    """The ``ExportedProgram`` of members that :func:`check_archive` returned, loaded from an
+    archive rebuilt of exactly those members."""
+    import torch
+
+    return torch.export.load(io.BytesIO(zip_archive.rebuild(archive)))
 
 
 def load_checked(data: bytes, path: str):
     """The ``ExportedProgram`` in ``data`` (the bytes of ``path``), after :func:`check_archive`."""
-    import torch
-
-    check_archive(data, path)
-    return torch.export.load(io.BytesIO(data))
+    return load_members(check_archive(data, path))

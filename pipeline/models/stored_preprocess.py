@@ -10,30 +10,41 @@ that load them (``torchscript``, ``exported``) read their input transform from a
 The model is fed ``Resize((H, W))`` (both sides, the aspect ratio not kept), scaled to
 [0, 1], normalised with ``mean``/``std``; an entry's ``model_kwargs`` (the same four keys)
 override the saved values, and ``input_size`` must come from one of them.  The archive is
-read as a zip, so the transform is known without loading the program (a card states it).
+read as a zip, so the transform is known without loading the program (a card states it);
+it is read as torch reads it, one copy per member name (:mod:`pipeline.io.zip_archive`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import zipfile
 from typing import Any, Callable
+
+from pipeline.io import regular, zip_archive
 
 PREPROCESS_FILE = "preprocess.json"
 KEYS = frozenset({"input_size", "mean", "std", "interpolation"})
 DEFAULTS: dict[str, Any] = {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "interpolation": "bilinear"}
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+MAX_ARCHIVE_BYTES = 1 << 36  # a program archive is read whole (its members are checked in memory)
+
+
+def saved_preprocess(members: zip_archive.Members, path: str) -> str:
+    """The text of ``<archive>/extra/preprocess.json`` among checked ``members`` ("" when none)."""
+    try:
+        return members.files.get(f"extra/{PREPROCESS_FILE}", b"").decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: extra/{PREPROCESS_FILE} is not UTF-8 text ({err})") from None
 
 
 def archive_preprocess(path: str) -> str:
-    """The text of ``<archive>/extra/preprocess.json`` in the zip at ``path`` ("" when it has none)."""
+    """The text of ``<archive>/extra/preprocess.json`` in the zip at ``path`` ("" when it has
+    none), read as the loader reads it (:mod:`pipeline.io.zip_archive`: one copy per name)."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            names = [n for n in archive.namelist() if n.endswith(f"/extra/{PREPROCESS_FILE}")]
-            return archive.read(names[0]).decode("utf-8") if names else ""
-    except (zipfile.BadZipFile, OSError, UnicodeDecodeError) as err:
+        data = regular.read_bounded(path, MAX_ARCHIVE_BYTES, "model archive")
+    except OSError as err:
         raise ValueError(f"{path}: not a readable model archive ({err})") from None
+    return saved_preprocess(zip_archive.read_members(data, path), path)
 
 
 def check_types(cfg: dict[str, Any], origin: dict[str, str]) -> None:
