@@ -239,6 +239,11 @@ def test_a_card_made_before_markers_is_still_its_models(tmp_path, fake_card_run,
     (lambda c: c["benchmarks"][0].update(higher_is_better=True), "benchmarks[0].higher_is_better"),
     (lambda c: c["benchmarks"][0].update(family="cnn"), "benchmarks[0].family"),
     (lambda c: c["benchmarks"][0].update(ci_low=0.9, ci_high=0.1), "benchmarks[0].ci_low"),
+    # A8b: a value outside its own interval would rank first
+    (lambda c: c["benchmarks"][0].update(value=-5.0, ci_low=0.074, ci_high=0.233), "benchmarks[0].value"),
+    (lambda c: c["benchmarks"][1].update(value=0.9, ci_low=0.074, ci_high=0.233), "benchmarks[1].value"),
+    (lambda c: c["benchmarks"][0]["details"][0].update(value=2.0, ci_low=0.8, ci_high=0.95),
+     "benchmarks[0].details[0].value"),
 ])
 def test_a_crafted_card_is_refused_naming_the_file_and_the_key(tmp_path, capsys, mutate, key):
     a, b, c = three_cards(tmp_path)

@@ -123,6 +123,18 @@ def number(doc: dict[str, Any], key: str, where: str, path: str, required: bool 
     return float(v)
 
 
+def _value_in_interval(d: dict[str, Any], where: str, path: str, required: bool) -> None:
+    """``value``, ``ci_low``, ``ci_high`` finite numbers or null, and a value inside its own
+    interval (a bootstrap interval of the very statistic; float rounding aside)."""
+    value = number(d, "value", where, f"{path}.value")
+    low, high = (number(d, k, where, f"{path}.{k}", required=required) for k in ("ci_low", "ci_high"))
+    if low is not None and high is not None and low > high:
+        raise _bad(where, f"{path}.ci_low", f"above ci_high ({high!r})", low)
+    slack = 1e-9 * max([1.0] + [abs(v) for v in (low, high) if v is not None])
+    if value is not None and ((low is not None and value < low - slack) or (high is not None and value > high + slack)):
+        raise _bad(where, f"{path}.value", f"outside its own interval [{_show(low)}, {_show(high)}]", value)
+
+
 def check_entry(e: Any, where: str, path: str) -> dict[str, Any]:
     """One benchmark entry of a card (or a kept ``benchmarks/<name>.json``); CardError naming the key."""
     if not isinstance(e, dict):
@@ -136,10 +148,7 @@ def check_entry(e: Any, where: str, path: str) -> dict[str, Any]:
     metric = _get(e, "metric", where, f"{path}.metric", (str,))
     if metric not in METRICS[family]:
         raise _bad(where, f"{path}.metric", f"family {family} has the metric {' or '.join(METRICS[family])}", metric)
-    low, high = (number(e, k, where, f"{path}.{k}") for k in ("ci_low", "ci_high"))
-    number(e, "value", where, f"{path}.value")
-    if low is not None and high is not None and low > high:
-        raise _bad(where, f"{path}.ci_low", f"above ci_high ({high!r})", low)
+    _value_in_interval(e, where, path, required=True)
     stated = _get(e, "higher_is_better", where, f"{path}.higher_is_better", (bool,), required=False)
     if stated is not None and stated != METRICS[family][metric]:
         better = "higher" if METRICS[family][metric] else "lower"
@@ -163,8 +172,7 @@ def check_entry(e: Any, where: str, path: str) -> dict[str, Any]:
         if not isinstance(d, dict):
             raise _bad(where, at, "must be an object", d)
         _get(d, "metric", where, f"{at}.metric", (str,))
-        for k in ("value", "ci_low", "ci_high"):
-            number(d, k, where, f"{at}.{k}", required=k == "value")
+        _value_in_interval(d, where, at, required=False)
         _get(d, "key", where, f"{at}.key", (dict,), required=False)
     return e
 
