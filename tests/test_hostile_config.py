@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -107,6 +108,22 @@ def test_config_path_of_the_wrong_kind(tmp_path, capsys):
     for argv in (["validate", str(tmp_path)], ["validate", str(tmp_path / "missing.yaml")]):
         assert main(argv) == 2
         assert str(tmp_path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+    (lambda p: os.symlink("/dev/zero", p), "(a symlink to /dev/zero) is a character device, not a regular file"),
+    (lambda p: p.mkdir(), "is a directory, not a regular file"),
+])
+def test_a_config_path_that_is_not_a_regular_file_says_what_it_is(tmp_path, capsys, make, said):
+    """E3: never "config file not found" for a FIFO or a link to /dev/zero (nor read them)."""
+    path = tmp_path / "c.yaml"
+    make(path)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"config file {path}" in err and said in err and "not found" not in err, err
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
+    assert f"config file not found: {tmp_path / 'missing.yaml'}" in capsys.readouterr().err
 
 
 def test_good_config_still_loads(tmp_path):

@@ -15,6 +15,7 @@ from pipeline.config.base import ConfigError
 from pipeline.config.build import BuildConfig
 from pipeline.config.overrides import apply_overrides
 from pipeline.io import bounds
+from pipeline.io.regular import NotRegularFile, regular_file
 
 _PATH_KEYS = {
     ("benchmark", "labels"),
@@ -124,8 +125,10 @@ def load_config(
     ``overrides`` (a partial config) is merged into the file, then ``sets`` (``--set
     key.path=value`` items, :mod:`.overrides`) are applied, all before validation."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+    try:  # a FIFO, a device, a directory or a link to one says what it is, never "not found"
+        regular_file(p, "config file")
+    except (FileNotFoundError, NotRegularFile) as err:
+        raise ConfigError(str(err)) from None
     try:
         raw = bounds.load_yaml(p)  # bounded size, nesting and alias expansion
     except (ValueError, OSError) as err:
