@@ -1,5 +1,6 @@
 """A build on an autoscaling cluster: GPU nodes started from zero under the GPU budget, a
-reclaimed node survived, nodes given back, requests no node type offers refused.
+reclaimed node survived, nodes given back, requests no node type offers refused, two builds'
+budgets added and a killed driver's request expired.
 
 The cluster is Ray's fake multi-node provider (``tests/raycluster.py`` ``AutoscalingCluster``:
 ``ray start --head --autoscaling-config`` in its own PID namespace, ``RAY_FAKE_CLUSTER=1``):
@@ -11,6 +12,7 @@ declares a GPU.  One cluster serves every test of this module; none runs ``ray s
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -88,18 +90,23 @@ class Watch(threading.Thread):
 
 
 @contextlib.contextmanager
-def idle_timeout(c: AutoscalingCluster, minutes: float):
-    """The GPU nodes' idle timeout set to ``minutes`` for a while (the autoscaler reads its
-    config file again at every update)."""
+def autoscaling_config(c: AutoscalingCluster, mutate):
+    """The cluster's autoscaling config changed by ``mutate(raw)`` for a while (the autoscaler
+    reads its config file again at every update)."""
     config = c.base / "autoscaling.yaml"
     original = config.read_text()
     raw = yaml.safe_load(original)
-    raw["idle_timeout_minutes"] = minutes
+    mutate(raw)
     config.write_text(yaml.safe_dump(raw))
     try:
         yield
     finally:
         config.write_text(original)
+
+
+def idle_timeout(c: AutoscalingCluster, minutes: float):
+    """The GPU nodes' idle timeout set to ``minutes`` for a while."""
+    return autoscaling_config(c, lambda raw: raw.update(idle_timeout_minutes=minutes))
 
 
 def _wait_scaled_down(c: AutoscalingCluster) -> float:
@@ -118,18 +125,11 @@ def light_cfg(tmp_path_factory) -> Path:
 def test_a_request_no_node_type_offers_is_refused(fake_cluster, light_cfg, tmp_path):
     """The GPU node type declares no memory: the pools' memory requests could never start one
     from zero.  Refused within 60 s, naming the stage, its request and the node types."""
-    config = fake_cluster.base / "autoscaling.yaml"
-    original = config.read_text()
-    raw = yaml.safe_load(original)
-    raw["available_node_types"]["gpu"]["resources"].pop("memory")
-    config.write_text(yaml.safe_dump(raw))
-    try:
+    with autoscaling_config(fake_cluster, lambda raw: raw["available_node_types"]["gpu"]["resources"].pop("memory")):
         t0 = time.monotonic()
         proc = _build(fake_cluster, light_cfg, tmp_path / "out", "--max-gpus", "3")
         out, _ = proc.communicate(timeout=120)
         seconds = time.monotonic() - t0
-    finally:
-        config.write_text(original)
     assert proc.returncode == 2, out[-3000:]
     assert seconds < 60, seconds
     assert "generate: one actor asks for 1 CPU, 1 GPU" in out and "GiB memory" in out, out[-3000:]
@@ -214,3 +214,78 @@ def test_bench_autoscale_smallest(fake_cluster, capsys):
     assert json.loads(printed[printed.index("{"):]) == out
     assert out["images"] == 24 and out["gpu_nodes_max"] >= 1 and out["generate_actors_max"] >= 1
     assert out["scaled_down_s"] is not None and 0 < out["gpu_busy_share"] <= 1.0
+
+
+# --------------------------------------------------------------------------- the request up front
+EXPIRY_S = 10  # the up-front request's expiry in these tests (CNSBENCH_GPU_REQUEST_EXPIRY_S)
+COORDINATOR_TICK_S = 20  # Ray Data's coordinator drops expired requests at its tick
+IDLE_S = 15  # this cluster's idle timeout
+BUSY_MARGIN_S = 60  # the autoscaler's updates and node shutdowns on a busy 2-core machine
+RELEASE_BOUND_S = EXPIRY_S + COORDINATOR_TICK_S + IDLE_S + BUSY_MARGIN_S
+HOLDER = Path(__file__).resolve().parent / "request_holder.py"
+
+
+def _gpu_max_workers(n: int):
+    def mutate(raw: dict) -> None:
+        raw["available_node_types"]["gpu"]["max_workers"] = n
+    return mutate
+
+
+def _released_within(c: AutoscalingCluster, bound: float) -> float:
+    """Seconds until the cluster has no GPU node, failing past ``bound``."""
+    t0 = time.monotonic()
+    while c.gpu_nodes():
+        seconds = time.monotonic() - t0
+        assert seconds < bound, f"GPU nodes still up {seconds:.0f} s after the driver was killed"
+        time.sleep(1)
+    return time.monotonic() - t0
+
+
+def _wait_gpu_nodes(c: AutoscalingCluster, n: int, *procs: subprocess.Popen) -> None:
+    deadline = time.monotonic() + GROWTH_TIMEOUT
+    while len(c.gpu_nodes()) < n:
+        assert all(p.poll() is None for p in procs), "a driver ended before the GPU nodes were up"
+        assert time.monotonic() < deadline, f"fewer than {n} GPU node(s) after {GROWTH_TIMEOUT} s"
+        time.sleep(1)
+
+
+def _holder(c: AutoscalingCluster, output: Path, gpus: int, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HOLDER), "hold", c.gcs_address, str(output), str(gpus)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_two_builds_add_their_budgets_and_a_killed_driver_stops_holding_the_nodes(fake_cluster, light_cfg, tmp_path):
+    """Two drivers at once (case B9): a build under --max-gpus 2 (1.5 GPUs asked for up front) and
+    a driver holding another output's one-GPU request, as the build's executor asks.  The
+    coordinator holds both budgets, each under its output's requester id (one id for every build
+    replaced the first budget by the second).  Both drivers SIGKILLed once a GPU node is up: the
+    nodes are back to 0 within the request's expiry, the coordinator's tick and the idle timeout
+    (the request lasted seven days before).  The GPU type may start one node here, so neither
+    budget is ever all up and neither request handed over: each lasts while its driver renews it."""
+    from pipeline.executors.ray_private import requester_id
+
+    assert not fake_cluster.gpu_nodes()
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    expiry = {"CNSBENCH_GPU_REQUEST_EXPIRY_S": str(EXPIRY_S)}
+    with autoscaling_config(fake_cluster, _gpu_max_workers(1)):
+        build = _build(fake_cluster, light_cfg, tmp_path / "out", "--max-gpus", "2",
+                       env={**expiry, "CNSBENCH_FAULT_INJECT": "generate:start:*:hold", "CNSBENCH_FAULT_DIR": str(faults)})
+        holder = _holder(fake_cluster, tmp_path / "other", 1, {**_env(fake_cluster), **expiry})
+        try:
+            line = holder.stdout.readline()
+            assert line.strip() == "held", line + (holder.stdout.read() if holder.poll() is not None else "")
+            shown = subprocess.run([sys.executable, str(HOLDER), "show", fake_cluster.gcs_address, "2.5"],
+                                   env=_env(fake_cluster), capture_output=True, text=True, timeout=GROWTH_TIMEOUT)
+            held = json.loads(shown.stdout.strip().splitlines()[-1])
+            assert held == {requester_id(str(tmp_path / "out")): 1.5, requester_id(str(tmp_path / "other")): 1.0}, shown
+            _wait_gpu_nodes(fake_cluster, 1, build, holder)
+        finally:
+            for proc in (build, holder):
+                proc.kill()
+            out, _ = build.communicate(timeout=60)
+            holder.communicate(timeout=60)
+        assert build.returncode == -9, out[-3000:]
+        assert "GPU budget 2: generate 1-1 actors, classify 1-1 actors" in out, out[-3000:]
+        seconds = _released_within(fake_cluster, RELEASE_BOUND_S)
+    print(f"GPU nodes back to 0 {seconds:.0f} s after the drivers were killed")

@@ -234,17 +234,16 @@ def test_gpu_pools_start_at_their_share_where_its_gpus_are_there_or_asked_for(mo
 
 
 # --------------------------------------------------------------------------- the request up front
-def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus(monkeypatch):
-    """Withdrawn when the nodes are up *and* the pools' first actors are placed: withdrawn as soon
-    as the nodes were up, a node the pools had not grown onto yet was idle and could be released
-    before they did.  Withdrawn in any case when the run ends."""
+@pytest.fixture
+def coordinator_calls(monkeypatch):
+    """Ray Data's coordinator replaced by one that records each call; the cluster's GPUs (up,
+    used) read from the returned state; ``polled`` set at each read."""
     import threading
 
     import ray
 
     calls: list[tuple] = []
-    state = {"up": 0.0, "used": 0.0}
-    polled = threading.Event()
+    state = {"up": 0.0, "used": 0.0, "polled": threading.Event()}
 
     class Method:
         def __init__(self, name):
@@ -257,12 +256,24 @@ def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus
         request_resources, cancel_request = Method("request"), Method("cancel")
 
     def gpus():
-        polled.set()
+        state["polled"].set()
         return state["up"], state["used"]
 
     monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
     monkeypatch.setattr(ray_private, "autoscaling_coordinator", lambda: Coordinator())
     monkeypatch.setattr(ray_private, "gpus_up_and_used", gpus)
+    monkeypatch.delenv(ray_private.REQUEST_EXPIRY_ENV, raising=False)
+    return calls, state
+
+
+def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus(coordinator_calls):
+    """Withdrawn when the nodes are up *and* the pools' first actors are placed: withdrawn as soon
+    as the nodes were up, a node the pools had not grown onto yet was idle and could be released
+    before they did.  Withdrawn in any case when the run ends."""
+    import threading
+
+    calls, state = coordinator_calls
+    polled = state["polled"]
 
     def wait_polls(n=3):
         for _ in range(n):
@@ -270,8 +281,9 @@ def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus
             assert polled.wait(5)
 
     bundles = [{"CPU": 1, "GPU": 1.0}, {"CPU": 1, "GPU": 1.0}, {"CPU": 1, "GPU": 0.5}]
-    with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01):
-        assert [c[0] for c in calls] == ["request"] and calls[0][2]["resources"] == bundles
+    with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01, requester="cnsbench-x"):
+        assert [c[0] for c in calls] == ["request"] and calls[0][2] == {
+            "requester_id": "cnsbench-x", "resources": bundles, "expire_after_s": ray_private.REQUEST_EXPIRY_S}
         state["up"] = 3.0  # every node up, no actor placed yet: still asked for
         wait_polls()
         assert [c[0] for c in calls] == ["request"]
@@ -283,7 +295,7 @@ def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus
             if len(calls) > 1:
                 break
             threading.Event().wait(0.01)
-        assert [c[0] for c in calls] == ["request", "cancel"]
+        assert [c[0] for c in calls] == ["request", "cancel"] and calls[1][1] == ("cnsbench-x",)
     assert [c[0] for c in calls][-1] == "cancel"  # and once more at the end (harmless)
 
     calls.clear()
@@ -292,3 +304,80 @@ def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus
         with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01):
             raise RuntimeError("the run failed")
     assert [c[0] for c in calls] == ["request", "cancel"]  # withdrawn with the failure
+
+
+def test_the_request_is_the_outputs_own_and_expires_unless_renewed(monkeypatch):
+    """Each output asks under its own requester id, so two builds on one cluster add their budgets;
+    the request expires unless its driver renews it (every quarter of the expiry), so a killed
+    driver's request ends by itself.  Checked on Ray Data's own coordinator class, in process."""
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        _AutoscalingCoordinatorActor,
+    )
+
+    a, b = ray_private.requester_id("s3://bucket/a"), ray_private.requester_id("/data/b")
+    assert a != b and a == ray_private.requester_id("s3://bucket/a") and a.startswith("cnsbench-")
+
+    clock, sent = [1000.0], []
+    coord = _AutoscalingCoordinatorActor(get_current_time=lambda: clock[0],
+                                         send_resources_request=lambda bundles, label_selectors=None: sent.append(bundles),
+                                         get_cluster_nodes=lambda: [])
+    one, two = [{"CPU": 1.0, "GPU": 1.0}], [{"CPU": 1.0, "GPU": 0.5}] * 2
+    coord.request_resources(requester_id=a, resources=one, expire_after_s=60)
+    coord.request_resources(requester_id=b, resources=two, expire_after_s=60)
+    assert sent[-1] == one + two  # both budgets, not the last one alone
+    clock[0] += 45
+    coord.request_resources(requester_id=a, resources=one, expire_after_s=60)  # a's driver renews, b's is gone
+    clock[0] += 30
+    coord._tick()
+    assert sent[-1] == one  # b's request expired at the coordinator's next tick
+    clock[0] += 61
+    coord._tick()
+    assert sent[-1] == []
+
+
+def test_the_running_driver_renews_its_request(coordinator_calls, monkeypatch):
+    """Renewed by the driver's watcher thread with the same bundles, requester and expiry while
+    the nodes are not yet up (a 5 s expiry: every 1.25 s)."""
+    import threading
+
+    calls, _ = coordinator_calls
+    monkeypatch.setenv(ray_private.REQUEST_EXPIRY_ENV, "5")
+    bundles = [{"CPU": 1, "GPU": 1.0}]
+    with ray_private.budget_request(bundles, first_gpus=1.0, poll_s=0.05, requester="cnsbench-y"):
+        for _ in range(200):
+            if len(calls) > 1:
+                break
+            threading.Event().wait(0.05)
+    assert [c[0] for c in calls] == ["request", "request", "cancel"]
+    assert calls[0][2] == calls[1][2] == {"requester_id": "cnsbench-y", "resources": bundles, "expire_after_s": 5.0}
+
+
+def test_the_request_is_renewed_each_quarter_of_its_expiry_and_withdrawn_on_hand_over():
+    h = ray_private.Handover(wanted=2.0, first_gpus=1.0, expiry_s=60.0, started=0.0, renewed=0.0)
+    assert h.renew_every == 15.0
+    assert [h.step(t, 0.0, 0.0) for t in (5.0, 14.0, 15.0, 20.0, 30.0)] == [None, None, "renew", None, "renew"]
+    assert h.step(31.0, None, None) is None  # the head did not answer: nothing known, nothing withdrawn
+    assert h.step(45.0, None, None) == "renew"  # renewed all the same while this driver runs
+    assert h.step(46.0, 2.0, 0.5) is None  # the nodes are up, the first actors not yet placed
+    assert h.step(47.0, 2.0, 1.0) == "withdraw"
+    late = ray_private.Handover(wanted=2.0, first_gpus=1.0, expiry_s=60.0, started=0.0, renewed=0.0)
+    assert late.step(ray_private.HANDOVER_TIMEOUT_S + 1, 0.0, 0.0) == "withdraw"  # the cloud never met it
+    unplaced = ray_private.Handover(wanted=2.0, first_gpus=1.0, expiry_s=60.0, started=0.0, renewed=0.0)
+    unplaced.step(10.0, 2.0, 0.0)
+    assert unplaced.step(10.0 + ray_private.FIRST_ACTORS_WAIT_S + 1, 2.0, 0.0) == "withdraw"
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "4", "301", "nan", "inf", "-10"])
+def test_a_bad_request_expiry_is_refused_naming_the_variable(monkeypatch, raw):
+    from pipeline.errors import CnsbenchError
+
+    monkeypatch.setenv(ray_private.REQUEST_EXPIRY_ENV, raw)
+    with pytest.raises(CnsbenchError, match=f"{ray_private.REQUEST_EXPIRY_ENV}={raw!r}.*from 5 to 300"):
+        ray_private.request_expiry_s()
+
+
+def test_the_request_expiry_defaults_to_three_minutes_and_may_be_shorter(monkeypatch):
+    monkeypatch.delenv(ray_private.REQUEST_EXPIRY_ENV, raising=False)
+    assert ray_private.request_expiry_s() == 180.0
+    monkeypatch.setenv(ray_private.REQUEST_EXPIRY_ENV, " 12.5 ")
+    assert ray_private.request_expiry_s() == 12.5

@@ -21,7 +21,7 @@ from pipeline.executors import cluster
 from pipeline.executors.base import Executor, RunOptions, StageSpec
 from pipeline.executors.chain import Chain, as_chain
 from pipeline.executors.pools import Sized, budget_bundles, first_gpus, size_pools, upfront_request
-from pipeline.executors.ray_private import budget_request, exact_blocks
+from pipeline.executors.ray_private import budget_request, exact_blocks, requester_id
 from pipeline.runtime.faults import fault_env
 
 log = logging.getLogger(__name__)
@@ -252,9 +252,10 @@ class RayDataExecutor(Executor):
         from pipeline.runtime.progress import native_stderr_filtered
 
         # On an autoscaling cluster the whole budget is asked for now, so its GPU nodes start
-        # together rather than one per autoscaler tick; the request ends with the run.
+        # together rather than one per autoscaler tick; the request is this output's own and ends
+        # with the run, or expires once its driver is gone.
         with budget_request(budget_bundles(sized) if view.autoscaling and upfront_request() else [],
-                            first_gpus=first_gpus(sized)):
+                            first_gpus=first_gpus(sized), requester=requester_id(output)):
             with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
                 for row in ds.iter_rows():
                     row = dict(row)

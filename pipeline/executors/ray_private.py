@@ -10,7 +10,8 @@ Ray 2.60 has no public API for three things the Ray executor needs:
   started with: Ray's VM autoscaler reports none);
 * each node's free resources (:func:`free_per_node`: Ray's state module);
 * asking the autoscaler for a run's whole GPU budget (:func:`budget_request`: through Ray
-  Data's coordinator, which would overwrite a request made beside it);
+  Data's coordinator, which would overwrite a request made beside it), as a request of the
+  run's own that expires unless its driver renews it;
 * the address ``ray start`` left in Ray's bootstrap file (:func:`bootstrap_address`).
 
 ``tests/test_scale_budget.py`` checks each against the installed Ray, so a Ray upgrade that
@@ -140,12 +141,75 @@ def autoscaling_coordinator():
     return get_or_create_autoscaling_coordinator()
 
 
-REQUESTER = "cnsbench-build"
-REQUEST_EXPIRY_S = 7 * 24 * 3600  # withdrawn by the run itself (budget_request)
-
-
+# The up-front request expires unless the driver that made it renews it: a driver killed by any
+# signal, cut off from the head or killed for memory stops holding the nodes within the expiry,
+# the coordinator's tick (20 s) and the nodes' idle timeout.  Ray Data's own requests expire after
+# the same 180 s by default (RAY_DATA_AUTOSCALING_REQUEST_EXPIRE_TIME_S).
+REQUEST_EXPIRY_ENV = "CNSBENCH_GPU_REQUEST_EXPIRY_S"
+REQUEST_EXPIRY_S = 180.0
+REQUEST_EXPIRY_RANGE = (5.0, 300.0)  # a few minutes at most; a few seconds for a test's cluster
 HANDOVER_TIMEOUT_S = 1800.0  # a request the cloud never met is withdrawn after this long
 FIRST_ACTORS_WAIT_S = 300.0  # nodes up, the pools' first actors not placed: withdrawn all the same
+
+
+def request_expiry_s() -> float:
+    """The up-front request's expiry: ``$CNSBENCH_GPU_REQUEST_EXPIRY_S``, default 180 s;
+    :class:`~pipeline.errors.CnsbenchError` for a value that is not a number of seconds in range."""
+    from pipeline.errors import CnsbenchError
+
+    raw = os.environ.get(REQUEST_EXPIRY_ENV, "").strip()
+    if not raw:
+        return REQUEST_EXPIRY_S
+    low, high = REQUEST_EXPIRY_RANGE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:  # NaN and inf fail too
+        raise CnsbenchError(f"{REQUEST_EXPIRY_ENV}={raw!r}: the GPU request's expiry must be a number of seconds "
+                            f"from {low:g} to {high:g}")
+    return value
+
+
+def requester_id(output: str) -> str:
+    """The requester id of the run writing ``output``: its own, so that two builds on one cluster
+    add their budgets (the coordinator keeps one request per id, the last one made), and a build
+    resumed on the same output replaces the request its killed predecessor left."""
+    import hashlib
+
+    return f"cnsbench-{hashlib.sha256(output.encode()).hexdigest()[:16]}"
+
+
+@dataclass
+class Handover:
+    """When the up-front request is renewed and when it is withdrawn: :meth:`step` is told the
+    time and the cluster's GPUs (up, and held by actors) and answers ``"renew"``, ``"withdraw"``
+    or None.  Renewed every quarter of the expiry, so that a renewal late by a tick or two still
+    comes before it; withdrawn once every GPU asked for is up and the pools' starting actors hold
+    theirs (``first_gpus``), or when the cloud has not met it after :data:`HANDOVER_TIMEOUT_S`."""
+
+    wanted: float
+    first_gpus: float
+    expiry_s: float
+    started: float
+    renewed: float
+    all_up: float | None = None
+
+    @property
+    def renew_every(self) -> float:
+        return max(1.0, self.expiry_s / 4)
+
+    def step(self, now: float, up: float | None, used: float | None) -> str | None:
+        if up is not None and up >= self.wanted - 1e-6:
+            self.all_up = self.all_up or now
+        placed = used is not None and used >= self.first_gpus - 1e-6
+        if (self.all_up and (placed or now - self.all_up > FIRST_ACTORS_WAIT_S)) \
+                or now - self.started > HANDOVER_TIMEOUT_S:
+            return "withdraw"
+        if now - self.renewed >= self.renew_every:
+            self.renewed = now
+            return "renew"
+        return None
 
 
 def gpus_up_and_used() -> tuple[float, float]:
@@ -157,11 +221,14 @@ def gpus_up_and_used() -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0) -> Iterator[None]:
-    """Ask the autoscaler for ``bundles`` at once, and withdraw the request as soon as the cluster
-    holds their GPUs and the pools' starting actors (``first_gpus``: their GPUs) hold theirs (or the
-    block ends, or fails): the nodes are then started together, and released once idle after the
-    run.
+def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0,
+                   requester: str = "cnsbench-build") -> Iterator[None]:
+    """Ask the autoscaler for ``bundles`` at once, as ``requester`` (:func:`requester_id`), keep the
+    request alive while this driver runs (:class:`Handover`: it expires after
+    :func:`request_expiry_s` unless renewed), and withdraw it as soon as the cluster holds their
+    GPUs and the pools' starting actors (``first_gpus``: their GPUs) hold theirs (or the block
+    ends, or fails): the nodes are then started together, and released once idle after the run,
+    or after the expiry once the driver is gone, however it ended.
 
     The request goes through Ray Data's coordinator, which reserves what a requester asked for:
     held for the whole run, it would keep the GPUs from the run's own dataset, whose pools could
@@ -177,32 +244,38 @@ def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, pol
 
     import ray
 
+    expiry = request_expiry_s()
     coordinator = autoscaling_coordinator()
-    ray.get(coordinator.request_resources.remote(requester_id=REQUESTER, resources=bundles,
-                                                 expire_after_s=REQUEST_EXPIRY_S))
-    wanted = sum(float(b.get("GPU", 0)) for b in bundles)
+
+    def ask():
+        return coordinator.request_resources.remote(requester_id=requester, resources=bundles, expire_after_s=expiry)
+
+    ray.get(ask())
+    now = time.monotonic()
+    state = Handover(sum(float(b.get("GPU", 0)) for b in bundles), first_gpus, expiry, now, now)
     done = threading.Event()
 
     def withdraw() -> None:
         try:
-            ray.get(coordinator.cancel_request.remote(REQUESTER), timeout=30)
+            ray.get(coordinator.cancel_request.remote(requester), timeout=30)
         except Exception:  # noqa: BLE001 - it expires by itself; a failing cluster must not hide the run's error
             pass
 
     def hand_over() -> None:
-        deadline, all_up = time.monotonic() + HANDOVER_TIMEOUT_S, None
         while not done.wait(poll_s):
             try:
                 up, used = gpus_up_and_used()
-            except Exception:  # noqa: BLE001 - the driver is going away
-                return
-            now = time.monotonic()
-            if up >= wanted - 1e-6:
-                all_up = all_up or now
-            placed = used >= first_gpus - 1e-6
-            if (all_up and (placed or now - all_up > FIRST_ACTORS_WAIT_S)) or now > deadline:
+            except Exception:  # noqa: BLE001 - the head is busy or gone: renew all the same, or let it expire
+                up = used = None
+            action = state.step(time.monotonic(), up, used)
+            if action == "withdraw":
                 withdraw()
                 return
+            if action == "renew":
+                try:
+                    ask()  # not awaited: a lost head must not stall the run; the request then expires
+                except Exception:  # noqa: BLE001 - as above
+                    pass
 
     watcher = threading.Thread(target=hand_over, name="cnsbench-budget-request", daemon=True)
     watcher.start()
