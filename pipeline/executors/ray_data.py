@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 from pipeline.config import StageResources
 from pipeline.executors import cluster
-from pipeline.executors.base import Executor, RunOptions, StageSpec
+from pipeline.executors.base import Executor, RunOptions, StageSpec, stage_threads
 from pipeline.executors.chain import Chain, as_chain
 from pipeline.executors.pools import Sized, budget_bundles, first_gpus, size_pools, upfront_request
 from pipeline.executors.ray_private import budget_request, exact_blocks
@@ -219,7 +219,7 @@ class RayDataExecutor(Executor):
                 # about two shards per planned one (64 + 6).  Blocks of exactly batch_size
                 # rows make one batch each.
                 ds = exact_blocks(ds, s.pool.batch_size, tasks=r.pool_size)
-            kwargs = {"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus)), **spec.kwargs}
+            kwargs = {"config": cfg_dict, "output": output, "threads": stage_threads(r), **spec.kwargs}
             with warnings.catch_warnings():
                 # Ray 2.60 has no named parameter for bounded actor restarts/retries yet; the
                 # remote-args route it deprecates is still the only way to bound them.
