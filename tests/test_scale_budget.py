@@ -301,7 +301,7 @@ def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus
     calls.clear()
     state.update(up=0.0, used=0.0)
     with pytest.raises(RuntimeError):
-        with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01):
+        with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01, requester="cnsbench-x"):
             raise RuntimeError("the run failed")
     assert [c[0] for c in calls] == ["request", "cancel"]  # withdrawn with the failure
 

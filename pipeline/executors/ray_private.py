@@ -223,8 +223,8 @@ def gpus_up_and_used() -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0,
-                   requester: str = "cnsbench-build") -> Iterator[None]:
+def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0, *,
+                   requester: str) -> Iterator[None]:
     """Ask the autoscaler for ``bundles`` at once, as ``requester`` (:func:`requester_id`), keep the
     request alive while this driver runs (:class:`Handover`: it expires after
     :func:`request_expiry_s` unless renewed), and withdraw it as soon as the cluster holds their
