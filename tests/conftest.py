@@ -188,8 +188,10 @@ def demo_world(tmp_path_factory):
 
     It runs in this process (``--runner local``): a Ray build of the world costs about 1.6x
     the CPU, and a build's output does not depend on the runner (ids and seeds come from
-    coordinates); Ray's shards equal in-process ones in tests/test_cluster.py, and the
-    default runner, Ray, builds the tiny config in tests/test_build_e2e.py."""
+    coordinates, and each stage computes with its ``num_cpus`` torch threads under both,
+    tests/test_runner_threads.py); Ray's shards equal in-process ones in
+    tests/test_cluster.py, and the default runner, Ray, builds the tiny config in
+    tests/test_build_e2e.py."""
     from pipeline.runtime.checkout import REPO_ROOT
     from pipeline.cli import main
 

@@ -56,3 +56,15 @@ def test_ls_lists_registries(capsys):
     assert main(["ls"]) == 0
     out = capsys.readouterr().out
     assert "slider" in out and "ooc4" in out and "open_clip_zeroshot" in out
+
+
+def test_max_gpus_with_the_local_runner_is_refused(tmp_path, capsys):
+    """--max-gpus sizes Ray's actor pools: with --runner local it is refused (exit 2, one line,
+    nothing written)."""
+    from pipeline.cli import TINY_CONFIG
+
+    out = tmp_path / "out"
+    assert main(["build", str(TINY_CONFIG), "--output", str(out), "--runner", "local", "--max-gpus", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cnsbench build: error: --max-gpus does not apply with --runner local") and "\n" not in err
+    assert not out.exists()

@@ -187,3 +187,72 @@ def test_a_stage_is_projected_at_its_precisions_utilisation_where_measured(monke
     assert latency.image_seconds(bf16, spec, "classify")[0] == pytest.approx(f32_s / 10)
     assert latency.image_seconds(cfg, spec, "classify")[0] == pytest.approx(f32_s)
     assert "runs bfloat16" not in estimate.stage_precisions(bf16)
+
+
+# --------------------------------------------------------------------------- a family prices its own UNet work
+def _family_config(tmp_path, kind: str):
+    """The tests' tiny config with ``kind`` as its primary family: 1 class, 1 seed, 2 shifts, 3 scales."""
+    from buildproc import tiny_config
+
+    def mutate(raw):
+        raw["benchmark"].update(classes=["goldfish"], seeds=[1], scales=[0, 1.0, 2.0])
+        raw["generator"]["kind"] = kind
+        if kind == "prompt_nuisance":  # the tiny shifts as a vocabulary of nuisances
+            raw["generator"]["options"] = {"vocabulary": {"background": ["painting style", "heavy snow"]}}
+        if kind == "corruption":
+            raw["benchmark"]["shifts"] = ["gaussian_noise", "contrast"]
+
+    return load_config(tiny_config(tmp_path, mutate))
+
+
+def _gray(ctx):
+    from PIL import Image
+
+    from pipeline.families.base import BaseImage
+
+    return BaseImage(image=Image.new("RGB", (64, 64), (128, 128, 128)))
+
+
+@pytest.mark.parametrize("kind", ["slider", "prompt", "prompt_nuisance", "corruption"])
+def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, kind, one_torch_thread):
+    """What the estimate prices is what the family's own counter (``ShiftImages.unet_evals``,
+    summed into a shard's ``stats.unet_evals``) records when it makes the images."""
+    import torch
+
+    from pipeline.families.base import UnitContext
+    from pipeline.perf.estimate import unet_evaluations
+    from pipeline.registry import FAMILIES
+
+    cfg = _family_config(tmp_path, kind)
+    recorded = 0.0
+    for group in cfg.family_groups():
+        family = FAMILIES.get(group.kind)(cfg, group, "cpu", torch.float32)
+        family.setup()
+        for class_id in cfg.benchmark.classes:
+            for seed in cfg.benchmark.seeds:
+                ctx = UnitContext(class_id, cfg.benchmark.class_name(class_id), seed, _gray)
+                made = family.generate(ctx, list(group.shifts), list(group.scales))
+                recorded += sum(m.unet_evals for m in made.values())
+    assert unet_evaluations(cfg) == recorded
+    assert (recorded > 0) == (kind != "corruption")
+
+
+def test_the_estimate_of_the_tiny_build_equals_its_manifests_count(tiny_reference):
+    from pipeline.io.manifest import scan_manifests
+    from pipeline.io.store import OutputStore
+    from pipeline.perf.estimate import unet_evaluations
+
+    from buildproc import tiny_config
+
+    scan = scan_manifests(OutputStore(str(tiny_reference)))
+    recorded = sum(m.stats["unet_evals"] for m in scan.manifests)
+    assert recorded > 0 and unet_evaluations(load_config(tiny_config(tiny_reference.parent))) == recorded
+
+
+def test_the_imagenet_d_world_is_priced_for_its_generation(capsys):
+    """ImageNet-D's prompt_nuisance family runs the UNet: its generation is counted, not "runs no UNet"."""
+    assert main(["estimate", str(REPO_ROOT / "configs" / "world_imagenet_d.yaml"), "--gpu", "h100", "--gpus", "1"]) == 0
+    out = capsys.readouterr().out
+    # 10 classes x 6 seeds, each the plain prompt and 3 nuisances over 25 steps with guidance
+    assert "UNet evaluations   12,000" in out and "runs no UNet" not in out
+    assert re.search(r"generate\s+\S+ min\s+12,000 UNet evaluations, 240 VAE decodes", out), out

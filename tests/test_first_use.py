@@ -164,29 +164,35 @@ def test_native_stderr_noise_is_dropped_and_everything_else_kept(capfd, monkeypa
     assert capfd.readouterr().err == noise.decode()
 
 
-@pytest.mark.parametrize("index", [0, 1], ids=["token_auth", "starvation"])
-def test_rays_notices_about_a_new_local_cluster_show_only_with_verbose(index, monkeypatch, caplog):
-    """Token authentication stays on, the cluster is sized for every pool: Ray's notices
-    saying so need -v; other messages of the same loggers still show."""
+@pytest.mark.parametrize("quiet, notices, index", [
+    ("quiet_local_ray", "LOCAL_RAY_NOTICES", 0), ("quiet_local_ray", "LOCAL_RAY_NOTICES", 1),
+    ("quiet_ray_data", "RAY_DATA_TASK_ERRORS", 0), ("quiet_ray_data", "RAY_DATA_TASK_ERRORS", 1),
+    ("quiet_ray_data", "RAY_DATA_TASK_ERRORS", 2),
+], ids=["token_auth", "starvation", "task_error", "user_code", "stack_trace"])
+def test_rays_notices_show_only_with_verbose(quiet, notices, index, monkeypatch, caplog):
+    """Token authentication stays on, the cluster is sized for every pool, a stage's error is
+    re-raised by the executor (one line for a user's error, the actor's traceback for a bug):
+    Ray's notices saying so need -v; other messages of the same loggers still show."""
     import logging
 
     from pipeline.runtime import progress
     import ray  # noqa: F401  (Ray's own logging set-up, as in a build)
 
-    name, start = progress.LOCAL_RAY_NOTICES[index]
+    name, start = getattr(progress, notices)[index]
     logger = logging.getLogger(name)
     monkeypatch.setattr(logger, "handlers", [caplog.handler])  # whether or not Ray's loggers propagate
     notice = start + " ... (the rest of Ray's message)"
+    other = "Token authentication is disabled for this Ray cluster. Anyone with network access ..."
     monkeypatch.setattr(progress, "_VERBOSE", False)
-    progress.quiet_local_ray()
+    getattr(progress, quiet)()
     with caplog.at_level(logging.WARNING):
         logger.warning(notice)
-        logger.warning("Token authentication is disabled for this Ray cluster. Anyone with network access ...")
+        logger.warning(other)
     shown = {r.getMessage() for r in caplog.records}
-    assert shown == {"Token authentication is disabled for this Ray cluster. Anyone with network access ..."}
+    assert shown == {other}
     caplog.clear()
     monkeypatch.setattr(progress, "_VERBOSE", True)
-    progress.quiet_local_ray()
+    getattr(progress, quiet)()
     with caplog.at_level(logging.WARNING):
         logger.warning(notice)
     assert {r.getMessage() for r in caplog.records} == {notice}

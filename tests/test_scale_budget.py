@@ -301,7 +301,7 @@ def test_the_request_up_front_is_withdrawn_once_the_first_actors_hold_their_gpus
     calls.clear()
     state.update(up=0.0, used=0.0)
     with pytest.raises(RuntimeError):
-        with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01):
+        with ray_private.budget_request(bundles, first_gpus=1.5, poll_s=0.01, requester="cnsbench-x"):
             raise RuntimeError("the run failed")
     assert [c[0] for c in calls] == ["request", "cancel"]  # withdrawn with the failure
 
@@ -381,3 +381,97 @@ def test_the_request_expiry_defaults_to_three_minutes_and_may_be_shorter(monkeyp
     assert ray_private.request_expiry_s() == 180.0
     monkeypatch.setenv(ray_private.REQUEST_EXPIRY_ENV, " 12.5 ")
     assert ray_private.request_expiry_s() == 12.5
+
+
+# --------------------------------------------------------------------------- a local Ray refuses as a cluster does
+class _Generate:
+    name = "generate"
+
+
+def _generate_chain(cfg, gpus: float, memory: int):
+    from pipeline.executors.base import StageSpec
+    from pipeline.executors.chain import Chain
+
+    res = cfg.resources.generate.model_copy(update={"num_gpus": gpus, "num_cpus": 1.0})
+    return Chain(cfg, [StageSpec(_Generate, resources=res, batch_size=1, memory=lambda: memory)])
+
+
+def test_a_local_ray_checks_each_actor_against_the_machine():
+    """A local Ray shares its GPUs and memory among the pools, but one actor that asks for more
+    than the machine has is refused first, with a cluster's message; without a GPU only the
+    memory counts (the GPU stages run on the CPU)."""
+    from pipeline.executors.cluster import ClusterView
+    from pipeline.executors.pools import check_local_actors
+
+    cfg = load_config(TINY_CONFIG)
+    machine = {"a1b2c3d4e5f6": {"CPU": 4.0, "GPU": 1.0, "memory": 8.0 * GIB}}
+    local = ClusterView(True, machine, machine, None)
+    check_local_actors(_generate_chain(cfg, 1.0, 6 * GIB), local, cpu_only=False)  # fits: nothing said
+    with pytest.raises(Unplaceable) as err:
+        check_local_actors(_generate_chain(cfg, 1.0, 161 * GIB), local, cpu_only=False)
+    assert str(err.value).splitlines()[:3] == [
+        "1 actor pool(s) ask for more than any node offers, so Ray would wait for them forever:",
+        "  generate: one actor asks for 1 CPU, 1 GPU, 161.0 GiB memory",
+        "  nodes: node a1b2c3d4: 4 CPU, 1 GPU, 8.0 GiB memory"]
+    with pytest.raises(Unplaceable, match="generate: one actor asks for 1 CPU, 2 GPU, 1.0 GiB memory"):
+        check_local_actors(_generate_chain(cfg, 2.0, GIB), local, cpu_only=False)
+    check_local_actors(_generate_chain(cfg, 2.0, GIB), local, cpu_only=True)  # on the CPU: no GPU asked
+    with pytest.raises(Unplaceable, match="generate: one actor asks for 1 CPU, 161.0 GiB memory"):
+        check_local_actors(_generate_chain(cfg, 1.0, 161 * GIB), local, cpu_only=True)
+    check_local_actors(_generate_chain(cfg, 2.0, 161 * GIB), ClusterView(False, machine, machine, None), False)
+
+
+def test_a_build_on_the_local_ray_refuses_an_actor_larger_than_the_machine(ray_session, tmp_path):
+    """The Ray executor on a local Ray (the session's: one GPU) refuses before it starts a pool."""
+    import ray
+
+    from pipeline.executors.base import RunOptions
+    from pipeline.executors.ray_data import RayDataExecutor
+
+    cfg = load_config(TINY_CONFIG)
+    have = max(float(n["Resources"].get("memory", 0)) for n in ray.nodes() if n["Alive"])
+    for chain, asked in ((_generate_chain(cfg, 1.0, int(2 * have)), f"{2 * have / GIB:.1f} GiB memory"),
+                         (_generate_chain(cfg, 2.0, GIB), "2 GPU")):
+        with pytest.raises(Unplaceable, match=f"generate: one actor asks for .*{asked}"):
+            next(RayDataExecutor(cfg, notice=print).execute([{"x": 1}], str(tmp_path), chain, RunOptions()))
+
+
+def test_a_full_disk_on_the_ray_runner_is_the_stages_own_error(ray_session, tmp_path, capfd):
+    """A stage's StorageError (a full disk) reaches the command as the stage raised it, so the
+    command prints the one line the local runner prints, not Ray's wrapped error and traceback;
+    a bug keeps Ray's error, with the actor's traceback."""
+    import errno
+
+    from pipeline.executors.base import RunOptions, StageSpec
+    from pipeline.executors.chain import Chain
+    from pipeline.executors.ray_data import RayDataExecutor
+    from pipeline.io.retry import StorageError
+
+    class FullDisk:  # defined here: pickled by value for the actor
+        name, exact_batches, keeps_attempts = "write", False, False
+
+        def __init__(self, config, output, threads, bug=False):
+            self.output, self.bug = output, bug
+
+        def __call__(self, batch):
+            if self.bug:
+                raise KeyError("a bug")
+            raise StorageError(errno.ENOSPC, f"no space left on the device writing {self.output}/x: free space")
+
+    cfg = load_config(TINY_CONFIG)
+    res = cfg.resources.write.model_copy(update={"num_gpus": 0.0, "num_cpus": 0.5})
+
+    def run(**kwargs):
+        chain = Chain(cfg, [StageSpec(FullDisk, kwargs, resources=res, batch_size=1, memory=lambda: None)])
+        return list(RayDataExecutor(cfg, notice=print).execute([{"x": 1}], str(tmp_path), chain, RunOptions()))
+
+    with pytest.raises(StorageError) as err:
+        run()
+    assert type(err.value) is StorageError and err.value.errno == errno.ENOSPC
+    assert err.value.strerror == f"no space left on the device writing {tmp_path}/x: free space"
+    shown = capfd.readouterr().err
+    assert "Traceback" not in shown and "Exception occurred" not in shown, shown[-2000:]
+    import ray.exceptions
+
+    with pytest.raises(ray.exceptions.RayTaskError, match="a bug"):
+        run(bug=True)

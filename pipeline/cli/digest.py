@@ -40,7 +40,8 @@ def register(sub) -> None:
         description="SHA-256 digests of an output's committed sample ids and coordinates, predictions and decoded "
         "image pixels, whatever its shard layout (pipeline/io/digest.py): e.g. whether a resumed build equals a "
         "clean one. With two outputs, exit 0 when all three are equal, 1 when any differs. Pixels are exact on one "
-        "machine and runner; across CPUs a few may move by one level.",
+        "machine under either runner (each stage computes with its resources.<stage>.num_cpus threads); across "
+        "CPUs, or with other num_cpus, a few may move by one level.",
     )
     s.add_argument("output", help="an output folder or URL")
     s.add_argument("other", nargs="?", help="a second output to compare with")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeline.config import BuildConfig, load_config
+from pipeline.config import BuildConfig, ConfigError, load_config
 
 SET_HELP = (
     "override a config value before validation (repeatable; the value is YAML), "
@@ -42,7 +42,12 @@ def _max_gpus(text: str) -> int:
 
 
 def add_max_gpus(args: argparse.Namespace) -> None:
-    """``--max-gpus N`` as the ``--set resources.max_gpus=N`` it stands for."""
+    """``--max-gpus N`` as the ``--set resources.max_gpus=N`` it stands for; refused with
+    ``--runner local``, which has no actor pools for a budget to size."""
+    if getattr(args, "max_gpus", None) is not None and getattr(args, "runner", None) == "local":
+        raise ConfigError("--max-gpus does not apply with --runner local: the GPU budget sizes Ray's actor pools, and "
+                          "the local runner runs every stage in this one process (leave --max-gpus out, or use "
+                          "--runner ray)")
     if getattr(args, "max_gpus", None) is not None:
         args.sets = [*(getattr(args, "sets", None) or []), f"resources.max_gpus={args.max_gpus}"]
 

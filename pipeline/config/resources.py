@@ -19,7 +19,7 @@ class StageResources(Strict):
     """Ray resources of one stage's actor pool."""
 
     num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (fractions pack actors on a GPU)")
-    num_cpus: float = Field(1.0, gt=0)
+    num_cpus: float = Field(1.0, gt=0, description="CPUs per actor; also the stage's torch threads under every runner")
     batch_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="rows per map_batches call")
     pool_size: int = Field(1, ge=1, le=bounds.MAX_BATCH, description="actors started at once")
     max_pool_size: int | None = Field(None, ge=1, description="autoscale up to this many actors")

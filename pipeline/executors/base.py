@@ -34,6 +34,12 @@ class StageSpec:
         return res, stage_batch_size(cfg, self.stage.name)
 
 
+def stage_threads(resources: "StageResources") -> int:
+    """A stage's torch intra-op threads under every runner: its ``num_cpus`` (at least 1).
+    The runners must agree on it: a CPU's float reductions, so the images, depend on it."""
+    return max(1, int(resources.num_cpus))
+
+
 def _print_notice(message: str) -> None:
     print(f"[cnsbench] {message}", flush=True)
 

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from pipeline.executors.base import Executor, RunOptions, StageSpec
+from pipeline.executors.base import Executor, RunOptions, StageSpec, stage_threads
 
 
 class InProcessExecutor(Executor):
@@ -22,7 +22,9 @@ class InProcessExecutor(Executor):
     ) -> Iterator[dict]:
         cfg = self.cfg
         *work, last = chain
-        stages = [spec.stage(cfg, output, **spec.kwargs) for spec in work]
+        # Each stage computes with its own thread count, as its Ray actors do (same pixels).
+        stages = [spec.stage(cfg, output, threads=stage_threads(spec.resources or getattr(cfg.resources, spec.stage.name)),
+                             **spec.kwargs) for spec in work]
         writer = last.stage(cfg, output, **last.kwargs)
         _, per_shard = last.resolved(cfg)
         chunk_size = work[0].resolved(cfg)[1] if work else per_shard

@@ -8,8 +8,9 @@ budget, and requests every node can place.
   are asked for up front or already there, a GPU pool starts at its share (its actors wait for
   their nodes); elsewhere it starts at ``pool_size`` and Ray Data grows it.
 * **Placement** (:mod:`pipeline.executors.placement`): an actor that no node (type) can hold
-  is refused before anything waits on it; on a fixed cluster the pools' first actors must fit
-  at once, and their CPU and memory requests are scaled until they do.
+  is refused before anything waits on it, on a local Ray as on a cluster
+  (:func:`check_local_actors`); on a fixed cluster the pools' first actors must fit at once,
+  and their CPU and memory requests are scaled until they do.
 * **The request up front**: on an autoscaling cluster, one bundle per actor of each GPU pool's
   range (:func:`budget_bundles`), asked for at the start so that the nodes start together, and
   withdrawn once they are up and the pools' starting actors hold their GPUs
@@ -129,6 +130,29 @@ def size_pools(chain: Chain, sized: list[Sized], view: ClusterView, notice: Call
             s = replace(s, memory=a.memory)
         out.append(s)
     return out
+
+
+def check_local_actors(chain: Chain, view: ClusterView, cpu_only: bool) -> None:
+    """On a local Ray, refuse (:class:`~pipeline.executors.placement.Unplaceable`, the message a
+    cluster's nodes give) a pool whose one actor asks for more GPUs or memory than the machine has.
+
+    A local Ray shares its GPUs and memory out among the pools (their requests are scaled to
+    fit together), and that scaling also made a single actor projected at 161 GB fit a smaller
+    machine: it ran without a word until the machine ran out.  So each actor's own request, as
+    configured and projected, is checked against the machine first; without a GPU the GPU
+    stages run on the CPU and only their memory is checked."""
+    if not view.local:
+        return
+    asks = []
+    for pool in chain.pools:
+        try:
+            memory = pool.memory()
+        except Exception as err:  # noqa: BLE001 - a projection is advice: the pool asks for none
+            log.debug("no memory projection for %s: %s", pool.name, err)
+            memory = None
+        gpus = 0.0 if cpu_only else pool.resources.num_gpus
+        asks.append(Ask(pool.name, pool.resources.num_cpus, gpus, int(memory or 0)))
+    check_actors(asks, {f"node {nid[:8]}": res for nid, res in view.nodes.items()}, "node")
 
 
 # Set to 0, the budget is not requested up front: the autoscaler then adds nodes at its own pace,

@@ -10,6 +10,7 @@ iterates the small per-shard rows, so its memory does not grow with the plan.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -18,10 +19,11 @@ from typing import Iterable, Iterator, Sequence
 
 from pipeline.config import StageResources
 from pipeline.executors import cluster
-from pipeline.executors.base import Executor, RunOptions, StageSpec
+from pipeline.executors.base import Executor, RunOptions, StageSpec, stage_threads
 from pipeline.executors.chain import Chain, as_chain
 from pipeline.executors.pools import Sized, budget_bundles, first_gpus, size_pools, upfront_request
-from pipeline.executors.ray_private import budget_request, exact_blocks, requester_id
+from pipeline.executors.ray_private import budget_request, exact_blocks, raise_stage_errors, requester_id, stage_error
+from pipeline.io.lease import LeaseLost
 from pipeline.runtime.faults import fault_env
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,23 @@ def _remote_args(stage: StageResources, bookkept: bool) -> dict:
     return args
 
 
+# What a stage raises for the user's input or storage (a full disk, a weight file refused, the
+# output's lease taken over) reaches the command as it was raised: one line, as on the local
+# runner.  Anything else (a bug) keeps Ray's error, with the actor's traceback.
+USER_ERRORS = (OSError, ValueError, LeaseLost)
+
+
+@contextlib.contextmanager
+def user_errors_unwrapped() -> Iterator[None]:
+    try:
+        yield
+    except Exception as err:
+        original = stage_error(err)
+        if isinstance(original, USER_ERRORS):
+            raise original from None
+        raise
+
+
 class RayDataExecutor(Executor):
     name = "ray_data"
 
@@ -210,6 +229,7 @@ class RayDataExecutor(Executor):
         # longer than that (a generation unit of SD2 at 768 px on a CPU did), and a worker that
         # dies is retried by the actor restarts and attempt markers, so there is no such limit.
         ray.data.DataContext.get_current().execution_no_progress_timeout_s = -1
+        raise_stage_errors()  # a user's error (a full disk) reaches the command as on the local runner
         ds = ray.data.from_items(rows, override_num_blocks=max(1, min(options.num_blocks or len(rows), len(rows))))
         for s in sized:
             r, spec, mem = s.resources, s.pool.spec, s.memory
@@ -219,7 +239,7 @@ class RayDataExecutor(Executor):
                 # about two shards per planned one (64 + 6).  Blocks of exactly batch_size
                 # rows make one batch each.
                 ds = exact_blocks(ds, s.pool.batch_size, tasks=r.pool_size)
-            kwargs = {"config": cfg_dict, "output": output, "threads": max(1, int(r.num_cpus)), **spec.kwargs}
+            kwargs = {"config": cfg_dict, "output": output, "threads": stage_threads(r), **spec.kwargs}
             with warnings.catch_warnings():
                 # Ray 2.60 has no named parameter for bounded actor restarts/retries yet; the
                 # remote-args route it deprecates is still the only way to bound them.
@@ -247,6 +267,9 @@ class RayDataExecutor(Executor):
             return
         cpu_only = cpu_only_local_cluster(self.address)
         view = cluster.read_cluster(local=not cluster.given_address(self.address))
+        from pipeline.executors.pools import check_local_actors
+
+        check_local_actors(chain, view, cpu_only)  # as on a cluster, before the local Ray's sharing
         sized = size_pools(chain, self._sized(chain, cpu_only), view, self.notice)
         ds = self.dataset(rows, output, sized, options)
         from pipeline.runtime.progress import native_stderr_filtered
@@ -256,7 +279,7 @@ class RayDataExecutor(Executor):
         # with the run, or expires once its driver is gone.
         with budget_request(budget_bundles(sized) if view.autoscaling and upfront_request() else [],
                             first_gpus=first_gpus(sized), requester=requester_id(output)):
-            with native_stderr_filtered():  # Ray's error-level line per actor pool (see NATIVE_NOISE)
+            with native_stderr_filtered(), user_errors_unwrapped():  # NATIVE_NOISE: Ray's line per pool
                 for row in ds.iter_rows():
                     row = dict(row)
                     if options.on_shard:

@@ -1,6 +1,6 @@
 """Every use of Ray's private or semi-public internals, in one place.
 
-Ray 2.60 has no public API for three things the Ray executor needs:
+Ray 2.60 has no public API for these things the Ray executor needs:
 
 * blocks of exact row counts from a repartition whose tasks ask for no CPU
   (:func:`exact_blocks`: the logical operator's ``ray_remote_args`` and ``compute``);
@@ -12,7 +12,9 @@ Ray 2.60 has no public API for three things the Ray executor needs:
 * asking the autoscaler for a run's whole GPU budget (:func:`budget_request`: through Ray
   Data's coordinator, which would overwrite a request made beside it), as a request of the
   run's own that expires unless its driver renews it;
-* the address ``ray start`` left in Ray's bootstrap file (:func:`bootstrap_address`).
+* the address ``ray start`` left in Ray's bootstrap file (:func:`bootstrap_address`);
+* the exception a stage raised in an actor, as it was raised (:func:`raise_stage_errors`,
+  :func:`stage_error`).
 
 ``tests/test_scale_budget.py`` checks each against the installed Ray, so a Ray upgrade that
 changes one fails there, not in the middle of a build.
@@ -221,8 +223,8 @@ def gpus_up_and_used() -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0,
-                   requester: str = "cnsbench-build") -> Iterator[None]:
+def budget_request(bundles: list[dict[str, float]], first_gpus: float = 0.0, poll_s: float = 2.0, *,
+                   requester: str) -> Iterator[None]:
     """Ask the autoscaler for ``bundles`` at once, as ``requester`` (:func:`requester_id`), keep the
     request alive while this driver runs (:class:`Handover`: it expires after
     :func:`request_expiry_s` unless renewed), and withdraw it as soon as the cluster holds their
@@ -304,3 +306,28 @@ def bootstrap_address() -> str | None:
         return None
     except OSError:
         return None if not os.path.exists(path) else "?"
+
+
+def raise_stage_errors() -> None:
+    """Make Ray Data hand a stage's exception to the driver as it was raised (inside Ray's
+    ``RayTaskError``): by default it wraps it in a ``UserCodeException`` whose cause is lost on the
+    way, so a full disk on the Ray runner ended in a 141-line traceback where the local runner
+    says one line."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    if not hasattr(ctx, "raise_original_map_exception"):
+        raise RayInternalsChanged(f"Ray {ray.__version__}: DataContext has no raise_original_map_exception "
+                                  "(pipeline/executors/ray_private.py raise_stage_errors)")
+    ctx.raise_original_map_exception = True
+
+
+def stage_error(err: BaseException) -> BaseException | None:
+    """The exception a stage raised in its actor, from the error the driver got (None: not a
+    stage's error)."""
+    import ray.exceptions
+
+    seen = 0
+    while isinstance(err, ray.exceptions.RayTaskError) and seen < 8:
+        err, seen = getattr(err, "cause", None), seen + 1
+    return None if seen == 0 or isinstance(err, ray.exceptions.RayError) else err

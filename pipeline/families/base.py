@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from pipeline.config import BuildConfig, FamilyGroup
+    from pipeline.perf.evals import UnetCost
 
 
 class NoOptions(BaseModel):
@@ -115,6 +116,10 @@ class Family:
     needs_mask: ClassVar[bool] = False
     # Analyses added to the build's report whenever this family is part of it.
     analyses: ClassVar[tuple[str, ...]] = ()
+    # The text-to-image sampler (``pipeline.models.sampler.SAMPLERS``) of a build whose primary
+    # family (``generator.kind``) this is: the seed source and the families that regenerate a
+    # base image share it, so their scale 0 is this family's.
+    sampler_kind: ClassVar[str] = "slider"
 
     @classmethod
     def source_classes(cls, config: "BuildConfig", group: "FamilyGroup") -> list[int]:
@@ -155,6 +160,18 @@ class Family:
         """
         return []
 
+    # ---------------------------------------------------------------- cost (no torch)
+    @classmethod
+    def unet_cost(cls, config: "BuildConfig", group: "FamilyGroup") -> "UnetCost | None":
+        """What one (class, seed) unit of ``group`` costs the UNet, as the family's own
+        ``ShiftImages.unet_evals`` will count it (:mod:`pipeline.perf.evals`); None: it runs none."""
+        return None
+
+    @classmethod
+    def slider_count(cls, config: "BuildConfig", group: "FamilyGroup") -> int:
+        """The (class, shift) slider files ``group`` reads (the plan's "sliders needed")."""
+        return 0
+
     # ---------------------------------------------------------------- work
     def setup(self) -> None:
         """Load models; called once per worker before the first ``generate``."""
@@ -170,3 +187,14 @@ def extra_source_classes(config: "BuildConfig") -> list[int]:
 
     wanted = {c for g in config.family_groups() for c in FAMILIES.get(g.kind).source_classes(config, g)}
     return sorted(wanted - set(config.benchmark.classes))
+
+
+def base_sampler_kind(config: "BuildConfig") -> str:
+    """The sampler kind whose scale 0 a build's seed source shares: its primary family's
+    (``generator.kind``; ``slider`` for a kind the registry does not know)."""
+    from pipeline.registry import FAMILIES
+
+    try:
+        return FAMILIES.get(config.generator.kind).sampler_kind
+    except KeyError:
+        return "slider"

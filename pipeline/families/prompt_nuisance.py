@@ -32,6 +32,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.families.base import BaseImage, Family, ShiftImages, UnitContext
+from pipeline.families.slider import prompt_evals
+from pipeline.perf.evals import UnetCost
 
 # Defaults of ``templates`` per released kind.  The public repository ships no generation
 # prompts; these follow the paper's description of its prompts (object "in" a background,
@@ -163,6 +165,11 @@ class PromptNuisanceFamily(Family):
     default_scales: ClassVar[list[float]] = [0.0, 1.0]
     generates_base = True
     analyses = ("hard_mining",)
+
+    @classmethod
+    def unet_cost(cls, config, group) -> UnetCost:
+        """``NuisanceSampler.generate_group``: the plain prompt and every nuisance over every step."""
+        return UnetCost(prompt_evals(config, group))
 
     @classmethod
     def check_shifts(cls, shifts: list[str], options: BaseModel) -> list[str]:

@@ -8,9 +8,11 @@ unit's context, so transforming families of the same build start from the same i
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from pipeline.families.base import BaseImage, Family, ShiftImages, UnitContext
+from pipeline.perf import evals
+from pipeline.perf.evals import UnetCost
 
 
 def shared_sampler(config: Any, kind: str, device: str, dtype: Any):
@@ -27,7 +29,21 @@ class SliderFamily(Family):
     kind = "slider"
     scale_meaning = "slider multiplier (LoRA on while t <= generator.lora_timestep_threshold)"
     generates_base = True
-    sampler_kind: ClassVar[str] = "slider"
+    sampler_kind = "slider"
+
+    @classmethod
+    def unet_cost(cls, config, group) -> UnetCost:
+        """The count of ``SliderSampler.generate_group``: the pre-window steps once, then scale 0
+        and every (shift, non-zero scale) branch through the window (every image over every
+        step without ``generator.share_prefix``)."""
+        gen = config.generator
+        e = evals.unet_evals_per_unit(gen.steps, gen.lora_timestep_threshold, len(group.shifts), list(group.scales),
+                                      gen.guidance_scale)
+        return UnetCost(_unshared(e) if not gen.share_prefix else e, hooked=True)
+
+    @classmethod
+    def slider_count(cls, config, group) -> int:
+        return len(config.benchmark.classes) * len(group.shifts)
 
     @classmethod
     def missing_files(cls, config, group, pairs) -> list[str]:
@@ -71,5 +87,26 @@ class PromptFamily(SliderFamily):
     sampler_kind = "prompt"
 
     @classmethod
+    def unet_cost(cls, config, group) -> UnetCost:
+        e = prompt_evals(config, group)
+        return UnetCost(e if config.generator.share_prefix else _unshared(e))
+
+    @classmethod
+    def slider_count(cls, config, group) -> int:
+        return 0
+
+    @classmethod
     def missing_files(cls, config, group, pairs) -> list[str]:
         return []
+
+
+def _unshared(e: dict) -> dict:
+    """The counts of ``reference_group``: every image over every step (``share_prefix: false``)."""
+    return {**e, "prefix_steps": 0, "evals": e["evals_unshared"]}
+
+
+def prompt_evals(config: Any, group: Any) -> dict:
+    """The count of ``PromptSampler.generate_group`` (the ``prompt`` and ``prompt_nuisance``
+    families): the plain prompt and each shift's prompt over every step."""
+    gen = config.generator
+    return evals.prompt_evals_per_unit(gen.steps, len(group.shifts), list(group.scales), gen.guidance_scale)

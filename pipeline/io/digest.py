@@ -4,8 +4,11 @@ Two outputs with the same digest hold the same images, the same per-image coordi
 the same predictions, whatever their shard layout, file names or Parquet encoding.  Images
 are compared by their decoded pixels (mode, size and values), not their file bytes: the
 encoder's library version changes PNG bytes without changing a pixel.  Decoded pixels are
-exact on one machine but not across CPUs: the kernels torch picks (AVX2, AVX-512, ...) sum
-floats in different orders, which moves a few pixels of a few images by one level.
+exact on one machine, under either runner, but not across CPUs: the kernels torch picks
+(AVX2, AVX-512, ...) sum floats in different orders, which moves a few pixels of a few
+images by one level.  The thread count does the same, so each stage computes with its
+``resources.<stage>.num_cpus`` threads under both runners (:meth:`Stage.own_threads`); an
+output made with other ``num_cpus`` may differ the same way.
 ``pixel_blocks`` is the fingerprint for comparisons across machines.  The
 ``params`` column and detector scores are left out (scores are floats that may differ in
 the last bit across hardware).  Used to check that a refactoring or a resumed, faulted

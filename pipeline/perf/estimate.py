@@ -33,11 +33,11 @@ from pipeline.perf.evals import unit_evals
 from pipeline.perf.report import significant
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pipeline.config import BuildConfig
+    from pipeline.config import BuildConfig, FamilyGroup
     from pipeline.perf.budget import PoolRange
+    from pipeline.perf.evals import UnetCost
 
 GIB = 1024**3
-GENERATING_FAMILIES = ("slider",)  # families whose UNet work the model counts
 MAX_GPUS = 100_000
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MEASURED_RESOLUTION = 768  # the generate actor's activation figures of data/gpus.json (SD2, bf16, an H100)
@@ -102,8 +102,17 @@ def _largest(fits: Callable[[int], bool], below: int) -> int:
     return lo
 
 
+def unet_costs(cfg: "BuildConfig") -> list[tuple["FamilyGroup", "UnetCost | None"]]:
+    """Each family group of ``cfg`` with what one unit of it costs the UNet, as its family
+    states it (``Family.unet_cost``, looked up in the registry; None: it runs no UNet)."""
+    from pipeline.registry import FAMILIES
+
+    return [(g, FAMILIES.get(g.kind).unet_cost(cfg, g)) for g in cfg.family_groups()]
+
+
 def generates(cfg: "BuildConfig") -> bool:
-    return any(g.kind in GENERATING_FAMILIES for g in cfg.family_groups())
+    """Whether a family of ``cfg`` runs the UNet (the generate actor then holds the diffusion model)."""
+    return any(cost is not None for _, cost in unet_costs(cfg))
 
 
 def generate_bytes(cfg: "BuildConfig", branch_batch_size: int | None = None) -> tuple[int, str]:
@@ -415,14 +424,15 @@ def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, st
     assumptions = assumptions if assumptions is not None else []
     summary = plan.summarize(cfg)
     units, evals, unshared, decodes, gen_s = 0, 0, 0, 0, 0.0
-    for group in cfg.family_groups():
-        if group.kind not in GENERATING_FAMILIES:
-            assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts) runs no UNet: no GPU time counted",
-                                "pipeline/perf/estimate.py"))
+    for group, cost in unet_costs(cfg):
+        if cost is None or cost.evals is None:
+            what = "runs no UNet" if cost is None else f"runs the UNet, not counted: {cost.unknown}"
+            assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts) {what}; no GPU time counted",
+                                f"the family's unet_cost (registry: {group.kind})"))
             continue
         n = summary.n_classes * summary.n_seeds
         units = max(units, n)
-        seconds, e = latency.unit_seconds(cfg, spec, len(group.shifts), list(group.scales))
+        seconds, e = latency.unit_seconds(cfg, spec, len(group.shifts), list(group.scales), cost.evals, cost.hooked)
         gen_s += n * seconds
         evals += n * e["evals"]
         unshared += n * e["evals_unshared"]
@@ -437,6 +447,12 @@ def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, st
         n = len(latency.stage_models(cfg, stage))
         stages.append(StageTime(stage, images * per_image, f"{n} models, {significant(gflop)} GFLOP per image"))
     return (units, evals, unshared), stages
+
+
+def unet_evaluations(cfg: "BuildConfig") -> int:
+    """The UNet sample-evaluations a build of ``cfg`` makes, as its families count them (the
+    sum of the build's ``ShiftImages.unet_evals``, i.e. its manifests' ``stats.unet_evals``)."""
+    return _stage_times(cfg, data.gpu_spec(REFERENCE_GPU))[0][1]
 
 
 def stage_times(cfg: "BuildConfig", spec: dict) -> list[StageTime]:

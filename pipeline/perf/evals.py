@@ -1,12 +1,19 @@
-"""How many UNet evaluations a build makes: the count of ``SliderSampler.generate_group``.
+"""How many UNet evaluations a build makes: the counts of the text-to-image samplers.
 
-Per (class, seed) unit the DDIM steps above the LoRA window's threshold run once, shared by
-every shift and scale; then the scale-0 image and every (shift, non-zero scale) branch run
-the window's steps.  With classifier-free guidance a step is 2 sample-evaluations.
+``SliderSampler.generate_group`` (:func:`unet_evals_per_unit`): per (class, seed) unit the
+DDIM steps above the LoRA window's threshold run once, shared by every shift and scale;
+then the scale-0 image and every (shift, non-zero scale) branch run the window's steps.
+``PromptSampler.generate_group`` (:func:`prompt_evals_per_unit`): the plain prompt and one
+branch per shift run every step (a shift's non-zero scales share its one image).  With
+classifier-free guidance a step is 2 sample-evaluations.
+
+A family states its own count (:class:`UnetCost`, ``Family.unet_cost``); the estimate asks
+each family of a build through the registry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,6 +48,36 @@ def unet_evals_per_unit(steps: int, threshold: int, n_shifts: int, scales: list[
         "evals_unshared": per_step * steps * images,
         "images": images,
     }
+
+
+def prompt_evals_per_unit(steps: int, n_shifts: int, scales: list[float], cfg_scale: float) -> dict:
+    """UNet sample-evaluations of one (class, seed) unit of a prompt family (``PromptSampler``):
+    the plain prompt and each shift's prompt run every step from the same noise, in the same
+    keys as :func:`unet_evals_per_unit` (no prefix: nothing is shared across branches)."""
+    branches = 1 + n_shifts
+    per_step = 2 if cfg_scale > 1.0 else 1
+    images = n_shifts * len(scales)
+    return {
+        "prefix_steps": 0,
+        "window_steps": steps,
+        "branches": branches,
+        "evals": per_step * steps * branches,
+        "evals_unshared": per_step * steps * images,
+        "images": images,
+    }
+
+
+@dataclass(frozen=True)
+class UnetCost:
+    """What one (class, seed) unit of a family costs the UNet.
+
+    ``evals``: the counts of :func:`unet_evals_per_unit` (same keys), or None when they are
+    not known before the build (``unknown`` says why); ``hooked``: the window's forwards
+    carry per-row slider hooks (measured slower than the bare UNet)."""
+
+    evals: dict | None
+    hooked: bool = False
+    unknown: str = ""
 
 
 def unit_evals(cfg: "BuildConfig", n_shifts: int | None = None, scales: list[float] | None = None) -> dict:

@@ -77,14 +77,17 @@ def unet_utilisation(images_per_forward: int) -> float:
     return table[-1][1]
 
 
-def unit_seconds(cfg: "BuildConfig", spec: dict, n_shifts: int, scales: list[float]) -> tuple[float, dict]:
-    """GPU-seconds of one (class, seed) unit of ``n_shifts`` slider shifts on the GPU ``spec``,
-    and its UNet evaluation counts (:func:`pipeline.perf.evals.unet_evals_per_unit`)."""
+def unit_seconds(cfg: "BuildConfig", spec: dict, n_shifts: int, scales: list[float], evals: dict | None = None,
+                 hooked: bool = True) -> tuple[float, dict]:
+    """GPU-seconds of one (class, seed) unit of ``n_shifts`` shifts on the GPU ``spec``, and
+    its UNet evaluation counts: ``evals`` (a family's ``unet_cost``), by default the slider
+    family's (:func:`pipeline.perf.evals.unet_evals_per_unit`); ``hooked``: the window's
+    forwards carry slider hooks."""
     gen = cfg.generator
     peak = spec["bf16_tflops"] * 1e12
     gflop = generator_flops(gen.model, gen.resolution)
     px = (gen.resolution / gflop["resolution"]) ** 2
-    e = unit_evals(cfg, n_shifts, scales)
+    e = evals if evals is not None else unit_evals(cfg, n_shifts, scales)
     per_step = 2 if gen.guidance_scale > 1.0 else 1
     per_sample = gflop["unet_gflop_per_sample"] * 1e9 * px / peak
     # The prefix runs one image per forward; the branches branch_batch_size per forward.
@@ -93,7 +96,7 @@ def unit_seconds(cfg: "BuildConfig", spec: dict, n_shifts: int, scales: list[flo
     # The window's forwards carry the rows' sliders (per-row LoRA hooks): measured slower than
     # the bare UNet by ``slider_window_factor`` (pipeline/data/gpus.json).
     window_s = (e["evals"] - prefix_evals) * per_sample / unet_utilisation(min(gen.branch_batch_size, e["branches"]))
-    window_s *= utilisation().get("slider_window_factor", 1.0)
+    window_s *= utilisation().get("slider_window_factor", 1.0) if hooked else 1.0
     decode_s = e["branches"] * gflop["vae_gflop_per_decode"] * 1e9 * px / (peak * utilisation()["vae_decode"])
     return prefix_s + window_s + decode_s, e
 

@@ -143,5 +143,7 @@ def summarize(cfg: "BuildConfig | BenchmarkSpec") -> PlanSummary:
         images, sliders = c * s * h * k, c * h
     else:
         images = sum(c * s * len(g.shifts) * len(g.scales) for g in cfg.family_groups())
-        sliders = sum(c * len(g.shifts) for g in cfg.family_groups() if g.kind == "slider")
+        from pipeline.registry import FAMILIES  # a family states the slider files it reads
+
+        sliders = sum(FAMILIES.get(g.kind).slider_count(cfg, g) for g in cfg.family_groups())
     return PlanSummary(c, s, h, k, c * s * h, images, c * s, sliders)

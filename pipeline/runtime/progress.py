@@ -73,6 +73,7 @@ def quiet_ray_data() -> None:
             logging.getLogger("ray.data").setLevel(logging.WARNING)
             # Its only message is "Progress bars disabled. To enable, ...": that is the point.
             logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+        _hide_unless_verbose(RAY_DATA_TASK_ERRORS)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = _VERBOSE
         if hasattr(ctx, "enable_operator_progress_bars"):
@@ -105,14 +106,32 @@ LOCAL_RAY_NOTICES = (
 )
 
 
-def quiet_local_ray() -> None:
-    """Before a new local ``ray.init()``: without ``-v``, the :data:`LOCAL_RAY_NOTICES` are not shown."""
-    for name, notice in LOCAL_RAY_NOTICES:
+# What Ray Data logs, with the driver-side traceback, when a stage raised: the executor re-raises
+# a user's error (a full disk) as the stage raised it, one line as on the local runner, and any
+# other with the actor's traceback (pipeline/executors/ray_data.py), so these show only with -v.
+RAY_DATA_TASK_ERRORS = (
+    ("ray.data._internal.execution.streaming_executor_state", "An exception was raised from a task of operator"),
+    ("ray.data.exceptions", "Exception occurred in "),
+    ("ray.data.exceptions", "Full stack trace"),
+)
+
+
+def _hide_unless_verbose(notices) -> None:
+    """Without ``-v``, the ``(logger, message start)`` records of ``notices`` are not shown."""
+    fragments: dict[str, list[str]] = {}
+    for name, notice in notices:
+        fragments.setdefault(name, []).append(notice)
+    for name, each in fragments.items():
         logger = logging.getLogger(name)
         for f in [f for f in logger.filters if isinstance(f, _DropMessages)]:
             logger.removeFilter(f)
         if not _VERBOSE:
-            logger.addFilter(_DropMessages(notice))
+            logger.addFilter(_DropMessages(*each))
+
+
+def quiet_local_ray() -> None:
+    """Before a new local ``ray.init()``: without ``-v``, the :data:`LOCAL_RAY_NOTICES` are not shown."""
+    _hide_unless_verbose(LOCAL_RAY_NOTICES)
 
 
 # Lines that native code writes straight to this process's stderr (no logger to quieten),

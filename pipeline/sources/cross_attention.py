@@ -66,11 +66,11 @@ class CrossAttentionMasks(CheckedMasks):
         return problems
 
     def setup(self) -> None:
+        from pipeline.families.base import base_sampler_kind
         from pipeline.families.slider import shared_sampler
 
         super().setup()
-        kind = "prompt" if self.config.generator.kind == "prompt" else "slider"
-        self.sampler = shared_sampler(self.config, kind, self.device, self.dtype)
+        self.sampler = shared_sampler(self.config, base_sampler_kind(self.config), self.device, self.dtype)
         from pipeline.sources.attention_maps import recorder_for
 
         recorder_for(self.sampler, self.options.from_step, self.options.layers == "finest")  # records every scale-0 generation

@@ -16,10 +16,10 @@ class SeedSource(ImageSource):
     kind = "seed"
 
     def setup(self) -> None:
+        from pipeline.families.base import base_sampler_kind
         from pipeline.families.slider import shared_sampler
 
-        kind = "prompt" if self.config.generator.kind == "prompt" else "slider"
-        self.sampler = shared_sampler(self.config, kind, self.device, self.dtype)
+        self.sampler = shared_sampler(self.config, base_sampler_kind(self.config), self.device, self.dtype)
 
     def load(self, ctx: UnitContext) -> BaseImage:
         result = self.sampler.generate_group(ctx.class_id, ctx.seed, [], [0.0])

@@ -70,7 +70,7 @@ class Stage:
         self.config = config if isinstance(config, BuildConfig) else BuildConfig.model_validate(config)
         self.output = output  # the build's output store (attempt markers live there)
         self.device_override = device
-        self.threads = threads  # torch intra-op threads; set to the actor's CPUs under Ray
+        self.threads = threads  # torch intra-op threads: the stage's CPUs under every runner (stage_threads)
         self._ready = False
         self._attempts = None
 
@@ -104,12 +104,20 @@ class Stage:
 
     def ensure_setup(self) -> None:
         if not self._ready:
-            if self.threads and self.uses_torch:
-                import torch
-
-                torch.set_num_threads(self.threads)
+            self.own_threads()
             self.setup()
             self._ready = True
+
+    def own_threads(self) -> None:
+        """Compute with this stage's torch threads (``resources.<stage>.num_cpus``), set again
+        before every batch: stages sharing one process (the in-process runner) each run with
+        their own count, as their Ray actors do.  A CPU's reductions depend on the thread
+        count, so equal counts are what make both runners write the same pixels."""
+        if self.threads and self.uses_torch:
+            import torch
+
+            if torch.get_num_threads() != self.threads:
+                torch.set_num_threads(self.threads)
 
     def give_up(self, rows: list[dict[str, Any]], attempts: int) -> pa.Table:
         """What a batch becomes after ``attempts`` tries that each killed the worker: its
@@ -136,6 +144,7 @@ class Stage:
                 # Earlier attempts at this very batch killed the worker: give up on it.
                 return self.give_up(rows, before)
         self.ensure_setup()
+        self.own_threads()
         # A rule for an item fires where the item is processed: failed items pass through.
         faults.inject(self.name, "start", self.batch_keys([r for r in rows if not r.get("error")]) if keys else keys)
         out = self.process(rows)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.families.base import Family, ShiftImages, UnitContext
 from pipeline.families.masked_scenario.scenarios import ALL_NAMES, GENERATED, SCENARIOS
+from pipeline.perf.evals import UnetCost
 
 MAX_BACKGROUND_BYTES = 256 * 2**20  # originals kept per worker for random backgrounds
 
@@ -123,6 +124,13 @@ class MaskedScenarioFamily(Family):
             if is_local_path(model) and not os.path.isdir(model):
                 problems.append(f"generator.model: generated_background needs the text-to-image model, not found: {model}")
         return problems
+
+    @classmethod
+    def unet_cost(cls, config, group) -> UnetCost | None:
+        if GENERATED not in group.shifts:
+            return None
+        return UnetCost(None, unknown=f"{GENERATED} repaints each unit's background from a strength's start step "
+                                      "on; a unit with an unusable mask runs none")
 
     @classmethod
     def source_classes(cls, config, group) -> list[int]:

@@ -33,10 +33,10 @@ class Painted:
 
 class BackgroundPainter:
     def __init__(self, config, options, device: str, dtype) -> None:
+        from pipeline.families.base import base_sampler_kind
         from pipeline.families.slider import shared_sampler
 
-        kind = "prompt" if config.generator.kind == "prompt" else "slider"
-        self.sampler = shared_sampler(config, kind, device, dtype)
+        self.sampler = shared_sampler(config, base_sampler_kind(config), device, dtype)
         self.options = options
         self._embeds: dict[int, Any] = {}
 

@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.families.base import Family, ShiftImages, UnitContext
+from pipeline.perf.evals import UnetCost
 
 GEOMETRY = ("size", "position", "rotation")
 # Guidance strength per unit of lambda, calibrated on the world model (32 px) so that lambda
@@ -197,18 +198,26 @@ class ObjectEditFamily(Family):
             problems.append(f"source.masks.kind: family object_edit ({group.where}) needs object masks; set a mask provider")
         return problems
 
+    @classmethod
+    def unet_cost(cls, config, group) -> UnetCost | None:
+        if not cls._uses_model(group.options, group.shifts):
+            return None
+        return UnetCost(None, unknown="its guided denoising (background edits, diffusion fills) runs on each "
+                                      "unit's mask: the steps depend on the mask")
+
     # ---------------------------------------------------------------- setup
-    def _uses_model(self) -> bool:
-        shifts = set(self.group.shifts)
-        return bool(shifts & set(BACKGROUND)) or (self.options.fill.kind == "diffusion" and bool(shifts & set(GEOMETRY)))
+    @staticmethod
+    def _uses_model(options: Any, shifts: list[str]) -> bool:
+        on = set(shifts)
+        return bool(on & set(BACKGROUND)) or (options.fill.kind == "diffusion" and bool(on & set(GEOMETRY)))
 
     def setup(self) -> None:
         self.sampler = None
-        if self._uses_model():
+        if self._uses_model(self.options, self.group.shifts):
+            from pipeline.families.base import base_sampler_kind
             from pipeline.families.slider import shared_sampler
 
-            kind = "prompt" if self.config.generator.kind == "prompt" else "slider"
-            self.sampler = shared_sampler(self.config, kind, self.device, self.dtype)
+            self.sampler = shared_sampler(self.config, base_sampler_kind(self.config), self.device, self.dtype)
 
     def _empty_prompt(self):
         """Embedding of the empty prompt: the model's unconditional branch (CFG dropout caption)."""
