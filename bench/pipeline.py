@@ -73,11 +73,11 @@ def run_build(cfg, units, out: str):
 
 def generation_only(cfg, rows: list[dict], out: str):
     """The generation stage alone on the same actor pool as in the build; rows drained here."""
-    from pipeline.executors import StageSpec
+    from pipeline.executors import Chain, StageSpec
     from pipeline.executors.ray_data import RayDataExecutor
     from pipeline.stages.generate import GenerateStage
 
-    return RayDataExecutor(cfg).run(rows, out, [StageSpec(GenerateStage)], num_blocks=len(rows))
+    return RayDataExecutor(cfg).run(rows, out, Chain(cfg, [StageSpec(GenerateStage)]), num_blocks=len(rows))
 
 
 def driver_peak(shifts: int, seeds: int, steps: int) -> dict:

@@ -236,11 +236,12 @@ class TimedWriteStage(_Timed, WriteStage):
         return out
 
 
-def standin_chain(cfg, sim: dict, commit: dict | None = None) -> list:
+def standin_chain(cfg, sim: dict, commit: dict | None = None):
     """The build's chain (``pipeline.build.build_chain``) with the model stages stood in for:
     one classify stage per group of ``sim["groups"]``, each pool as ``sim["pools"]`` says;
-    ``commit``: the writer's commit kwargs, from the run."""
-    from pipeline.executors import StageSpec
+    ``commit``: the writer's commit kwargs, from the run.  The stand-ins hold no model, so no
+    pool declares the models' projected memory."""
+    from pipeline.executors import Chain, StageSpec
 
     res = cfg.resources
     pools = sim["pools"]
@@ -258,4 +259,4 @@ def standin_chain(cfg, sim: dict, commit: dict | None = None) -> list:
         done = sorted(done + group)
     chain.append(StageSpec(TimedWriteStage, {"sim": sim, **(commit or {})},
                            resources=sized("write", "write"), batch_size=cfg.output.trajectories_per_shard))
-    return chain
+    return Chain(cfg, chain, project_memory=False)

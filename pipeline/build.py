@@ -10,7 +10,7 @@ trajectories.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from pipeline import plan
@@ -52,35 +52,31 @@ def build(
         total = plan.summarize(cfg).n_trajectories
         todo = sum(len(u.shifts) for u in units)
         # 3. clean, write the config, start counting
-        run.start(total, total - todo)
+        running = run.start(total, total - todo)
         echo(f"[cnsbench] {total} trajectories planned, {total - todo} already done, {todo} to make")
         # 4. new classifiers on the committed images, then the plan (one work unit per block,
         #    so generation spreads across the actors from the start)
-        run.add_classifiers()
-        run.run_chain([u.to_row() for u in units], stages.chain(cfg, run.commit_kwargs()),
-                      num_blocks=len(units), first_schema=schema.UNIT)
+        running.add_classifiers()
+        running.run_chain([u.to_row() for u in units], stages.chain(cfg, running.commit_kwargs()),
+                          num_blocks=len(units), first_schema=schema.UNIT)
         # 5. report and summary
-        return run.finish(aggregate=aggregate)
+        return running.finish(aggregate=aggregate)
 
 
 def build_chain(cfg: BuildConfig, commit: dict[str, str] | None = None) -> Chain:
     """The stages of a build: generate -> filter -> classify (a stage per classifier group) -> write,
-    each with its actor's projected memory (:func:`pipeline.perf.memory.actor_host_bytes`);
-    ``commit``: the writer's commit kwargs (:meth:`pipeline.output_run.OutputRun.commit_kwargs`)."""
-    from pipeline.perf.memory import actor_host_bytes
+    each with its actor's projected memory (:class:`Chain`); ``commit``: the writer's commit
+    kwargs (:meth:`pipeline.output_run.Running.commit_kwargs`)."""
     from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
     from pipeline.stages.generate import GenerateStage
     from pipeline.stages.write import WriteStage
 
-    def memory(stage: str, members: list[int] | None = None) -> Callable[[], int | None]:
-        return lambda: actor_host_bytes(cfg, stage, members)
-
     return Chain(cfg, [
-        StageSpec(GenerateStage, memory=memory("generate")),
-        StageSpec(FilterStage, memory=memory("filter")),
-        *[replace(s, memory=memory("classify", s.kwargs.get("classifiers"))) for s in classify_specs(cfg)],
-        StageSpec(WriteStage, dict(commit or {}), batch_size=cfg.output.trajectories_per_shard, memory=memory("write")),
+        StageSpec(GenerateStage),
+        StageSpec(FilterStage),
+        *classify_specs(cfg),
+        StageSpec(WriteStage, dict(commit or {}), batch_size=cfg.output.trajectories_per_shard),
     ])
 
 
@@ -90,7 +86,7 @@ class Stages:
     the run, that what they load is there (``check(cfg, (class_id, shift) pairs to make)``).
     :data:`MODEL_STAGES` is the build's own; a simulation hands :func:`build` stand-ins."""
 
-    chain: Callable[[BuildConfig, dict[str, str]], list[StageSpec]]
+    chain: Callable[[BuildConfig, dict[str, str]], Chain]
     check: Callable[[BuildConfig, set[tuple[int, str]]], None]
 
 

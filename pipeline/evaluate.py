@@ -16,8 +16,10 @@ resources; its ``benchmark`` section is replaced by what the source holds (class
 shifts, scales; :func:`effective_config`), and that effective config is what
 ``config.json`` records.  Without ``--filter`` the filter is disabled (scores NaN,
 ``n_pass`` 0, every image kept).  Resuming works as for a build: trajectories of committed
-shards are skipped, and a second run with settings that would change existing rows
-(other classifiers, filter on/off, thresholds, scales) is refused.
+shards are skipped, a classifier added to the config is predicted on every committed shard
+(the reclassify stage, :meth:`pipeline.output_run.Running.add_classifiers`, as a build and a
+card add theirs), and a second run with settings that would change existing rows (another
+spec behind a classifier's name, filter on/off, thresholds, scales) is refused.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _check_assets(cfg: BuildConfig) -> None:
 
 def _stages(cfg: BuildConfig, commit: dict[str, str]) -> Chain:
     """load -> [filter ->] classify (a stage per classifier group) -> write; ``commit``: the
-    writer's commit kwargs (:meth:`pipeline.output_run.OutputRun.commit_kwargs`).  The
+    writer's commit kwargs (:meth:`pipeline.output_run.Running.commit_kwargs`).  The
     filter, classify and write pools declare their projected memory (:class:`Chain`)."""
     from pipeline.stages.classify import classify_specs
     from pipeline.stages.filter import FilterStage
@@ -137,15 +139,17 @@ def evaluate(
         _check_assets(cfg)
         # 3. clean, write the config and what the source is, start counting
         total = len(source.rows)
-        run.start(total, total - len(todo), what="evaluate")
-        run.store.write_text("source.json", strict_dumps(source.describe(), indent=1))
+        running = run.start(total, total - len(todo), what="evaluate")
+        running.store.write_text("source.json", strict_dumps(source.describe(), indent=1))
         echo(
             f"[cnsbench] {source.kind} source {source.location}: {total} trajectories ({source.n_images} images), "
             f"{total - len(todo)} already done, {len(todo)} to evaluate"
         )
         for note in source.notes:
             echo(f"[cnsbench] note: {note}")
-        # 4. the chain (rows are light pointers; a few per block keeps the load pool busy)
-        run.run_chain(todo, _stages(cfg, run.commit_kwargs()), num_blocks=min(len(todo), 1000))
+        # 4. classifiers the committed shards lack, on their images; then the chain (rows are
+        #    light pointers; a few per block keeps the load pool busy)
+        running.add_classifiers()
+        running.run_chain(todo, _stages(cfg, running.commit_kwargs()), num_blocks=min(len(todo), 1000))
         # 5. report and summary
-        return run.finish(aggregate=aggregate, run_name="-evaluate", run_info={"source": source.describe()})
+        return running.finish(aggregate=aggregate, run_name="-evaluate", run_info={"source": source.describe()})

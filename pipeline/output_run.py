@@ -9,10 +9,14 @@ Every command that writes an output (``build``, ``evaluate``, a card adding its 
    predictions (:meth:`OutputRun.prepare`, nothing written yet);
 3. clean what no manifest vouches for, write the config, start the tally
    (:meth:`OutputRun.start`);
-4. run one or more chains of stages (:meth:`OutputRun.run_chain`; committing stages get
-   the lease's token from :meth:`OutputRun.commit_kwargs`) and add classifiers to the
-   committed shards (:meth:`OutputRun.add_classifiers`);
-5. finish: drop crash bookkeeping, aggregate, record the summary (:meth:`OutputRun.finish`).
+4. run one or more chains of stages (:meth:`Running.run_chain`, each a
+   :class:`~pipeline.executors.chain.Chain`; committing stages get the lease's token from
+   :meth:`Running.commit_kwargs`) and add classifiers to the committed shards
+   (:meth:`Running.add_classifiers`);
+5. finish: drop crash bookkeeping, aggregate, record the summary (:meth:`Running.finish`).
+
+Steps 4 and 5 exist only on the :class:`Running` object that step 3 returns, so they cannot
+be called before it.
 
 What is already done is read from the output itself (the shard manifests), never from
 memory or logs, so running the same command again resumes it.  The lease is the run's
@@ -30,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator
 from pipeline import __version__
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.config.resources import OUTPUT_CHANGING
-from pipeline.executors import get_executor
+from pipeline.executors import Chain, StageSpec, get_executor
 from pipeline.io.lease_file import LEASE
 from pipeline.io.manifest import quarantine
 from pipeline.io.ownership import ARCHIVE, claim_output, read_marker
@@ -273,59 +277,95 @@ def write_config(
 
 
 # --------------------------------------------------------------------------- the run
-class OutputRun:
-    """One run writing ``uri`` (see the module doc): made by :meth:`claim`, which holds the lease."""
+class HeldStore:
+    """A store whose lease this run holds, and how it runs chains (runner, address)."""
 
     def __init__(self, store: OutputStore, lease: Any, command: str, echo: Echo,
                  runner: str = "ray", address: str | None = None) -> None:
         self.store, self._lease, self.command, self.echo = store, lease, command, echo
         self.runner, self.address = runner, address
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    def ensure_held(self) -> None:
+        """Stop (:class:`pipeline.io.lease.LeaseLost`) unless the run still holds its lease."""
+        self._lease.ensure_held()
+
+
+class StoreRun(HeldStore):
+    """A held store with the chains run into it (:meth:`run_chain`).
+
+    Made by :meth:`OutputRun.claim_store` for a store that is not an output (a slider store:
+    no config, no tally, no report), and the base of :class:`Running`, an output's run after
+    :meth:`OutputRun.start`."""
+
+    def run_chain(self, rows: list[dict], chain: Chain, *, num_blocks: int | None = None, first_schema: Any = None,
+                  on_shard: Callable[[dict], None] | None = None, notice: Echo | None = None) -> None:
+        """Run ``rows`` through ``chain`` on the run's executor, with the chain's config; each row
+        the chain returns goes to ``on_shard``; ``notice``: where the executor says what it
+        changed about the resources."""
+        if not rows:
+            return
+        executor = get_executor(self.runner, chain.cfg, self.address,
+                                notice=notice or (lambda m: self.echo(f"[cnsbench] {m}")))
+        with self._lease.guarding():
+            for _ in executor.run(rows, self.uri, chain, num_blocks=num_blocks, first_schema=first_schema,
+                                  on_shard=on_shard):
+                pass
+
+
+class OutputRun(HeldStore):
+    """An output claimed for one run (see the module doc): made by :meth:`claim`, which holds the
+    lease.  :meth:`prepare` reads what is there; :meth:`start` (or :meth:`start_on_committed`)
+    begins writing and returns the :class:`Running` run, the only object that runs chains, adds
+    classifiers and finishes: a step out of order cannot be written."""
+
+    def __init__(self, store: OutputStore, lease: Any, command: str, echo: Echo,
+                 runner: str = "ray", address: str | None = None) -> None:
+        super().__init__(store, lease, command, echo, runner, address)
         self.cfg: BuildConfig | None = None
         self.stored: dict[str, Any] | None = None  # the config the output was made with
         self.done: set[str] = set()
         self.failed: dict[str, str] = {}
-        self.weights: dict[str, str | None] = {}  # digests of the classifiers this run makes predictions with
         self.weights_hint = WEIGHTS_HINT
-        self._missing: list[dict] = []  # committed shards lacking classifiers (start())
-        self.digest = ""
-        self.tally: ShardTally | None = None
         self.start_time = time.perf_counter()
 
     @classmethod
     @contextlib.contextmanager
     def claim(cls, uri: str, command: str, echo: Echo = print, *, runner: str = "ray",
-              address: str | None = None, output: bool = True) -> Iterator["OutputRun"]:
-        """Claim ``uri`` (ours or new), hold its lease while the block runs, give it back.
-
-        ``output=False``: a store that is not an output (a slider store, which may hold the
-        user's own files) is not claimed; only its lease is held (one writer at a time)."""
+              address: str | None = None) -> Iterator["OutputRun"]:
+        """Claim the output ``uri`` (ours or new), hold its lease while the block runs, give it back."""
         from pipeline.io.lease import acquire
 
         store = OutputStore(uri)
-        if output:
-            claim_output(store)
+        claim_output(store)
         lease = acquire(store, command, echo)
         try:
             yield cls(store, lease, command, echo, runner, address)
         finally:
             lease.release()
 
-    @property
-    def uri(self) -> str:
-        return self.store.uri
+    @staticmethod
+    @contextlib.contextmanager
+    def claim_store(uri: str, command: str, echo: Echo = print, *, runner: str = "ray",
+                    address: str | None = None) -> Iterator[StoreRun]:
+        """Hold the lease of ``uri``, a store that is not an output (a slider store, which may hold
+        the user's own files: not claimed), while the block runs (one writer at a time)."""
+        from pipeline.io.lease import acquire
+
+        store = OutputStore(uri)
+        lease = acquire(store, command, echo)
+        try:
+            yield StoreRun(store, lease, command, echo, runner, address)
+        finally:
+            lease.release()
 
     @property
     def built_with(self) -> list[str]:
         """The classifiers the output's config named before this run."""
         return [c["name"] for c in self.stored["classifiers"]] if self.stored else []
-
-    def ensure_held(self) -> None:
-        """Stop (:class:`pipeline.io.lease.LeaseLost`) unless the run still holds its lease."""
-        self._lease.ensure_held()
-
-    def commit_kwargs(self) -> dict[str, str]:
-        """Constructor kwargs of a stage that commits: the token it checks before each commit."""
-        return {"lease_token": self._lease.info.token}
 
     # 2. read what is there
     def prepare(self, cfg: BuildConfig, *, new_version: bool = False, verify: bool = False, repair: bool = True,
@@ -346,61 +386,85 @@ class OutputRun:
         self.done, self.failed = committed_trajectories(self.store, repair=repair, deep=verify, echo=self.echo)
         return self
 
-    def _check_weights(self, new_work: bool) -> None:
+    def _check_weights(self, new_work: bool) -> tuple[dict[str, str | None], list[dict]]:
         """Digest the weights of the classifiers this run makes predictions with (all of them
         when it makes new trajectories, else those committed shards lack) and refuse one whose
         weights differ from those that made its earlier predictions: shards of one name never
-        mix two models.  Classifiers that do not run keep their record."""
+        mix two models.  Classifiers that do not run keep their record.  Returns the digests
+        and the committed shards lacking classifiers (the rows of :meth:`Running.add_classifiers`)."""
         from pipeline.assets import weights
         from pipeline.stages.reclassify import missing_classifiers
 
         names = [c.name for c in self.cfg.classifiers]
-        self._missing = missing_classifiers(self.store, names, self.built_with)
-        running = set(names) if new_work else {n for r in self._missing for n in r["classifiers"]}
-        self.weights = weights.digests(self.cfg, running)
-        weights.check_weights(self.uri, read_marker(self.store), self.weights, self.weights_hint)
+        missing = missing_classifiers(self.store, names, self.built_with)
+        running = set(names) if new_work else {n for r in missing for n in r["classifiers"]}
+        digests = weights.digests(self.cfg, running)
+        weights.check_weights(self.uri, read_marker(self.store), digests, self.weights_hint)
+        return digests, missing
 
     # 3. begin writing
-    def start(self, total: int, done_before: int, what: str | None = None) -> ShardTally:
+    def start(self, total: int, done_before: int, what: str | None = None) -> "Running":
         """Check the weights of the classifiers that will run (``total > done_before``: new
         trajectories, every classifier), clean files of an interrupted run, write the config,
-        start the tally."""
-        self._check_weights(new_work=total > done_before)
+        start the tally: the run, now :class:`Running`."""
+        if self.cfg is None:
+            raise RuntimeError("OutputRun.start() before prepare(): nothing is known of the output yet")
+        weights, missing = self._check_weights(new_work=total > done_before)
         clean_uncommitted(self.store, self.echo)
         self.ensure_held()
-        self.digest = write_config(self.store, self.cfg, self.weights)
-        self.tally = ShardTally(total, done_before, self.echo, what=what or self.command)
-        return self.tally
+        digest = write_config(self.store, self.cfg, weights)
+        return Running(self, digest, missing, ShardTally(total, done_before, self.echo, what=what or self.command))
+
+    def start_on_committed(self, what: str | None = None) -> "Running":
+        """:meth:`start` for a run that makes no new trajectories (a card adding its classifier,
+        a refinement re-aggregating the report): the tally counts the committed ones."""
+        return self.start(len(self.done), len(self.done), what=what)
+
+    # an output's config rewritten without work (classifiers no shard holds)
+    def rewrite_config(self, cfg: BuildConfig, forget: Iterable[str]) -> None:
+        """Write ``cfg`` as the output's config, forgetting the weights of ``forget``."""
+        self.ensure_held()
+        write_config(self.store, cfg, forget=forget)
+
+
+class Running(StoreRun):
+    """An output's run after :meth:`OutputRun.start`: runs chains (4), adds classifiers to the
+    committed shards (4) and finishes (5)."""
+
+    def __init__(self, run: OutputRun, digest: str, missing: list[dict], tally: ShardTally) -> None:
+        super().__init__(run.store, run._lease, run.command, run.echo, run.runner, run.address)
+        self.cfg: BuildConfig = run.cfg
+        self.done, self.built_with = run.done, run.built_with
+        self.digest, self.tally, self.start_time = digest, tally, run.start_time
+        self._missing = missing  # committed shards lacking classifiers
+
+    def commit_kwargs(self) -> dict[str, str]:
+        """Constructor kwargs of a stage that commits: the token it checks before each commit."""
+        return {"lease_token": self._lease.info.token}
 
     # 4. run chains
-    def run_chain(self, rows: list[dict], chain: Any, *, cfg: BuildConfig | None = None,
-                  num_blocks: int | None = None, first_schema: Any = None, count: bool = True,
-                  on_shard: Callable[[dict], None] | None = None, notice: Echo | None = None) -> None:
-        """Run ``rows`` through ``chain`` on the run's executor (``cfg``: the config it runs
-        with, default the run's); each row the chain returns goes to ``on_shard``, by default
-        the tally (none with ``count`` False); ``notice``: where the executor says what it
-        changed about the resources."""
-        if not rows:
-            return
-        executor = get_executor(self.runner, cfg or self.cfg, self.address, notice=notice or (lambda m: self.echo(f"[cnsbench] {m}")))
-        with self._lease.guarding():
-            for _ in executor.run(rows, self.uri, chain, num_blocks=num_blocks, first_schema=first_schema,
-                                  on_shard=on_shard or (self.tally if count else None)):
-                pass
+    def run_chain(self, rows: list[dict], chain: Chain, *, num_blocks: int | None = None, first_schema: Any = None,
+                  count: bool = True, on_shard: Callable[[dict], None] | None = None,
+                  notice: Echo | None = None) -> None:
+        """:meth:`StoreRun.run_chain`, each row the chain returns counted by the tally unless
+        ``on_shard`` is given or ``count`` is False."""
+        super().run_chain(rows, chain, num_blocks=num_blocks, first_schema=first_schema,
+                          on_shard=on_shard or (self.tally if count else None), notice=notice)
 
     def add_classifiers(self) -> None:
         """Run the config's classifiers that committed shards lack on their images (the
         reclassify stage, which commits each shard itself: no writer after it)."""
-        from pipeline.executors import StageSpec
         from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage
 
-        rows = self._missing  # read by start()
+        rows = self._missing
         if not rows:
             return
         names = sorted({n for r in rows for n in r["classifiers"]})
         self.echo(f"[cnsbench] adding predictions of {', '.join(names)} to {len(rows)} committed shard(s)")
-        chain = [StageSpec(ReclassifyStage, {"built_with": self.built_with, **self.commit_kwargs()}, batch_size=1)]
+        chain = Chain(self.cfg, [StageSpec(ReclassifyStage, {"built_with": self.built_with, **self.commit_kwargs()},
+                                           batch_size=1)])
         self.run_chain(rows, chain, num_blocks=len(rows), first_schema=RECLASSIFY, count=False)
+        self._missing = []
 
     # 5. finish
     def finish(self, *, aggregate: bool, run_name: str = "", run_info: dict | None = None) -> BuildSummary:
@@ -439,9 +503,3 @@ class OutputRun:
                          indent=1),
         )
         return summary
-
-    # an output's config rewritten without work (classifiers no shard holds)
-    def rewrite_config(self, cfg: BuildConfig, forget: Iterable[str]) -> None:
-        """Write ``cfg`` as the output's config, forgetting the weights of ``forget``."""
-        self.ensure_held()
-        write_config(self.store, cfg, forget=forget)

@@ -27,8 +27,8 @@ import pandas as pd
 from pipeline.analyses.refined import REFINED_COLUMNS, REFINED_CSV, read_refined
 from pipeline.config import BuildConfig
 from pipeline.config.refine import MAX_ROUNDS
-from pipeline.executors import StageSpec
-from pipeline.output_run import BuildSummary, OutputRun
+from pipeline.executors import Chain, StageSpec
+from pipeline.output_run import BuildSummary, OutputRun, Running
 from pipeline.stages.refine import REFINE_UNIT, point_key
 
 REFINE_DIR = "refine"
@@ -235,12 +235,11 @@ def refine(output: str, classifier: str, *, rounds: int | None = None, runner: s
         samples, predictions, _ = load_sound_tables(run.store, [classifier])
         grid = grid_failures(cfg, samples, predictions, classifier)
         failing = grid[grid["low"].notna()]
-        run.start(0, 0)
+        outer = run.start_on_committed("refine")
         # 2. the refinement store: its own run (lease, committed points, the classifier added to them)
         sub = refinement_config(cfg, classifier)
-        with OutputRun.claim(refine_uri(output), "refine", echo, runner=runner, address=address) as inner:
-            inner.prepare(sub)
-            inner.start(len(failing) * rounds, 0, what="refine points")
+        with OutputRun.claim(refine_uri(output), "refine", echo, runner=runner, address=address) as claimed:
+            inner = claimed.prepare(sub).start(len(failing) * rounds, 0, what="refine points")
             before = committed_points(inner)
             inner.add_classifiers()
             # 3. the rounds: each one point per unfinished trajectory, all through one chain
@@ -262,7 +261,7 @@ def refine(output: str, classifier: str, *, rounds: int | None = None, runner: s
             inner.ensure_held()
             write_table(inner.store, table, classifier)
             inner.finish(aggregate=False)
-        summary = run.finish(aggregate=aggregate, run_name="-refine")
+        summary = outer.finish(aggregate=aggregate, run_name="-refine")
     n = int((table["status"] == "refined").sum())
     reused = sum(1 for k in used if k in before)
     made = len(used) - reused
@@ -280,23 +279,23 @@ def refinement_config(cfg: BuildConfig, classifier: str) -> BuildConfig:
     return cfg.model_copy(update={"classifiers": [c for c in cfg.classifiers if c.name == classifier], "output": output})
 
 
-def refinement_chain(cfg: BuildConfig, commit: dict[str, str]) -> list[StageSpec]:
+def refinement_chain(cfg: BuildConfig, commit: dict[str, str]) -> Chain:
     """generate -> filter -> classify -> write, the refinement's generate and filter in the build's places."""
     from pipeline.build import build_chain
     from pipeline.stages.refine import RefineFilterStage, RefineGenerateStage
 
     chain = build_chain(cfg, commit)
     own = {"generate": RefineGenerateStage, "filter": RefineFilterStage}
-    return [StageSpec(own.get(s.stage.name, s.stage), s.kwargs, s.resources, s.batch_size, s.memory) for s in chain]
+    return Chain(cfg, [StageSpec(own.get(s.stage.name, s.stage), s.kwargs, s.resources, s.batch_size) for s in chain])
 
 
-def judged(run: OutputRun, classifier: str) -> dict[str, dict[int, bool | None]]:
+def judged(run: Running, classifier: str) -> dict[str, dict[int, bool | None]]:
     from pipeline.io.tables import load_predictions, load_samples
 
     return judged_points(load_samples(run.store), load_predictions(run.store, [classifier]), classifier)
 
 
-def committed_points(run: OutputRun) -> set[str]:
+def committed_points(run: Running) -> set[str]:
     """The keys of the points committed to the refinement store."""
     return {k for m in run.store.manifests() for k in m.trajectories}
 

@@ -1,17 +1,20 @@
-"""Lazy registries for pluggable parts (families, sources, filters, classifiers, analyses, executors).
+"""Lazy registries for pluggable parts (families, sources, masks, filters, classifiers, VQA
+protocols, analyses, executors, samplers).
 
 Entries are ``"module:attribute"`` strings, so listing and validating never import
 torch or a model library.  An unknown key fails with the valid keys and close matches.
-A registry of classes may name their base class (``base``, also a ``"module:Class"``
-string): an entry is checked against it when it is loaded, and one that does not derive
-from it fails naming the entry and where it points (as lm-evaluation-harness's
-``Registry[type[LM]]``), not deep inside a run.
+Every registry names its contract (``base``, also a ``"module:attribute"`` string): a base
+class its entries derive from, or, for a registry of functions (the analyses), the
+``Callable`` type they are.  An entry is checked against it when it is loaded, and one that
+does not conform fails naming the entry, where it points and the base it lacks (as
+lm-evaluation-harness's ``Registry[type[LM]]``), not deep inside a run.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -26,10 +29,30 @@ def _load(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+def conforms(entry: Any, base: Any) -> bool:
+    """Whether ``entry`` meets the contract ``base``: a subclass of a base class; for a
+    ``Callable`` type (a registry of functions), a function that takes one argument."""
+    if isinstance(base, type):
+        return isinstance(entry, type) and issubclass(entry, base)
+    if isinstance(entry, type) or not callable(entry):
+        return False
+    try:
+        inspect.signature(entry).bind(None)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _base_name(base: Any, target: str) -> str:
+    if isinstance(base, type):
+        return f"a subclass of {base.__module__}.{base.__qualname__}"
+    return f"a function of one argument ({target.replace(':', '.')})"
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, base: str | None = None) -> None:
         self.kind = kind
-        self.base = base  # "module:Class" every entry must derive from (checked on load)
+        self.base = base  # "module:attribute": the contract every entry meets (checked on load)
         self._entries: dict[str, tuple[str, str]] = {}
 
     def register(self, key: str, target: str, doc: str = "") -> None:
@@ -55,15 +78,13 @@ class Registry(Generic[T]):
         entry = _load(target)
         if self.base is not None:
             base = _load(self.base)
-            if not (isinstance(entry, type) and issubclass(entry, base)):
-                raise PluginError(
-                    f"{self.kind} {key!r} ({target}) is not a subclass of {base.__module__}.{base.__qualname__}"
-                )
+            if not conforms(entry, base):
+                raise PluginError(f"{self.kind} {key!r} ({target}) is not {_base_name(base, self.base)}")
         return entry
 
 
 # Shift families (``generator.kind``, ``families[].kind``): see pipeline.families.base.
-FAMILIES = Registry("family")
+FAMILIES: Registry[type] = Registry("family", base="pipeline.families.base:Family")
 FAMILIES.register(
     "slider", "pipeline.families.slider:SliderFamily",
     "SD2 + textual-inversion class token + one LoRA slider per (class, shift); scale = slider multiplier",
@@ -90,13 +111,13 @@ FAMILIES.register(
 )
 
 # Where a transforming family's scale-0 images come from (``source.kind``): pipeline.sources.
-SOURCES = Registry("source")
+SOURCES: Registry[type] = Registry("source", base="pipeline.sources.base:ImageSource")
 SOURCES.register("seed", "pipeline.sources.seed:SeedSource", "text-to-image from the seed with generator.model (scale 0 of the slider trajectories)")
 SOURCES.register("folders", "pipeline.sources.collection:FoldersSource", "class folders: the seed-th image of each class")
 SOURCES.register("webdataset", "pipeline.sources.collection:WebDatasetSource", "WebDataset tars: the seed-th image of each class")
 
 # Object masks of base images (``source.masks.kind``).
-MASKS = Registry("mask provider")
+MASKS: Registry[type] = Registry("mask provider", base="pipeline.sources.base:MaskProvider")
 MASKS.register("none", "pipeline.sources.masks:NoMasks", "no masks (families that need one refuse the config)")
 MASKS.register("folder", "pipeline.sources.masks:FolderMasks", "mask files beside the images: {path}/<class folder>/<image stem>.png, or an XIMAGENET-12 release's own")
 MASKS.register("ink_threshold", "pipeline.sources.ink_masks:InkThresholdMasks", "light ink on a dark background: grey >= threshold")
@@ -106,7 +127,8 @@ MASKS.register(
     "generated images: the model's cross-attention to the class token, thresholded, main component",
 )
 
-FILTERS = Registry("filter")
+# The filter contract: pipeline.models.filter_base.Filter (imports no torch).
+FILTERS: Registry[type] = Registry("filter", base="pipeline.models.filter_base:Filter")
 FILTERS.register(
     "ooc4", "pipeline.models.detectors:OOCFilter",
     "four detectors (CLIP text x2, CLIP image and DINOv2 similarity to scale 0), keep if k of 4 pass",
@@ -136,7 +158,7 @@ CLASSIFIERS.register(
 )
 
 # How a vlm classifier is asked and scored (``classifiers[].protocol.kind``): pipeline.models.vqa_protocols.
-VQA_PROTOCOLS = Registry("VQA protocol")
+VQA_PROTOCOLS: Registry[type] = Registry("VQA protocol", base="pipeline.models.vqa_protocols:Protocol")
 VQA_PROTOCOLS.register(
     "two_choice", "pipeline.models.vqa_protocols:TwoChoice",
     "ImageNet-D's VQA: truth + the distractor's top-1 (top-2 if right), T=0.2, substring + synonyms; both/neither excluded",
@@ -148,7 +170,7 @@ VQA_PROTOCOLS.register(
 VQA_PROTOCOLS.register("open", "pipeline.models.vqa_protocols:Open", "a free answer matched to every class name and its synonyms")
 
 # Aggregation (``aggregate.analyses``): see pipeline.aggregate.analysis.
-ANALYSES = Registry("analysis")
+ANALYSES: Registry[Any] = Registry("analysis", base="pipeline.aggregate.analysis:Analysis")
 ANALYSES.register(
     "cns", "pipeline.analyses.cns:run",
     "accuracy drop per scale, failure points and their ratios, margins, shift realisation (CNS-Bench)",
@@ -198,10 +220,16 @@ ANALYSES.register(
 ANALYSES.register("mask_quality", "pipeline.analyses.mask_quality:run", "object masks: area share, components, usability, IoU vs true masks")
 
 # How stages run (``--runner``): see pipeline.executors.
-EXECUTORS = Registry("executor")
+EXECUTORS: Registry[type] = Registry("executor", base="pipeline.executors.base:Executor")
 EXECUTORS.register("ray_data", "pipeline.executors.ray_data:RayDataExecutor", "Ray Data actor pools, streaming (--runner ray)")
 EXECUTORS.register("in_process", "pipeline.executors.in_process:InProcessExecutor", "every stage in this process (--runner local)")
 EXECUTOR_ALIASES = {"ray": "ray_data", "local": "in_process"}
+
+# The text-to-image sampler of a generator kind (``generator.kind``; a family reads its own
+# kind's sampler): pipeline.models.sampler.
+SAMPLERS: Registry[type] = Registry("sampler", base="pipeline.models.sampler:TextToImageSampler")
+SAMPLERS.register("slider", "pipeline.models.sampler:SliderSampler", "SD2 with the class token and the (class, shift) LoRA slider")
+SAMPLERS.register("prompt", "pipeline.models.sampler:PromptSampler", "SD2 with the class token and the shift's words in the prompt")
 
 # What `cnsbench ls` prints, in order.
 ALL: dict[str, Registry] = {
@@ -213,4 +241,5 @@ ALL: dict[str, Registry] = {
     "VQA protocols (classifiers[].protocol.kind, kind vlm)": VQA_PROTOCOLS,
     "analyses (aggregate.analyses)": ANALYSES,
     "executors (--runner)": EXECUTORS,
+    "samplers (generator.kind of the text-to-image families)": SAMPLERS,
 }

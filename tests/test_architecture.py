@@ -427,6 +427,134 @@ def test_init_ray_names_no_stage():
     assert not found, "init_ray must size a local Ray from the chain it is given:\n" + "\n".join(found)
 
 
+# -- registries and executors ----------------------------------------------------------------
+def registries(path: Path) -> dict[str, tuple[str | None, list[tuple[str, str]]]]:
+    """Each ``NAME = Registry(kind, base=...)`` of the registry module: its base (a
+    ``"module:attribute"`` string, None when it declares none) and the entries registered there
+    (key, ``"module:attribute"``)."""
+    tree = ast.parse(path.read_text())
+    found: dict[str, tuple[str | None, list[tuple[str, str]]]] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Registry":
+            given = [k.value for k in value.keywords if k.arg == "base"] + value.args[1:2]
+            found[target.id] = (given[0].value if given and isinstance(given[0], ast.Constant) else None, [])
+    for node in ast.walk(tree):
+        f = getattr(node, "func", None)
+        if (isinstance(node, ast.Call) and isinstance(f, ast.Attribute) and f.attr == "register"
+                and getattr(f.value, "id", None) in found and len(node.args) >= 2
+                and all(isinstance(a, ast.Constant) for a in node.args[:2])):
+            found[f.value.id][1].append((node.args[0].value, node.args[1].value))
+    return found
+
+
+def definition(target: str, mods: dict[str, Path], depth: int = 0) -> tuple[str, ast.AST] | None:
+    """Where ``"module:name"`` is defined (its module and its class, function or assignment
+    node), followed through ``from x import name`` re-exports; None when not found."""
+    module, _, name = target.partition(":")
+    path = mods.get(module)
+    if path is None or depth > 8:
+        return None
+    body = ast.parse(path.read_text()).body
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
+            return module, node
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(getattr(t, "id", None) == name for t in targets):
+            return module, node
+    for node in body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    src = node.module or ""
+                    if node.level:
+                        above = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                        src = f"{above}.{src}" if src else above
+                    return definition(f"{src}:{alias.name}", mods, depth + 1)
+    return None
+
+
+def ancestors(found: tuple[str, ast.AST], mods: dict[str, Path]) -> set[tuple[str, str]]:
+    """A class and every class it derives from, as (module, name), as far as the tree defines them."""
+    module, node = found
+    out = {(module, node.name)}
+    for base in node.bases if isinstance(node, ast.ClassDef) else []:
+        name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ""
+        parent = definition(f"{module}:{name}", mods) if isinstance(base, ast.Name) else None
+        if parent is not None and isinstance(parent[1], ast.ClassDef):
+            out |= ancestors(parent, mods)
+    return out
+
+
+def registry_problems(pkg: Path = PKG) -> list[str]:
+    """Registries that declare no base, and entries that do not derive from their registry's base
+    class (or, for a base that is a function type, are not a function of one argument)."""
+    mods, out = modules(pkg), []
+    for name, (base, entries) in registries(pkg / "registry.py").items():
+        contract = definition(base, mods) if base else None
+        if contract is None:
+            out.append(f"{name} declares no base" if base is None else f"{name}: its base {base} is not defined")
+            continue
+        for key, target in entries:
+            entry = definition(target, mods)
+            if isinstance(contract[1], ast.ClassDef):
+                ok = entry is not None and isinstance(entry[1], ast.ClassDef) and \
+                    (contract[0], contract[1].name) in ancestors(entry, mods)
+            else:  # a function type (Callable[[X], Y]): a function of one argument
+                args = entry[1].args if entry is not None and isinstance(entry[1], ast.FunctionDef) else None
+                ok = args is not None and len(args.posonlyargs + args.args) - len(args.defaults) == 1
+            if not ok:
+                out.append(f"{name} {key!r} ({target}) does not derive from its base {base}")
+    return out
+
+
+def executors_not_taking_a_chain(pkg: Path = PKG) -> list[str]:
+    """Executors (the registry's base and entries) whose ``execute`` does not take ``chain: Chain``."""
+    mods, out = modules(pkg), []
+    base, entries = registries(pkg / "registry.py").get("EXECUTORS", (None, []))
+    for key, target in [("base", base), *entries] if base else entries:
+        found = definition(target, mods)
+        methods = {n.name: n for n in getattr(found[1], "body", []) if isinstance(n, ast.FunctionDef)} if found else {}
+        execute = methods.get("execute")
+        ann = next((a.annotation for a in execute.args.args if a.arg == "chain"), None) if execute else None
+        if not (isinstance(ann, ast.Name) and ann.id == "Chain" or isinstance(ann, ast.Constant) and ann.value == "Chain"):
+            out.append(f"{key} ({target}): execute takes chain as {ast.unparse(ann) if ann else 'nothing'}, not a Chain")
+    return out
+
+
+def identifiers_named(name: str, roots: tuple[Path, ...]) -> list[str]:
+    """Where code defines, imports or uses the identifier ``name`` (strings and comments do not count)."""
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                ident = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                         else node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.alias)) else None)
+                if ident == name:
+                    found.append(f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}")
+    return found
+
+
+def test_every_registry_declares_a_base_and_its_entries_derive_from_it():
+    found = registry_problems()
+    assert registries(PKG / "registry.py").keys() >= {"FAMILIES", "SOURCES", "MASKS", "FILTERS", "CLASSIFIERS",
+                                                       "VQA_PROTOCOLS", "ANALYSES", "EXECUTORS", "SAMPLERS"}
+    assert not found, "registries and their contracts:\n" + "\n".join(found)
+
+
+def test_executors_take_a_chain():
+    assert len(registries(PKG / "registry.py")["EXECUTORS"][1]) >= 2
+    found = executors_not_taking_a_chain()
+    assert not found, "an executor runs a Chain (pipeline/executors/chain.py), nothing else:\n" + "\n".join(found)
+
+
+def test_no_as_chain():
+    found = identifiers_named("as_chain", (PKG, ROOT / "bench", ROOT / "tests"))
+    assert not found, "a bare list of stages is never wrapped into a Chain: build the Chain\n" + "\n".join(found)
+
+
 # -- each check can fail (synthetic trees) --------------------------------------------------
 
 
@@ -548,3 +676,34 @@ def test_a_stage_named_in_init_ray_is_found(tmp_path):
         '    pools = (cfg.resources.generate, cfg.resources.filter)\n    return "write"\n')})
     assert stages_named_in(pkg / "ray_data.py", "init_ray") == [
         "init_ray:3 reads .generate", "init_ray:3 reads .filter", "init_ray:4 names 'write'"]
+
+
+def test_a_registry_without_a_base_or_a_wrong_entry_is_found(tmp_path):
+    pkg = _tree(tmp_path, {
+        "registry.py": ('THINGS = Registry("thing", base="pkg.base:Thing")\n'
+                        'THINGS.register("good", "pkg.impl:Good")\nTHINGS.register("bad", "pkg.impl:Bad")\n'
+                        'LOOSE = Registry("loose")\nFUNCS = Registry("f", base="pkg.base:Fn")\n'
+                        'FUNCS.register("one", "pkg.impl:one")\nFUNCS.register("two", "pkg.impl:two")\n'),
+        "base.py": "class Thing:\n    pass\n\n\nFn = object\n",
+        "impl.py": ("from pkg.base import Thing\n\n\nclass Mid(Thing):\n    pass\n\n\nclass Good(Mid):\n    pass\n\n\n"
+                    "class Bad:\n    pass\n\n\ndef one(ctx):\n    pass\n\n\ndef two(ctx, other):\n    pass\n"),
+    })
+    assert registry_problems(pkg) == [
+        "THINGS 'bad' (pkg.impl:Bad) does not derive from its base pkg.base:Thing",
+        "LOOSE declares no base",
+        "FUNCS 'two' (pkg.impl:two) does not derive from its base pkg.base:Fn",
+    ]
+
+
+def test_an_executor_that_takes_a_list_and_as_chain_are_found(tmp_path):
+    pkg = _tree(tmp_path, {
+        "registry.py": ('EXECUTORS = Registry("executor", base="pkg.base:Executor")\n'
+                        'EXECUTORS.register("a", "pkg.runners:A")\nEXECUTORS.register("b", "pkg.runners:B")\n'),
+        "base.py": "class Executor:\n    def execute(self, rows, output, chain: Chain, options):\n        pass\n",
+        "runners.py": ("from pkg.base import Executor\n\n\nclass A(Executor):\n"
+                       "    def execute(self, rows, output, chain: Chain, options):\n        pass\n\n\n"
+                       "class B(Executor):\n    def execute(self, rows, output, chain: list, options):\n"
+                       "        return as_chain(chain)\n"),
+    })
+    assert executors_not_taking_a_chain(pkg) == ["b (pkg.runners:B): execute takes chain as list, not a Chain"]
+    assert identifiers_named("as_chain", (pkg,)) == ["pkg/runners.py:11"]

@@ -194,7 +194,7 @@ def test_ray_writer_batches_are_whole_shards(ray_session, tmp_path):
     import pyarrow as pa
 
     from pipeline.config import StageResources
-    from pipeline.executors import StageSpec
+    from pipeline.executors import Chain, StageSpec
     from pipeline.executors.ray_data import RayDataExecutor
 
     class Emit3:  # every input row becomes a block of 3 rows (a unit's trajectories)
@@ -219,7 +219,8 @@ def test_ray_writer_batches_are_whole_shards(ray_session, tmp_path):
 
     cfg, out = load_config(TINY_CONFIG), tmp_path
     res = StageResources(num_cpus=0.5)
-    chain = [StageSpec(Emit3, resources=res, batch_size=1), StageSpec(Shards, resources=res, batch_size=4)]
+    chain = Chain(cfg, [StageSpec(Emit3, resources=res, batch_size=1), StageSpec(Shards, resources=res, batch_size=4)],
+                  project_memory=False)
     rows = RayDataExecutor(cfg).run([{"i": i} for i in range(8)], str(out / "unused"), chain, num_blocks=8)
     assert sorted(r["n"] for r in rows) == [4] * 6  # 24 rows in shards of exactly 4
 
@@ -228,7 +229,7 @@ def test_local_gpu_requests_are_scaled_to_fit_the_cluster(ray_session):
     # One logical GPU (the session's Ray): generate 1 + filter 0.25 + two classify groups of
     # 0.5 ask for 2.25; scaled by 1/2.25 every pool can hold its actor at once.
     from pipeline.config import StageResources
-    from pipeline.executors import StageSpec
+    from pipeline.executors import Chain, StageSpec
     from pipeline.executors.ray_data import RayDataExecutor
 
     from pipeline.cli import TINY_CONFIG
@@ -237,7 +238,7 @@ def test_local_gpu_requests_are_scaled_to_fit_the_cluster(ray_session):
     notices = []
     ex = RayDataExecutor(cfg, notice=notices.append)
     res = [StageResources(num_gpus=g) for g in (1.0, 0.25, 0.5, 0.5)] + [StageResources(num_cpus=1)]
-    chain = [StageSpec(object, resources=r) for r in res]
+    chain = Chain(cfg, [StageSpec(object, resources=r) for r in res])
     assert ex._local_gpu_scale(chain) == pytest.approx(1 / 2.25)
     assert "ask for 2.25 GPUs" in notices[0] and "has 1" in notices[0]
     assert ex._local_gpu_scale(chain[1:3]) == 1.0  # 0.75 fits

@@ -216,6 +216,39 @@ def test_evaluate_published_layout_local(tiny_assets, cns, tmp_path, capsys):
         evaluate_cli(argv + ["--filter"])
 
 
+def test_evaluating_with_one_more_classifier_predicts_it_on_every_committed_image(tiny_assets, cns, tmp_path,
+                                                                                 capsys, monkeypatch):
+    from pipeline.cli import main
+    from pipeline.output_run import Running
+
+    out = tmp_path / "eval-more"
+    argv = [str(cns), "--config", str(TINY_CONFIG), "--output", str(out), "--runner", "local", "--classifiers"]
+    assert evaluate_cli(argv + ["tiny-resnet"]) == 0
+    # A run that wrote the config and stopped before adding the classifier (as every second
+    # evaluate did): status does not count its images as classified, and names what to run.
+    with monkeypatch.context() as m:
+        m.setattr(Running, "add_classifiers", lambda self: None)
+        assert evaluate_cli(argv + ["tiny-resnet,tiny-vit"]) == 0
+    capsys.readouterr()
+    assert main(["status", str(out)]) == 3
+    shown = capsys.readouterr().out
+    assert "classified  0/24 images (0/8 trajectories)" in shown
+    assert "lack predictions of tiny-vit, which the config lists; run `cnsbench evaluate" in shown
+    # The same command adds it: every kept image gets the new classifier's prediction.
+    assert evaluate_cli(argv + ["tiny-resnet,tiny-vit"]) == 0
+    assert "adding predictions of tiny-vit to" in capsys.readouterr().out
+    samples, preds = read_dir(out, "samples"), read_dir(out, "predictions")
+    kept = set(samples.loc[samples["kept"], "sample_id"])
+    assert len(kept) == 24
+    assert preds.groupby("classifier")["sample_id"].apply(set).to_dict() == {"tiny-resnet": kept, "tiny-vit": kept}
+    assert not preds.duplicated(["sample_id", "classifier"]).any()
+    listed = [c["name"] for c in json.loads((out / "config.json").read_text())["config"]["classifiers"]]
+    assert listed == ["tiny-resnet", "tiny-vit"]
+    assert set(pd.read_csv(out / "report" / "accuracy.csv")["classifier"]) == {"tiny-resnet", "tiny-vit"}
+    assert main(["status", str(out)]) == 0
+    assert "classified  24/24 images (8/8 trajectories)" in capsys.readouterr().out
+
+
 def test_evaluate_published_layout_with_filter(tiny_assets, cns, tmp_path):
     # In process: evaluate on Ray (one actor pool per classifier group) is
     # test_classify_groups.py's, the filter stage on Ray every Ray build's.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config
-from pipeline.executors import StageSpec
+from pipeline.executors import Chain, StageSpec
 from pipeline.runtime.checkout import REPO_ROOT, TINY_CONFIG
 
 sys.path.append(str(REPO_ROOT / "bench"))  # after the root: bench/pipeline.py must not shadow the package
@@ -52,10 +52,10 @@ def test_the_chain_carries_each_actors_projected_memory():
     chain = build_chain(cfg)
     assert [s.stage.name for s in chain] == ["generate", "filter", "classify", "write"]
     projected = project_stage_memory(cfg, "cpu")
-    for spec in chain:
-        assert spec.memory() == (projected[spec.stage.name] if spec.stage.name != "classify"
-                                 else actor_host_bytes(cfg, "classify"))
-    assert chain[-1].memory() < chain[0].memory()  # the writer holds no model
+    for pool in chain.pools:  # the figure is the chain's own: no spec states one
+        assert pool.spec.memory is None
+        assert pool.memory() == (projected[pool.stage] if pool.stage != "classify" else actor_host_bytes(cfg, "classify"))
+    assert chain.pools[-1].memory() < chain.pools[0].memory()  # the writer holds no model
 
 
 
@@ -66,9 +66,9 @@ def test_memory_requests_fit_a_local_cluster_and_stand_on_a_cluster(monkeypatch)
     from pipeline.executors.ray_data import RayDataExecutor
 
     cfg = load_config(TINY_CONFIG)
-    chain = [StageSpec(type("GenerateStage", (), {"name": "generate"}), memory=lambda: 8 * GIB),
-             StageSpec(type("FilterStage", (), {"name": "filter"}), memory=lambda: 4 * GIB),
-             StageSpec(type("WriteStage", (), {"name": "write"}), memory=None)]
+    chain = Chain(cfg, [StageSpec(type("GenerateStage", (), {"name": "generate"}), memory=lambda: 8 * GIB),
+                        StageSpec(type("FilterStage", (), {"name": "filter"}), memory=lambda: 4 * GIB),
+                        StageSpec(type("WriteStage", (), {"name": "write"}), memory=None)], project_memory=False)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"memory": 6.0 * GIB, "CPU": 4.0})
     notices: list[str] = []
     local = RayDataExecutor(cfg, None, notices.append)

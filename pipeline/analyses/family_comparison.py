@@ -13,7 +13,7 @@ its shifts):
   units), ``failed_share``: share of trajectories that fail at all.
 
 and, per pair of families and measure, the Spearman rank correlation of the classifiers
-(Pearson correlation of their average ranks; NaN with fewer than 3 classifiers with
+(``scipy.stats.spearmanr``, as the leaderboard's; NaN with fewer than 3 classifiers with
 values on both sides or a constant side).  Tables ``family_comparison.csv`` and
 ``family_comparison_spearman.csv``, plot ``family_comparison.png``.
 """
@@ -39,20 +39,16 @@ COLUMNS = [
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rho: Pearson correlation of average ranks, over pairs where both values exist.
+    """Spearman's rho (``scipy.stats.spearmanr``: ties take average ranks), over pairs where
+    both values exist.  NaN with fewer than 3 such pairs or when one side is constant."""
+    from scipy import stats
 
-    NaN with fewer than 3 such pairs or when one side is constant.
-    """
-    x = pd.Series(list(a), dtype=float)
-    y = pd.Series(list(b), dtype=float)
-    ok = x.notna() & y.notna()
+    x, y = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
+    ok = ~(np.isnan(x) | np.isnan(y))
     x, y = x[ok], y[ok]
-    if len(x) < 3:
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
-    rx, ry = x.rank(method="average").to_numpy(), y.rank(method="average").to_numpy()
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    den = math.sqrt(float((rx * rx).sum() * (ry * ry).sum()))
-    return float((rx * ry).sum() / den) if den > 0 else math.nan
+    return float(stats.spearmanr(x, y).statistic)
 
 
 def family_rows(family: str, metrics: Any, max_scale: float) -> list[dict[str, Any]]:

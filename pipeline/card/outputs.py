@@ -163,9 +163,9 @@ def add_to_output(uri: str, cfg: BuildConfig, *, runner: str, echo: Echo, report
 
     with OutputRun.claim(uri, "card", echo, runner=runner) as run:
         run.prepare(cfg, repair=False, weights_hint=WEIGHTS_HINT)
-        run.start(len(run.done), len(run.done), what="card")
-        run.add_classifiers()
-        run.finish(aggregate=report, run_name="-card")
+        running = run.start_on_committed("card")
+        running.add_classifiers()
+        running.finish(aggregate=report, run_name="-card")
 
 
 def stale_classifiers(store: OutputStore, marker: dict[str, Any] | None) -> set[str]:

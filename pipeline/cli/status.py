@@ -1,5 +1,6 @@
-"""``cnsbench status``: what an output holds: done/total per stage, failures, damaged shards and
-manifest problems (exit 3 when there are any, naming what to run), the writer's lease.
+"""``cnsbench status``: what an output holds: done/total per stage, failures, damaged shards,
+manifest problems and shards lacking a configured classifier's predictions (exit 3 when there
+are any, naming what to run), the writer's lease.
 
 A build output is counted against its config's plan and resumed with ``cnsbench build``; an
 ``evaluate`` output (it has ``source.json``) against the trajectories and images its source
@@ -17,21 +18,30 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.io.lease import lease_status
     from pipeline.io.shard_check import check_committed
     from pipeline.io.store import OutputStore
+    from pipeline.stages.reclassify import missing_classifiers
 
     store = OutputStore(args.output)
     cfg = load_output_config(store)
     committed = check_committed(store, deep=args.verify)
     done, failed, problems = committed.done, committed.failed, committed.problems
     source = evaluated_source(store)
+    # A shard lacking predictions of a classifier the config lists is not classified (a run
+    # that added the classifier was cut short): the config never counts a classifier that did not run.
+    names = [c.name for c in cfg.classifiers]
+    sound = {m.shard: m for m in committed.sound}
+    lacking = [r for r in missing_classifiers(store, names, names) if r["shard"] in sound]
+    unclassified = [sound[r["shard"]] for r in lacking]
     if source is not None:  # an evaluation: its source's trajectories, each with the images it held
         total, total_images = source["trajectories"], source["images"]
-        reached_images = sum(m.n_samples for m in committed.sound)
+        images = lambda shards: sum(m.n_samples for m in shards)  # noqa: E731
     else:
         summary = plan.summarize(cfg)
         total, total_images = summary.n_trajectories, summary.n_images
         # Each family has its own scale grid: a trajectory holds as many images as its shift's family has scales.
         n_scales = {shift: len(g.scales) for g in cfg.family_groups() for shift in g.shifts}
-        reached_images = sum(n_scales.get(tid.rsplit("/", 2)[0], len(cfg.benchmark.scales)) for tid in done)
+        images = lambda shards: sum(n_scales.get(tid.rsplit("/", 2)[0], len(cfg.benchmark.scales))  # noqa: E731
+                                    for tid in {t for m in shards for t in m.trajectories} & done)
+    reached_images = images(committed.sound)
     # Stages commit together per shard, so a committed trajectory has passed all three;
     # a failed one stopped at the stage its error names.
     failed_at = {s: sum(1 for e in failed.values() if e.startswith(f"[{s}]")) for s in ("generate", "filter", "classify")}
@@ -39,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{store.uri}")
     print(f"  lease       {lease_status(store)}")
     reached = len(done)
+    short = (images(unclassified), len({t for m in unclassified for t in m.trajectories} & done))
     for stage, key in (("generated", "generate"), ("filtered", "filter"), ("classified", "classify")):
         note = f", {failed_at[key]} failed here" if failed_at[key] else ""
-        print(f"  {stage:<11} {reached_images}/{total_images} images ({reached}/{total} trajectories{note})")
+        n_images, n = (reached_images - short[0], reached - short[1]) if key == "classify" else (reached_images, reached)
+        print(f"  {stage:<11} {n_images}/{total_images} images ({n}/{total} trajectories{note})")
     aggregated = False
     if store.exists("report/metrics.json"):
         import json
@@ -59,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
               "previous/quarantine/ and redo their trajectories")
         for shard, (_, found) in sorted(committed.damaged.items()):
             print(f"    {shard} is damaged: {'; '.join(found)}")
+    if lacking:
+        missing = sorted({n for r in lacking for n in r["classifiers"]})
+        print(f"  unclassified: {len(lacking)} shard(s) lack predictions of {', '.join(missing)}, which the config "
+              f"lists; run `{redo}` to add them")
     if problems:
         print(f"  problems: {len(problems)} manifest(s) not counted (the next build moves them to previous/quarantine/ and redoes their shards)")
         for p in problems:
@@ -67,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0 if not (failed or problems or committed.damaged) else 3
+    return 0 if not (failed or problems or committed.damaged or lacking) else 3
 
 
 def register(sub) -> None:

@@ -1,37 +1,14 @@
-"""The stage description every executor runs, and the executor contract."""
+"""The executor contract: an executor runs a :class:`~pipeline.executors.chain.Chain`, nothing else."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+from pipeline.executors.chain import Chain
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pipeline.config import BuildConfig, StageResources
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """One stage of a chain: its class, extra constructor kwargs, resources and batch size.
-
-    ``resources`` is ``resources.<stage.name>`` of the config unless given; the batch size
-    is the resources' unless given (the write stage batches one shard of trajectories).
-    ``memory`` gives the bytes one actor is projected to hold in its host's memory (None: not
-    known), asked for only where it is declared to Ray (:mod:`pipeline.executors.ray_data`).
-    """
-
-    stage: type
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    resources: "StageResources | None" = None
-    batch_size: int | None = None
-    memory: Callable[[], int | None] | None = field(default=None, compare=False)
-
-    def resolved(self, cfg: "BuildConfig") -> tuple["StageResources", int]:
-        res = self.resources or getattr(cfg.resources, self.stage.name)
-        if self.batch_size or res.batch_size != "auto":
-            return res, self.batch_size or res.batch_size
-        from pipeline.perf.memory import stage_batch_size  # batch_size auto: from the memory projection
-
-        return res, stage_batch_size(cfg, self.stage.name)
+    from pipeline.config import BuildConfig
 
 
 def stage_threads(resources: "StageResources") -> int:
@@ -70,7 +47,7 @@ class Executor:
         self,
         rows: Iterable[dict],
         output: str,
-        chain: Sequence[StageSpec],
+        chain: Chain,
         *,
         num_blocks: int | None = None,
         first_schema: Any = None,
@@ -78,12 +55,14 @@ class Executor:
     ) -> Iterator[dict]:
         """Run ``rows`` (of Arrow schema ``first_schema``) through ``chain`` into ``output``, split
         into ``num_blocks`` blocks (default one per row); yield, and pass to ``on_shard``, each
-        row the last stage returns (one per committed shard)."""
+        row the last stage returns (one per committed shard).  ``chain`` is a :class:`Chain`: whoever
+        builds the stages states their config and memory there, never the executor."""
+        if not isinstance(chain, Chain):
+            raise TypeError(f"an executor runs a pipeline.executors.chain.Chain, not {type(chain).__name__}: "
+                            "build it with Chain(cfg, specs)")
         return self.execute(rows, output, chain, RunOptions(num_blocks, first_schema, on_shard))
 
-    def execute(
-        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
-    ) -> Iterator[dict]:
+    def execute(self, rows: Iterable[dict], output: str, chain: Chain, options: RunOptions) -> Iterator[dict]:
         """What :meth:`run` does, per executor."""
         raise NotImplementedError
 

@@ -1,25 +1,50 @@
 """A chain: the stages of a run with their resolved resources, batch sizes and projected memory.
 
-Whoever builds a run's stages (a build, an evaluation, slider training, adding classifiers)
-hands the executor a :class:`Chain`; the executor asks it for its pools (:meth:`Chain.pools`)
-and sizes a local Ray from it (:func:`pipeline.executors.ray_data.init_ray` names no stage).
-Every pool of a generate, filter, classify or write stage declares its actor's projected host
-memory (:func:`pipeline.perf.memory.actor_host_bytes`) unless its spec gives its own.
+Whoever builds a run's stages (a build, an evaluation, a refinement, slider training, adding
+classifiers) hands the executor a :class:`Chain`, the only thing an executor runs; the executor
+asks it for its pools (:meth:`Chain.pools`) and sizes a local Ray from it
+(:func:`pipeline.executors.ray_data.init_ray` names no stage).  Every pool of a generate,
+filter, classify or write stage declares its actor's projected host memory
+(:func:`pipeline.perf.memory.actor_host_bytes`), here and nowhere else, unless its spec gives
+its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
-
-from pipeline.executors.base import StageSpec
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig, StageResources
 
 # Stages whose actor's host memory the projection knows.
 PROJECTED = ("generate", "filter", "classify", "write")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of a chain: its class, extra constructor kwargs, resources and batch size.
+
+    ``resources`` is ``resources.<stage.name>`` of the config unless given; the batch size
+    is the resources' unless given (the write stage batches one shard of trajectories).
+    ``memory`` gives the bytes one actor is projected to hold in its host's memory (None: not
+    known), asked for only where it is declared to Ray (:mod:`pipeline.executors.ray_data`).
+    """
+
+    stage: type
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    resources: "StageResources | None" = None
+    batch_size: int | None = None
+    memory: Callable[[], int | None] | None = field(default=None, compare=False)
+
+    def resolved(self, cfg: "BuildConfig") -> tuple["StageResources", int]:
+        res = self.resources or getattr(cfg.resources, self.stage.name)
+        if self.batch_size or res.batch_size != "auto":
+            return res, self.batch_size or res.batch_size
+        from pipeline.perf.memory import stage_batch_size  # batch_size auto: from the memory projection
+
+        return res, stage_batch_size(cfg, self.stage.name)
 
 
 def stage_name(spec: StageSpec) -> str:
@@ -49,15 +74,21 @@ class Pool:
 
 
 class Chain(Sequence[StageSpec]):
-    """The stages of a run, in order (a sequence of :class:`StageSpec`), for the config ``cfg``."""
+    """The stages of a run, in order (a sequence of :class:`StageSpec`), for the config ``cfg``.
+
+    A pool's memory is its spec's own ``memory`` where it gives one, else its stage's projection
+    (:data:`PROJECTED`); ``project_memory=False`` declares only the specs' own (stand-in stages
+    that hold no model, as the bench's)."""
 
     def __init__(self, cfg: "BuildConfig", specs: Iterable[StageSpec], *, project_memory: bool = True) -> None:
         self.cfg = cfg
         self.specs = list(specs)
-        # False: only a spec's own ``memory`` is declared (a chain of hand-made specs).
         self.project_memory = project_memory
 
     def __getitem__(self, i):  # type: ignore[override]
+        """A stage, or for a slice the chain of those stages."""
+        if isinstance(i, slice):
+            return Chain(self.cfg, self.specs[i], project_memory=self.project_memory)
         return self.specs[i]
 
     def __len__(self) -> int:
@@ -99,8 +130,3 @@ class Chain(Sequence[StageSpec]):
         """Logical CPUs for one actor of every pool at its ``pool_size``."""
         return sum(p.resources.num_cpus * p.resources.pool_size for p in self.pools)
 
-
-def as_chain(cfg: "BuildConfig", chain: Sequence[StageSpec]) -> Chain:
-    """``chain`` as a :class:`Chain` of ``cfg``: a plain list of specs is wrapped, each declaring
-    only the memory its spec gives."""
-    return chain if isinstance(chain, Chain) else Chain(cfg, chain, project_memory=False)

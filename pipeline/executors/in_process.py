@@ -7,19 +7,18 @@ batch size; the last stage (the writer) receives one shard of trajectories at a 
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from pipeline.executors.base import Executor, RunOptions, StageSpec, stage_threads
+from pipeline.executors.base import Executor, RunOptions, stage_threads
+from pipeline.executors.chain import Chain
 
 
 class InProcessExecutor(Executor):
     name = "in_process"
 
-    def execute(
-        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
-    ) -> Iterator[dict]:
+    def execute(self, rows: Iterable[dict], output: str, chain: Chain, options: RunOptions) -> Iterator[dict]:
         cfg = self.cfg
         *work, last = chain
         # Each stage computes with its own thread count, as its Ray actors do (same pixels).

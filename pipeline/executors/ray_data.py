@@ -3,7 +3,7 @@
     rows --map_batches(stage 1)--> ... --map_batches(writer)--> one row per committed shard
 
 Each stage is a callable class in an ``ActorPoolStrategy`` pool whose size, GPUs, CPUs
-and batch size come from its :class:`~pipeline.executors.base.StageSpec` (by default
+and batch size come from its :class:`~pipeline.executors.chain.StageSpec` (by default
 ``resources.<stage>`` of the config); weights load once per actor.  The driver only
 iterates the small per-shard rows, so its memory does not grow with the plan.
 """
@@ -15,12 +15,12 @@ import logging
 import math
 import os
 import warnings
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
 from pipeline.config import StageResources
 from pipeline.executors import cluster
-from pipeline.executors.base import Executor, RunOptions, StageSpec, stage_threads
-from pipeline.executors.chain import Chain, as_chain
+from pipeline.executors.base import Executor, RunOptions, stage_threads
+from pipeline.executors.chain import Chain
 from pipeline.executors.pools import Sized, budget_bundles, first_gpus, size_pools, upfront_request
 from pipeline.executors.ray_private import budget_request, exact_blocks, raise_stage_errors, requester_id, stage_error
 from pipeline.io.lease import LeaseLost
@@ -141,7 +141,7 @@ def user_errors_unwrapped() -> Iterator[None]:
 class RayDataExecutor(Executor):
     name = "ray_data"
 
-    def _local_gpu_scale(self, chain: Sequence[StageSpec]) -> float:
+    def _local_gpu_scale(self, chain: Chain) -> float:
         """The factor that fits every pool's GPU request into a local cluster's GPUs at once.
 
         Every pool of the chain must be able to hold its actors together: on a one-GPU node
@@ -156,7 +156,7 @@ class RayDataExecutor(Executor):
         if cluster.given_address(self.address):
             return 1.0
         gpus = float(ray.cluster_resources().get("GPU", 0))
-        wanted = sum(p.resources.num_gpus * p.resources.pool_size for p in as_chain(self.cfg, chain).pools)
+        wanted = sum(p.resources.num_gpus * p.resources.pool_size for p in chain.pools)
         if gpus <= 0 or wanted <= gpus:
             return 1.0
         scale = gpus / wanted
@@ -166,7 +166,7 @@ class RayDataExecutor(Executor):
         self.notice(message)
         return scale
 
-    def _memory_requests(self, chain: Sequence[StageSpec], cpu_only: bool) -> list[int | None]:
+    def _memory_requests(self, chain: Chain, cpu_only: bool) -> list[int | None]:
         """The host memory each pool's actors ask Ray for (``memory``): their projection
         (:attr:`pipeline.executors.chain.Pool.memory`), so that Ray places actors by memory on a cluster.
 
@@ -177,7 +177,7 @@ class RayDataExecutor(Executor):
 
         if cpu_only:
             return [None] * len(chain)
-        pools = as_chain(self.cfg, chain).pools
+        pools = chain.pools
         wanted: list[int | None] = []
         for pool in pools:
             try:
@@ -257,10 +257,7 @@ class RayDataExecutor(Executor):
                 )
         return ds
 
-    def execute(
-        self, rows: Iterable[dict], output: str, chain: Sequence[StageSpec], options: RunOptions
-    ) -> Iterator[dict]:
-        chain = as_chain(self.cfg, chain)
+    def execute(self, rows: Iterable[dict], output: str, chain: Chain, options: RunOptions) -> Iterator[dict]:
         init_ray(self.address, chain, self.notice)
         rows = list(rows)
         if not rows:

@@ -34,6 +34,7 @@ import torch
 
 from pipeline.config import ClipModelSpec, DinoModelSpec, FilterSpec, Thresholds
 from pipeline.plan.schema import REALISATION_COLUMNS, SCORE_COLUMNS
+from pipeline.models.filter_base import Filter
 from pipeline.models.precision import FLOAT32, ModelPrecision
 
 log = logging.getLogger(__name__)
@@ -301,12 +302,11 @@ def _scale0_index(scales: Sequence[float]) -> int:
 
 
 # --------------------------------------------------------------------------- filters
-class OOCFilter:
+class OOCFilter(Filter):
     """The four-detector out-of-class filter (registry key ``ooc4``)."""
 
     def __init__(self, spec: FilterSpec, device: str) -> None:
-        self.spec = spec
-        self.device = device
+        super().__init__(spec, device)
         self.clip = ClipEncoder(spec.clip, device)
         self.dino = DinoEncoder(spec.dino, device)
         self._text_cache: dict[tuple[str, str], torch.Tensor] = {}

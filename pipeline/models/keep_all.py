@@ -7,17 +7,14 @@ filter actors only add the filter's columns (scores NaN, ``n_pass`` 0, every ima
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
+from pipeline.models.filter_base import Filter
 from pipeline.plan.schema import REALISATION_COLUMNS, SCORE_COLUMNS
 
 
-class KeepAll:
+class KeepAll(Filter):
     """No detector runs, every image is kept, scores are NaN."""
-
-    def __init__(self, spec: Any, device: str) -> None:
-        self.spec = spec
-        self.device = device
 
     def evaluate(self, items: Sequence[tuple]) -> list[dict[str, list]]:
         """One result per trajectory ``(images, scales, class name, shift)`` of ``items``."""

@@ -31,7 +31,7 @@ The samplers are siblings over one text-to-image base, :class:`TextToImageSample
 pipeline, class tokens, prompt embeddings, the denoising step, decoding, the plain pipeline
 call): :class:`SliderSampler` adds the slider bank (its hooks on the UNet's target layers),
 :class:`PromptSampler` the shift prompts and no hooks.  :func:`get_sampler` builds the
-sampler of a generator kind once per process (:data:`SAMPLERS`).
+sampler of a generator kind once per process (:data:`pipeline.registry.SAMPLERS`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from pipeline.config import GeneratorSpec
 from pipeline.labels import LabelSpace
 from pipeline.models import cache, diffusion
 from pipeline.models.lora import SliderBank, load_slider_file
+from pipeline.registry import SAMPLERS
 
 
 @dataclass
@@ -445,22 +446,18 @@ class PromptSampler(TextToImageSampler):
         return self._pipeline_call(prompt, seed)
 
 
-# Generator kind -> its sampler (``generator.kind``; a family reads its own kind's sampler).
-SAMPLERS: dict[str, type[TextToImageSampler]] = {"slider": SliderSampler, "prompt": PromptSampler}
-
-
 def get_sampler(
     kind: str, spec: GeneratorSpec, classes: Sequence[int], labels: LabelSpace, device: str, dtype: Any
 ) -> TextToImageSampler:
     """The per-process sampler of ``kind`` for ``spec`` over ``classes``, set up once and shared by
     every family and source that asks for the same one (:func:`pipeline.models.cache.shared`)."""
-    if kind not in SAMPLERS:
-        raise ValueError(f"generator.kind {kind!r} has no text-to-image sampler; choose one of {sorted(SAMPLERS)}")
+    if kind not in SAMPLERS.keys():
+        raise ValueError(f"generator.kind {kind!r} has no text-to-image sampler; choose one of {SAMPLERS.keys()}")
     key = ("sampler", kind, json.dumps(spec.model_dump(mode="json"), sort_keys=True), tuple(classes),
            labels.key, tuple(labels.names), device, str(dtype))
 
     def make() -> TextToImageSampler:
-        sampler = SAMPLERS[kind](spec, device, dtype)
+        sampler = SAMPLERS.get(kind)(spec, device, dtype)
         sampler.setup(list(classes), labels)
         return sampler
 

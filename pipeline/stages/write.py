@@ -78,6 +78,8 @@ class WriteStage(Stage):
     # without limit while its actor is only unreachable (a lost node, until Ray declares it
     # dead and restarts the actor elsewhere); a shard whose write killed the worker
     # max_retries + 1 times fails the run (give_up), and the next run redoes its trajectories.
+    keeps_attempts = True
+    # One batch is one shard: exactly ``output.trajectories_per_shard`` rows (the last may hold fewer).
     exact_batches = True
     uses_torch = False
 

@@ -111,10 +111,10 @@ def train_sliders(
 
         # The slider store is not an output (it may hold the user's own sliders): only its
         # lease is held, so two trainings never write one store at once.
-        with OutputRun.claim(store, "train-sliders", echo, runner=runner, address=address, output=False) as run:
+        with OutputRun.claim_store(store, "train-sliders", echo, runner=runner, address=address) as run:
             rows = [job.to_dict() for job in todo]
             # The chain sizes a local Ray: its one pool, the train stage at slider_training.resources.
-            run.run_chain(rows, train_chain(cfg, store), cfg=cfg, num_blocks=len(rows),
+            run.run_chain(rows, train_chain(cfg, store), num_blocks=len(rows),
                           first_schema=JOB, on_shard=on_row, notice=lambda m: echo(f"{LOG_PREFIX} {m}"))
     if progress:
         progress.close()

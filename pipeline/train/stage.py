@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.executors.base import StageSpec
+from pipeline.executors.chain import Chain, StageSpec
 from pipeline.stages.base import Stage
 
 # One slider to train (SliderJob's fields), and what training it gave.
@@ -58,5 +58,7 @@ class TrainStage(Stage):
         return out
 
 
-def train_chain(cfg, store: str) -> list[StageSpec]:
-    return [StageSpec(TrainStage, {"store": store}, resources=cfg.slider_training.resources, batch_size=1)]
+def train_chain(cfg, store: str) -> Chain:
+    """One pool of training actors at ``slider_training.resources`` (no memory projection: the
+    projection knows the build's stages)."""
+    return Chain(cfg, [StageSpec(TrainStage, {"store": store}, resources=cfg.slider_training.resources, batch_size=1)])
