@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from pipeline.executors.chain import Chain
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pipeline.config import BuildConfig
+    from pipeline.config import BuildConfig, StageResources
 
 
 def stage_threads(resources: "StageResources") -> int:
