@@ -113,9 +113,9 @@ FILTERS.register(
 )
 FILTERS.register("none", "pipeline.models.keep_all:KeepAll", "keep every image (scores left empty)")
 
-# Classes of the contract pipeline.models.classifiers.BaseClassifier (named, not imported: this
+# Classes of the contract pipeline.models.classifier_kind.BaseClassifier (named, not imported: this
 # module is below the models); a kind that does not derive from it fails when it is loaded.
-CLASSIFIERS: Registry[type] = Registry("classifier", base="pipeline.models.classifiers:BaseClassifier")
+CLASSIFIERS: Registry[type] = Registry("classifier", base="pipeline.models.classifier_kind:BaseClassifier")
 CLASSIFIERS.register("timm", "pipeline.models.classifiers:TimmClassifier", "any timm model (name.tag or local weights)")
 CLASSIFIERS.register(
     "open_clip_zeroshot", "pipeline.models.classifiers:OpenClipZeroShot",

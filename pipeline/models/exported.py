@@ -87,6 +87,14 @@ class ExportedClassifier(Classifier):
     def footprint(spec: ClassifierSpec, images: int) -> ModelSize:
         return archive_footprint(spec)
 
+    @classmethod
+    def file_problems(cls, spec: ClassifierSpec, where: str) -> list[str]:
+        return archive_problems(spec, where)
+
+    @classmethod
+    def input_transform(cls, spec: ClassifierSpec) -> dict[str, Any] | None:
+        return stored_preprocess.archive_transform(spec, "exported")
+
 
 def archive_problems(spec: ClassifierSpec, where: str) -> list[str]:
     """What the up-front asset check refuses in an ``exported`` entry's archive: not a regular
