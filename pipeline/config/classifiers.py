@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Union
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, TypeAdapter, field_validator, model_validator
 
 from pipeline.config.base import Strict
 from pipeline.config.filter import Preprocessing
@@ -42,6 +42,22 @@ class ClassifierSpec(Strict):
     preprocess: Preprocessing | None = Field(
         None, description="cns: Resize(256) bicubic, CenterCrop(224), ImageNet mean/std; model: the model's own"
     )
+    # An object the entry's kind holds in memory rather than names in the config (the model of
+    # kind ``module``), or a Ray reference to it: it travels with the spec (model_copy, pickle),
+    # never into config.json or the config's hash.
+    _held: Any = PrivateAttr(default=None)
+
+    @property
+    def held(self) -> Any:
+        """The object the entry holds in memory (None for a kind that loads its model from files)."""
+        return self._held
+
+    def holding(self, obj: Any) -> "ClassifierSpec":
+        """A copy of the entry holding ``obj``."""
+        out = self.model_copy()
+        out._held = obj
+        return out
+
     @model_validator(mode="before")
     @classmethod
     def _options_of_other_kinds(cls, data: Any) -> Any:
