@@ -169,3 +169,13 @@ def test_no_module_switches_on_classifier_kind_names():
     found = [f"{f.relative_to(ROOT)}:{n}" for f in files for n, line in enumerate(f.read_text().splitlines(), 1)
              if pattern.search(line)]
     assert len(files) > 10 and found == []
+
+
+def test_an_output_written_before_the_union_still_reads():
+    """Outputs' config.json of before held a vlm's keys (null) on every entry: they still parse."""
+    from pipeline.config import ClassifierSpec
+
+    old = {"name": "r", "kind": "timm", "model": "resnet18", "protocol": None, "dtype": None, "vision_dtype": None,
+           "image_aspect_ratio": None, "prompt_template": None}
+    spec = ClassifierSpec.model_validate(old)
+    assert type(spec) is ClassifierSpec and "dtype" not in spec.model_dump()

@@ -61,13 +61,16 @@ class ClassifierSpec(Strict):
     @model_validator(mode="before")
     @classmethod
     def _options_of_other_kinds(cls, data: Any) -> Any:
-        """A key of another kind's options named for what it is, not as an unknown key."""
+        """A key of another kind's options named for what it is, not as an unknown key; left
+        out when None (outputs written before a kind's options had their own spec hold every
+        entry with a vlm's keys, null)."""
         if cls is ClassifierSpec and isinstance(data, dict):
             foreign = [k for k in VLM_ONLY if data.get(k) is not None]
             if foreign:
                 raise ValueError(
                     f"{' / '.join(foreign)}: only a classifier of kind vlm takes them (kind is {data.get('kind', 'timm')!r})"
                 )
+            data = {k: v for k, v in data.items() if k not in VLM_ONLY}
         return data
 
     @classmethod
