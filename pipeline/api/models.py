@@ -75,6 +75,18 @@ def _probe(spec: Any, labels: Any) -> None:
         raise CnsbenchError(str(err)) from None
 
 
+def _check_picklable(spec: Any) -> None:
+    """On ``runner="ray"`` the model travels to the actors pickled (by value where its class is
+    defined in ``__main__`` or a notebook): one that cannot be is refused before any write."""
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(spec.held)
+    except Exception as err:  # noqa: BLE001 - pickling runs the object's own code
+        raise CnsbenchError(f"classifiers[{spec.name}]: its model cannot be sent to the Ray workers (runner ray "
+                            f"pickles it): {type(err).__name__}: {err}"[:600]) from None
+
+
 def _check_weights(output: str, spec: Any) -> None:
     """Refuse a name whose earlier predictions in ``output`` were made by other weights (both digests named)."""
     from pipeline.assets.weights import WeightsChanged, check_weights, weights_digest
@@ -146,6 +158,8 @@ def evaluate(model: Any, output: str, *, name: str, preprocess: Any, label_map: 
     labels = cfg.benchmark.label_space
     _check_label_map(spec, labels)
     _probe(spec, labels)
+    if runner == "ray":
+        _check_picklable(spec)
     _check_weights(output, spec)
     cfg = with_entry(cfg, spec, batch_size)
     try:
@@ -179,6 +193,8 @@ def card(model: Any, suite: str, *, name: str, output: str, preprocess: Any, lab
         cfg = b.load_config() if b.kind != "output" else _output_config(b.output)
         _check_label_map(spec, cfg.benchmark.label_space)
         _probe(spec, cfg.benchmark.label_space)
+    if runner == "ray":
+        _check_picklable(spec)
     try:
         return make_card(spec, s, output, runner=runner, echo=echo)
     except ValueError as err:

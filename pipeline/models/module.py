@@ -71,8 +71,13 @@ class ModuleClassifier(Classifier):
                              "an explicit one (resize, crop, interpolation, mean, std)")
         model = held_model(spec, self.where)
         if isinstance(model, torch.nn.Module):
-            # A copy on the stage's device: the caller's module stays where it is, in its mode.
-            model = copy.deepcopy(model).to(device).eval()
+            # A copy on the stage's device: the caller's module stays where it is, in its mode
+            # (one that cannot be copied, holding a lock or a handle, is used as it is).
+            try:
+                model = copy.deepcopy(model)
+            except Exception:  # noqa: BLE001 - copying runs the object's own code
+                pass
+            model = model.to(device).eval()
         self.model = model
         self._n_out: int | None = None
         with torch.inference_mode():
