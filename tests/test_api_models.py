@@ -134,7 +134,8 @@ def test_the_card_of_a_model_in_memory_equals_the_card_of_its_pt2_export(output,
 
     pt2 = export_classifier(model, str(tmp_path / "mine.pt2"), {"input_size": [3, 32, 32], "interpolation": "bilinear",
                                                                  "mean": [0.5] * 3, "std": [0.5] * 3})
-    assert main(["card", "--model-kind", "exported", "--model", pt2, "--name", "exported", "--suite", str(suite),
+    assert main(["card", "--model-kind", "exported", "--model", "mine", "--checkpoint", pt2, "--name", "exported",
+                 "--suite", str(suite),
                  "--output", str(tmp_path / "card-pt2"), "--runner", "local"]) == 0
     import json
 

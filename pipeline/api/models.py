@@ -57,11 +57,11 @@ def _output_config(output: str) -> Any:
 
 
 def _check_label_map(spec: Any, labels: Any) -> None:
-    outside = {k: v for k, v in (spec.label_map or {}).items() if not 0 <= v < len(labels)} \
-        if isinstance(spec.label_map, dict) else {}
+    mapping = spec.label_map if isinstance(spec.label_map, dict) else {}
+    outside = sorted({v for v in mapping.values() if not 0 <= v < len(labels)})
     if outside:
-        raise CnsbenchError(f"classifiers[{spec.name}].label_map: class ids {sorted(set(outside.values()))[:10]} are "
-                            f"outside the output's label space {labels.key!r} ({len(labels)} classes: 0..{len(labels) - 1})")
+        raise CnsbenchError(f"classifiers[{spec.name}].label_map: class ids {outside[:10]} are outside the output's "
+                            f"label space {labels.key!r} ({len(labels)} classes: 0..{len(labels) - 1})")
 
 
 def _probe(spec: Any, labels: Any) -> None:
@@ -73,18 +73,6 @@ def _probe(spec: Any, labels: Any) -> None:
         CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)
     except ValueError as err:
         raise CnsbenchError(str(err)) from None
-
-
-def _check_picklable(spec: Any) -> None:
-    """On ``runner="ray"`` the model travels to the actors pickled (by value where its class is
-    defined in ``__main__`` or a notebook): one that cannot be is refused before any write."""
-    from ray import cloudpickle
-
-    try:
-        cloudpickle.dumps(spec.held)
-    except Exception as err:  # noqa: BLE001 - pickling runs the object's own code
-        raise CnsbenchError(f"classifiers[{spec.name}]: its model cannot be sent to the Ray workers (runner ray "
-                            f"pickles it): {type(err).__name__}: {err}"[:600]) from None
 
 
 def _check_weights(output: str, spec: Any) -> None:
@@ -151,6 +139,7 @@ def evaluate(model: Any, output: str, *, name: str, preprocess: Any, label_map: 
     of the output's label space (identity when K is its size).  ``runner``: ``local`` (this
     process) or ``ray`` (the model travels to the actors by ``ray.put``).  The same name with
     other weights is refused, naming both digests; nothing committed is touched."""
+    from pipeline.executors.ray_data import check_picklable
     from pipeline.output_run import OutputRun
 
     spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
@@ -159,7 +148,7 @@ def evaluate(model: Any, output: str, *, name: str, preprocess: Any, label_map: 
     _check_label_map(spec, labels)
     _probe(spec, labels)
     if runner == "ray":
-        _check_picklable(spec)
+        check_picklable(spec)  # it travels to the actors pickled, by value from __main__
     _check_weights(output, spec)
     cfg = with_entry(cfg, spec, batch_size)
     try:
@@ -180,6 +169,7 @@ def card(model: Any, suite: str, *, name: str, output: str, preprocess: Any, lab
     its identity is the model's class, its ``state_dict`` digest and the transform as numbers."""
     from pipeline.card.make import make_card
     from pipeline.card.suite import load_suite, shared_output_problems
+    from pipeline.executors.ray_data import check_picklable
 
     spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
     try:
@@ -194,7 +184,7 @@ def card(model: Any, suite: str, *, name: str, output: str, preprocess: Any, lab
         _check_label_map(spec, cfg.benchmark.label_space)
         _probe(spec, cfg.benchmark.label_space)
     if runner == "ray":
-        _check_picklable(spec)
+        check_picklable(spec)  # it travels to the actors pickled, by value from __main__
     try:
         return make_card(spec, s, output, runner=runner, echo=echo)
     except ValueError as err:

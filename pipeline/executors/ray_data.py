@@ -264,6 +264,18 @@ class RayDataExecutor(Executor):
                     yield row
 
 
+def check_picklable(spec: Any) -> None:
+    """Refuse (:class:`pipeline.errors.CnsbenchError`, naming the classifier) an object held in
+    memory that cannot be pickled for Ray's actors (a lock, an open handle)."""
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(spec.held)
+    except Exception as err:  # noqa: BLE001 - pickling runs the object's own code
+        raise CnsbenchError(f"classifiers[{spec.name}]: its model cannot be sent to the Ray workers (runner ray "
+                            f"pickles it): {type(err).__name__}: {err}"[:600]) from None
+
+
 def held_by_reference(cfg: Any) -> Any:
     """The config the actors are built with: its JSON form, or, where classifiers hold an object
     in memory (kind ``module``), the config with each such object put in Ray's object store once
@@ -275,10 +287,7 @@ def held_by_reference(cfg: Any) -> Any:
     specs = []
     for c in cfg.classifiers:
         if c.held is not None and not isinstance(c.held, ray.ObjectRef):
-            try:
-                c = c.holding(ray.put(c.held))
-            except Exception as err:  # noqa: BLE001 - pickling runs the object's own code
-                raise CnsbenchError(f"classifiers[{c.name}]: its model cannot be sent to the Ray workers "
-                                    f"(runner ray pickles it): {type(err).__name__}: {err}"[:600]) from None
+            check_picklable(c)
+            c = c.holding(ray.put(c.held))
         specs.append(c)
     return cfg.model_copy(update={"classifiers": specs})

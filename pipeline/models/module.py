@@ -48,12 +48,17 @@ def state_digest(model: Any) -> str:
     return h.hexdigest()
 
 
+NOT_HELD = ("kind module evaluates a model held in memory (pipeline.evaluate, pipeline.card); "
+            "a config file cannot name one")
+NO_TRANSFORM = ("a module states no transform of its own; give 'cns' or an explicit one "
+                "(resize, crop, interpolation, mean, std)")
+
+
 def held_model(spec: ClassifierSpec, where: str) -> Any:
     """The entry's object (fetched from Ray's object store where it travelled by reference)."""
     held = spec.held
     if held is None:
-        raise ValueError(f"{where}: kind module evaluates a model held in memory (pipeline.evaluate, pipeline.card); "
-                         "a config file cannot name one")
+        raise ValueError(f"{where}: {NOT_HELD}")
     if type(held).__name__ == "ObjectRef":
         import ray
 
@@ -67,8 +72,7 @@ class ModuleClassifier(Classifier):
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
         if self._input_transform is None:
-            raise ValueError(f"{self.where}.preprocess: a module states no transform of its own; give 'cns' or "
-                             "an explicit one (resize, crop, interpolation, mean, std)")
+            raise ValueError(f"{self.where}.preprocess: {NO_TRANSFORM}")
         model = held_model(spec, self.where)
         if isinstance(model, torch.nn.Module):
             # A copy on the stage's device: the caller's module stays where it is, in its mode
@@ -110,10 +114,9 @@ class ModuleClassifier(Classifier):
     @classmethod
     def problems(cls, spec: ClassifierSpec, where: str) -> list[str]:
         if spec.held is None:
-            return [f"{where}: kind module evaluates a model held in memory (pipeline.evaluate, pipeline.card); "
-                    "a config file cannot name one"]
+            return [f"{where}: {NOT_HELD}"]
         if spec.preprocess in (None, "model"):
-            return [f"{where}.preprocess: a module states no transform of its own; give 'cns' or an explicit one"]
+            return [f"{where}.preprocess: {NO_TRANSFORM}"]
         return []
 
     @classmethod
