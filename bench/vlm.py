@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     from PIL import Image
 
     import pipeline.models.vlm as V
-    from pipeline.config import ClassifierSpec
+    from pipeline.config import VLMSpec
     from pipeline.demo.tiny_vlm import build_tiny_llava
     from pipeline.labels import label_space
     from pipeline.models.vqa_protocols import IMAGENET_D_PROMPT
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_llava(Path(tmp) / "llava", [IMAGENET_D_PROMPT, *names], image_size=args.image_size,
                                 patch_size=args.patch, vision=size, text={**size, "num_key_value_heads": size["num_attention_heads"]})
-        spec = ClassifierSpec(name="vlm", kind="vlm", model=str(path), dtype=args.dtype, protocol={
+        spec = VLMSpec(name="vlm", kind="vlm", model=str(path), dtype=args.dtype, protocol={
             "kind": "two_choice", "distractors": "ranker", "temperature": 1.0, "max_new_tokens": args.new_tokens})
         clf = V.VLMClassifier(spec, args.device, label_space(names))
         rng = np.random.default_rng(0)

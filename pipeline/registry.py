@@ -135,9 +135,9 @@ FILTERS.register(
 )
 FILTERS.register("none", "pipeline.models.keep_all:KeepAll", "keep every image (scores left empty)")
 
-# Classes of the contract pipeline.models.classifiers.BaseClassifier (named, not imported: this
+# Classes of the contract pipeline.models.classifier_kind.BaseClassifier (named, not imported: this
 # module is below the models); a kind that does not derive from it fails when it is loaded.
-CLASSIFIERS: Registry[type] = Registry("classifier", base="pipeline.models.classifiers:BaseClassifier")
+CLASSIFIERS: Registry[type] = Registry("classifier", base="pipeline.models.classifier_kind:BaseClassifier")
 CLASSIFIERS.register("timm", "pipeline.models.classifiers:TimmClassifier", "any timm model (name.tag or local weights)")
 CLASSIFIERS.register(
     "open_clip_zeroshot", "pipeline.models.classifiers:OpenClipZeroShot",
@@ -152,6 +152,7 @@ CLASSIFIERS.register(
     "a torch.export program (.pt2, torch.export.save) with its preprocess.json stored beside it",
 )
 CLASSIFIERS.register("torch_hub", "pipeline.models.classifiers:TorchHubClassifier", "a torch.hub entry point ('repo:entry'), e.g. DINOv2 + linear head")
+CLASSIFIERS.register("module", "pipeline.models.module:ModuleClassifier", "a torch.nn.Module (or callable) held in memory: pipeline.evaluate, pipeline.card")
 CLASSIFIERS.register(
     "vlm", "pipeline.models.vlm:VLMClassifier",
     "a vision-language model (transformers image-text-to-text: LLaVA, Qwen2-VL, ...) asked per classifiers[].protocol",

@@ -12,7 +12,9 @@ def _old_style_hash(data: dict) -> str:
     data = dict(data)
     data.pop("resources", None)
     data.pop("refine", None)
-    data["classifiers"] = [{k: v for k, v in c.items() if k not in ("vision_dtype", "image_aspect_ratio")}
+    # Every entry then held a vlm's protocol, dtype and prompt_template (None unless a vlm's).
+    data["classifiers"] = [{"protocol": None, "dtype": None, "prompt_template": None,
+                            **{k: v for k, v in c.items() if k not in ("vision_dtype", "image_aspect_ratio")}}
                            for c in data["classifiers"]]
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -23,7 +25,7 @@ def test_defaults_of_added_keys_leave_the_hash_as_it_was_and_set_ones_change_it(
 
     cfg = load_config(TINY_CONFIG)
     raw = resolved_dict(cfg)
-    assert raw["refine"] == {"rounds": 3} and raw["classifiers"][0]["vision_dtype"] is None
+    assert raw["refine"] == {"rounds": 3} and "vision_dtype" not in raw["classifiers"][0]  # a vlm's key only
     assert config_hash(cfg) == _old_style_hash(raw)
     raw["refine"] = {"rounds": 5}
     assert config_hash(parse_config(raw, source="t")) != _old_style_hash(resolved_dict(cfg))

@@ -1,7 +1,9 @@
 """Typed contracts between modules: the classifier kinds and the registry's base-class check.
 
-A classifier kind derives from :class:`pipeline.models.classifiers.BaseClassifier` (``predict``,
-``asks``, ``set_precision``, ``footprint``); the registry refuses, naming the entry, a plug-in
+A classifier kind derives from :class:`pipeline.models.classifier_kind.BaseClassifier` through
+one of its two roles (a ranking :class:`pipeline.models.classifiers.Classifier` with ``predict``,
+or an :class:`pipeline.models.classifier_kind.AskingClassifier` with ``answer``), with the
+class-level hooks the project asks a kind; the registry refuses, naming the entry, a plug-in
 class that does not; the classify stage and the memory projection ask the contract, never
 ``hasattr`` / ``getattr(..., False)``.
 """
@@ -14,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import registry
-from pipeline.models.classifiers import BaseClassifier, classify_all
+from pipeline.config import spec_class
+from pipeline.models.classifier_kind import AskingClassifier
+from pipeline.models.classifiers import BaseClassifier, Classifier, classify_all
 from pipeline.models.footprint import ModelSize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,13 +29,18 @@ def test_every_classifier_kind_implements_the_contract(kind):
     cls = registry.CLASSIFIERS.get(kind)
     assert issubclass(cls, BaseClassifier)
     assert isinstance(cls.asks, bool) and cls.asks == (kind == "vlm")
-    for name in ("predict", "set_precision", "footprint", "own_preprocess", "answer"):
+    # One role each, and only its own method: no inherited method that raises.
+    assert issubclass(cls, AskingClassifier) == cls.asks != issubclass(cls, Classifier)
+    assert hasattr(cls, "answer") == cls.asks and hasattr(cls, "predict") != cls.asks
+    assert cls.Spec is spec_class(kind), f"{kind}: its options model is not the one its config entries get"
+    for name in ("set_precision", "footprint", "own_preprocess", "local_files", "hub_refs", "problems",
+                 "file_problems", "cached_weights", "held_weights", "input_transform", "flops_model"):
         assert callable(getattr(cls, name))
     assert not getattr(cls, "__abstractmethods__", None), f"{kind}: abstract {cls.__abstractmethods__}"
 
 
 def test_a_plugin_that_is_not_a_classifier_fails_on_load_naming_it(monkeypatch):
-    reg = registry.Registry("classifier", base="pipeline.models.classifiers:BaseClassifier")
+    reg = registry.Registry("classifier", base="pipeline.models.classifier_kind:BaseClassifier")
     reg.register("fake", "pipeline.models.keep_all:KeepAll")
     reg.register("good", "pipeline.models.classifiers:TimmClassifier")
     assert reg.get("good").__name__ == "TimmClassifier"
@@ -39,7 +48,7 @@ def test_a_plugin_that_is_not_a_classifier_fails_on_load_naming_it(monkeypatch):
         reg.get("fake")
     assert str(err.value) == (
         "classifier 'fake' (pipeline.models.keep_all:KeepAll) is not a subclass of "
-        "pipeline.models.classifiers.BaseClassifier"
+        "pipeline.models.classifier_kind.BaseClassifier"
     )
     reg.register("func", "pipeline.models.classifiers:topk_predictions")  # not even a class
     with pytest.raises(registry.PluginError, match=r"classifier 'func' \(pipeline.models.classifiers:topk_predictions\)"):
@@ -93,8 +102,6 @@ def test_classify_all_asks_the_contract_not_attributes():
     out = classify_all([asker, Ranker()], [object(), object()], [1, 1], ["a", "b"], [None, None])
     assert asker.seen == {"rank": [[1, 2, 0], [1, 2, 0]]}
     assert out[0][3] == ["b", "b"] and out[1][0] == [1, 1] and out[1][3] == [None, None]
-    with pytest.raises(TypeError, match=r"classifiers\[rank\]: a Ranker ranks \(predict\); it asks nothing"):
-        Ranker().answer([], [], [], [], {})
 
 
 def _source(path: str) -> str:
@@ -128,3 +135,47 @@ def test_protocol_resolution_is_a_copy_that_keeps_what_the_config_set():
     assert [c.preprocess for c in resolved.classifiers] == ["model"] * len(cfg.classifiers)
     assert resolved.classifiers[0].model_fields_set == bare.classifiers[0].model_fields_set
     assert protocol.resolve(resolved) == resolved
+
+
+def test_a_kinds_options_live_on_its_own_spec():
+    """``classifiers[]`` is a union on ``kind``: a vlm's fields exist only on its spec, the YAML is
+    unchanged, and a plain entry that sets one is told which kind takes it."""
+    from pipeline.config import ClassifierSpec, ConfigError, VLMSpec, parse_config
+
+    assert "dtype" not in ClassifierSpec.model_fields and "dtype" in VLMSpec.model_fields
+    raw = {"benchmark": {"classes": [1], "shifts": ["snow"], "seeds": [0]},
+           "classifiers": [{"name": "r", "model": "resnet18"},
+                           {"name": "q", "kind": "vlm", "model": "org/vlm", "protocol": {"kind": "open"}}]}
+    cfg = parse_config(raw)
+    assert [type(c) for c in cfg.classifiers] == [ClassifierSpec, VLMSpec]
+    assert cfg.classifiers[1].dtype == "float32" and "dtype" not in cfg.classifiers[0].model_dump()
+    assert type(ClassifierSpec.model_validate(cfg.classifiers[1].model_dump())) is VLMSpec
+    raw["classifiers"][0]["dtype"] = "float16"
+    with pytest.raises(ConfigError, match=r"classifiers\[0\]: .*dtype: only a classifier of kind vlm takes them"):
+        parse_config(raw)
+    raw["classifiers"][0].pop("dtype")
+    raw["classifiers"][1]["bogus"] = 1
+    with pytest.raises(ConfigError, match=r"classifiers\[1\]\.bogus: unknown key; allowed keys here: .*prompt_template"):
+        parse_config(raw)
+
+
+def test_no_module_switches_on_classifier_kind_names():
+    """assets, config loading, cards and perf ask the kind's class (its hooks), never its name."""
+    import re
+
+    pattern = re.compile(r'kind == "vlm"|kind in \(')
+    paths = [*(ROOT / "pipeline" / d for d in ("assets", "card", "perf")), ROOT / "pipeline/config/loading.py"]
+    files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*.py")))]
+    found = [f"{f.relative_to(ROOT)}:{n}" for f in files for n, line in enumerate(f.read_text().splitlines(), 1)
+             if pattern.search(line)]
+    assert len(files) > 10 and found == []
+
+
+def test_an_output_written_before_the_union_still_reads():
+    """Outputs' config.json of before held a vlm's keys (null) on every entry: they still parse."""
+    from pipeline.config import ClassifierSpec
+
+    old = {"name": "r", "kind": "timm", "model": "resnet18", "protocol": None, "dtype": None, "vision_dtype": None,
+           "image_aspect_ratio": None, "prompt_template": None}
+    spec = ClassifierSpec.model_validate(old)
+    assert type(spec) is ClassifierSpec and "dtype" not in spec.model_dump()

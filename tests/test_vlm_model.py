@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.config import ClassifierSpec
+from pipeline.config import VLMSpec
 from pipeline.labels import label_space
 from pipeline.models.vqa_protocols import IMAGENET_D_PROMPT, Question
 
@@ -27,8 +27,8 @@ def tiny_llava(tmp_path_factory):
     return str(build_tiny_llava(tmp_path_factory.mktemp("llava") / "m", [IMAGENET_D_PROMPT, *DIGITS], seed=3))
 
 
-def _spec(path: str, **protocol) -> ClassifierSpec:
-    return ClassifierSpec(name="llava", kind="vlm", model=path,
+def _spec(path: str, **protocol) -> VLMSpec:
+    return VLMSpec(name="llava", kind="vlm", model=path,
                           protocol={"kind": "two_choice", "distractors": "clip", "max_new_tokens": 4, **protocol})
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.config import ClassifierSpec
+from pipeline.config import ClassifierSpec, VLMSpec
 from pipeline.labels import label_space
 from pipeline.models.vqa_protocols import (
     IMAGENET_D_PROMPT,
@@ -50,8 +50,8 @@ def tiny_llava(tmp_path_factory):
     return str(build_tiny_llava(tmp_path_factory.mktemp("llava") / "m", [ORIGINAL, *NAMES], seed=5))
 
 
-def _spec(path: str, protocol: dict | None = None, **entry) -> ClassifierSpec:
-    return ClassifierSpec(name="llava", kind="vlm", model=path,
+def _spec(path: str, protocol: dict | None = None, **entry) -> VLMSpec:
+    return VLMSpec(name="llava", kind="vlm", model=path,
                           protocol={"kind": "two_choice", "distractors": "questions", **(protocol or {})}, **entry)
 
 
@@ -112,10 +112,10 @@ def test_the_checkpoint_template_when_asked(tiny_llava):
 
 
 def test_prompt_template_defaults_and_checks():
-    plain = ClassifierSpec(name="v", kind="vlm", model="x", protocol={"kind": "open"})
+    plain = VLMSpec(name="v", kind="vlm", model="x", protocol={"kind": "open"})
     assert (plain.prompt_template, plain.dtype) == ("model", "float32")  # outside ImageNet-D's protocol
     with pytest.raises(ValueError, match="prompt_template"):
-        ClassifierSpec(name="v", kind="vlm", model="x", protocol={"kind": "open"}, prompt_template="llava")
+        VLMSpec(name="v", kind="vlm", model="x", protocol={"kind": "open"}, prompt_template="llava")
     with pytest.raises(ValueError, match="prompt_template"):
         ClassifierSpec(name="v", kind="timm", model="x", prompt_template="original")
 

@@ -62,12 +62,14 @@ def missing_assets(cfg: BuildConfig, shifts_by_class: Iterable[tuple[int, str]] 
             if value and (local_file_ref(value) or key.endswith("model_config_file")) and not exists(value):
                 missing.append(f"{key}: {value}")
     for i, clf in enumerate(cfg.classifiers):
-        for key in ("checkpoint", "model_config_file"):
-            value = getattr(clf, key)
-            if value and (local_file_ref(value) or key == "model_config_file") and not exists(value):
-                missing.append(f"classifiers[{i}] ({clf.name}).{key}: {value}")
-        if isinstance(clf.label_map, str) and not exists(clf.label_map):
-            missing.append(f"classifiers[{i}] ({clf.name}).label_map: {clf.label_map}")
+        if clf.kind not in CLASSIFIERS.keys():
+            continue  # the registry check names it
+        for f in CLASSIFIERS.get(clf.kind).local_files(clf):
+            # a checkpoint may be a pretrained tag, a vlm's model a hub id: files only when they look like paths
+            if (f.or_hub_id or (f.key == "checkpoint" and not local_file_ref(f.path))):
+                continue
+            if not exists(f.path):
+                missing.append(f"classifiers[{i}] ({clf.name}).{f.key}: {f.path}")
     return missing
 
 
@@ -94,19 +96,7 @@ def check_registry_keys(cfg: BuildConfig) -> list[str]:
         except KeyError as err:
             problems.append(f"classifiers[{i}] ({clf.name}).kind: {err.args[0]}")
             continue
-        if clf.kind == "torch_hub":
-            from pipeline.models.classifiers import parse_hub_model
-
-            try:
-                parse_hub_model(clf.model, f"classifiers[{i}] ({clf.name})")
-            except ValueError as err:
-                problems.append(str(err))
-        if clf.kind == "timm":
-            from pipeline.models.classifiers import timm_name_problem
-
-            problem = timm_name_problem(clf.model, local_weights=bool(clf.checkpoint))
-            if problem:
-                problems.append(f"classifiers[{i}] ({clf.name}).model: {problem}")
+        problems.extend(CLASSIFIERS.get(clf.kind).problems(clf, f"classifiers[{i}] ({clf.name})"))
     problems.extend(analysis_option_problems(cfg))
     problems.extend(weight_file_problems(cfg))
     return problems
@@ -114,22 +104,22 @@ def check_registry_keys(cfg: BuildConfig) -> list[str]:
 
 def weight_file_problems(cfg: BuildConfig) -> list[str]:
     """Classifier files that must not be read: a FIFO, device, socket or directory where the
-    kind loads a file (:mod:`pipeline.io.regular`), and an ``exported`` archive holding more
-    than tensors (pickles or compiled code: :mod:`pipeline.models.pt2_check`)."""
+    kind loads a file (:mod:`pipeline.io.regular`), and what the kind refuses in their content
+    (``file_problems``: an ``exported`` archive holding pickles or compiled code)."""
     from pipeline.assets.weights import check_readable
     from pipeline.io.regular import NotRegularFile
-    from pipeline.models.exported import archive_problems
 
     problems = []
     for i, clf in enumerate(cfg.classifiers):
         where = f"classifiers[{i}] ({clf.name})"
+        if clf.kind not in CLASSIFIERS.keys():
+            continue  # the registry check names it
         try:
             check_readable(clf)
         except NotRegularFile as err:
             problems.append(f"{where}: {err}")
             continue
-        if clf.kind == "exported":
-            problems.extend(archive_problems(clf, where))
+        problems.extend(CLASSIFIERS.get(clf.kind).file_problems(clf, where))
     return problems
 
 

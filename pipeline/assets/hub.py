@@ -20,6 +20,9 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from pipeline.models.classifier_kind import is_hub_id, local_file_ref, model_ref_problem  # noqa: F401 (their home)
+from pipeline.registry import CLASSIFIERS
+
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig
 
@@ -48,39 +51,15 @@ class HubArtefact:
 
 
 # --------------------------------------------------------------------------- hub ids
-def is_hub_id(value: str) -> bool:
-    """Whether ``value`` is a well-formed hub repository id (``name`` or ``namespace/name``), by
-    huggingface_hub's own rule (``validate_repo_id``: letters, digits, ``_ - .``, no ``--`` or
-    ``..``, at most 96 characters, not ending in ``.git``)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if not isinstance(value, str) or not value:
-        return False
-    try:
-        validate_repo_id(value)
-    except HFValidationError:
-        return False
-    return True
-
-
-def model_ref_problem(value: str, key: str) -> str | None:
-    """Why ``value`` (the config's ``key``) names no model: None for an existing local path or a hub id."""
-    if isinstance(value, str) and value and os.path.exists(value):
-        return None
-    if is_hub_id(value):
-        return None
-    return (
-        f"{key}: {value!r} is neither an existing local path nor a hub id (name or org/name: letters, digits, "
-        "'_', '-', '.', no '..' or '--'); relative paths are resolved against the config's directory"
-    )
-
-
 def hub_id_problems(cfg: "BuildConfig") -> list[str]:
-    """One line per model reference of the config that is neither a local path nor a hub id."""
+    """One line per model reference of the config that is neither a local path nor a hub id
+    (the local files each kind names that may instead be a hub repository: a vlm's ``model``)."""
     problems = []
     for i, clf in enumerate(cfg.classifiers):
-        if clf.kind == "vlm":  # the only kind whose ``model`` is a hub repository or a directory
-            problem = model_ref_problem(clf.model, f"classifiers[{i}].model ({clf.name})")
+        if clf.kind not in CLASSIFIERS.keys():
+            continue  # the registry check names it
+        for f in CLASSIFIERS.get(clf.kind).local_files(clf):
+            problem = model_ref_problem(f.path, f"classifiers[{i}].{f.key} ({clf.name})") if f.or_hub_id else None
             if problem:
                 problems.append(problem)
     return problems
@@ -156,6 +135,10 @@ def _hf_repo(where: str, library: str, repo: str) -> HubArtefact:
     return HubArtefact(where, library, repo, cached, fetch)
 
 
+def _transformers(where: str, repo: str) -> HubArtefact:
+    return _hf_repo(where, "transformers", repo)
+
+
 def _timm(where: str, name: str) -> HubArtefact | None:
     from timm.models import get_pretrained_cfg
 
@@ -204,11 +187,6 @@ def _torch_hub(where: str, model: str, kwargs: dict) -> HubArtefact:
     )
 
 
-def local_file_ref(value: str | None) -> bool:
-    """open_clip ``pretrained`` / timm checkpoints may be tags; treat path-like values as files."""
-    return bool(value) and ("/" in value or value.endswith((".pt", ".pth", ".bin", ".safetensors")))
-
-
 # --------------------------------------------------------------------------- the config's artefacts
 def hub_artefacts(cfg: "BuildConfig") -> list[HubArtefact]:
     """Every hub artefact the config names (cached or not), in config order."""
@@ -227,18 +205,12 @@ def hub_artefacts(cfg: "BuildConfig") -> list[HubArtefact]:
             out.append(_open_clip("filter.clip", flt.clip.model, flt.clip.pretrained))
         if not flt.dino.checkpoint:
             out.append(_timm("filter.dino", flt.dino.model))
+    fetchers = {"timm": _timm, "open_clip": _open_clip, "transformers": _transformers, "torch hub": _torch_hub}
     for i, clf in enumerate(cfg.classifiers):
+        if clf.kind not in CLASSIFIERS.keys():
+            continue  # the registry check names it
         where = f"classifiers[{i}] ({clf.name})"
-        if clf.kind == "timm" and not clf.checkpoint:
-            out.append(_timm(where, clf.model))
-        elif clf.kind == "open_clip_zeroshot" and clf.checkpoint and not local_file_ref(clf.checkpoint):
-            out.append(_open_clip(where, clf.model, clf.checkpoint))
-        elif clf.kind == "vlm" and not os.path.exists(clf.model) and is_hub_id(clf.model):
-            out.append(_hf_repo(where, "transformers", clf.model))
-        elif clf.kind == "torch_hub":
-            repo = clf.model.rpartition(":")[0]
-            if repo and not os.path.isdir(repo):
-                out.append(_torch_hub(where, clf.model, dict(clf.model_kwargs)))
+        out.extend(fetchers[ref.library](where, *ref.args) for ref in CLASSIFIERS.get(clf.kind).hub_refs(clf))
     return [a for a in out if a is not None]
 
 

@@ -23,51 +23,27 @@ from typing import Any
 
 from pipeline.config import BuildConfig, ClassifierSpec
 from pipeline.io.regular import dir_sha256, file_sha256, regular_file, walk_regular
+from pipeline.registry import CLASSIFIERS
 
-DIRECTORY_KEYS = {("vlm", "model")}  # (kind, key) whose weights are a directory (a hub snapshot)
 
 
 class WeightsChanged(ValueError):
     """A classifier's weights differ from those that made its predictions in an output."""
 
 
-def _local(spec: ClassifierSpec) -> list[tuple[str, str]]:
-    local = [(k, getattr(spec, k)) for k in ("checkpoint", "model_config_file")]
-    if spec.kind == "vlm":
-        local.insert(0, ("model", spec.model))
-    if isinstance(spec.label_map, str):
-        local.append(("label_map", spec.label_map))
-    return [(k, v) for k, v in local if v]
-
-
-def _hub_weights(spec: ClassifierSpec) -> tuple[str | None, str | None]:
-    """(cached file, hub reference) of a timm model's pretrained weights."""
-    if spec.kind != "timm" or spec.checkpoint:
-        return None, None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-        from timm.models import get_pretrained_cfg
-
-        pcfg = get_pretrained_cfg(spec.model)
-    except Exception:
-        return None, None
-    if pcfg is None or not pcfg.hf_hub_id:
-        return None, getattr(pcfg, "url", None) or None
-    for fname in ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin"):
-        hit = try_to_load_from_cache(pcfg.hf_hub_id, fname)
-        if isinstance(hit, str):
-            return hit, f"hf-hub:{pcfg.hf_hub_id}"
-    return None, f"hf-hub:{pcfg.hf_hub_id}"
+def _kind(spec: ClassifierSpec) -> Any:
+    """The entry's kind class: it says which files it reads and which weights it holds."""
+    return CLASSIFIERS.get(spec.kind)
 
 
 def check_readable(spec: ClassifierSpec) -> None:
     """Raise :class:`pipeline.io.regular.NotRegularFile` naming a local file of the entry that
     is not a regular file (or a directory holding one), without reading any."""
-    for key, value in _local(spec):
+    for key, value, folder, _ in _kind(spec).local_files(spec):
         if not os.path.lexists(value):
             continue
         what = f"classifiers[{spec.name}].{key}"
-        if (spec.kind, key) in DIRECTORY_KEYS and os.path.isdir(value):
+        if folder and os.path.isdir(value):
             for _ in walk_regular(value, what):
                 pass
         else:
@@ -82,17 +58,19 @@ def weights(spec: ClassifierSpec) -> list[dict[str, Any]]:
     one of them."""
     out = []
     where = f"classifiers[{spec.name}]"
-    for key, value in _local(spec):
+    kind = _kind(spec)
+    for key, value, folder, _ in kind.local_files(spec):
         if not os.path.lexists(value):
             out.append({"key": key, "ref": value, "sha256": None})
             continue
         what = f"{where}.{key}"
-        if (spec.kind, key) in DIRECTORY_KEYS and os.path.isdir(value):
+        if folder and os.path.isdir(value):
             digest = dir_sha256(value, what)
         else:
             digest = file_sha256(value, what)
         out.append({"key": key, "path": os.path.abspath(value), "sha256": digest})
-    cached, ref = _hub_weights(spec)
+    out.extend(kind.held_weights(spec))
+    cached, ref = kind.cached_weights(spec)
     if cached:
         out.append({"key": "pretrained", "ref": ref, "path": cached, "sha256": file_sha256(cached, f"{where} pretrained")})
     elif ref:

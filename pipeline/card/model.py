@@ -26,17 +26,15 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from pipeline.assets.weights import combined_digest, weights
-from pipeline.config import ClassifierSpec, ConfigError
+from pipeline.config import ClassifierSpec, ConfigError, spec_class
+from pipeline.config.classifiers import SPEC_TAGS
 from pipeline.io import bounds
 
-PATH_KEYS = ("checkpoint", "model_config_file", "label_map")
-ARCHIVE_KINDS = ("torchscript", "exported")  # kinds whose archive stores the input transform
 
 
 def _resolve_entry_paths(entry: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(entry)
-    keys = PATH_KEYS + (("model",) if out.get("kind") == "vlm" else ())
-    for key in keys:
+    for key in spec_class(out.get("kind")).file_keys:  # the keys its kind's options name files with
         value = out.get(key)
         if isinstance(value, str) and (value.startswith("./") or value.startswith("../")):
             out[key] = str((base / value).resolve())
@@ -47,7 +45,8 @@ def _spec(entry: dict[str, Any], where: str) -> ClassifierSpec:
     try:
         return ClassifierSpec.model_validate(entry)
     except ValidationError as err:
-        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<entry>'}: {e['msg']}" for e in err.errors())
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p not in SPEC_TAGS) or '<entry>'}: {e['msg']}"
+                           for e in err.errors())
         raise ConfigError(f"invalid model entry {where}: {detail}"[:800]) from None
 
 
@@ -129,24 +128,15 @@ def resolve_model(
 
 # --------------------------------------------------------------------------- identity
 def own_preprocess(spec: ClassifierSpec) -> dict[str, Any] | str:
-    """The model's own input transform as numbers, or ``"model"`` where the kind states none."""
-    if spec.kind in ARCHIVE_KINDS and spec.checkpoint and os.path.isfile(spec.checkpoint):
-        from pipeline.models import stored_preprocess
-
-        try:
-            saved = stored_preprocess.archive_preprocess(spec.checkpoint)
-            cfg = stored_preprocess.resolve(saved, spec.model_kwargs, f"classifiers[{spec.name}]", spec.checkpoint, spec.kind)
-        except ValueError:
-            return "model"
-        return {"resize_to": cfg["input_size"], "interpolation": cfg["interpolation"], "mean": cfg["mean"], "std": cfg["std"]}
+    """The model's own input transform as numbers (its kind's ``input_transform``), or ``"model"``
+    where the kind states none."""
     from pipeline.registry import CLASSIFIERS
 
     try:
-        own = getattr(CLASSIFIERS.get(spec.kind), "own_preprocess", None)
-        p = own(spec) if own is not None else None
+        p = CLASSIFIERS.get(spec.kind).input_transform(spec)
     except Exception:  # a model its library cannot describe here: the classify stage says why
         p = None
-    return p.as_dict() if p is not None else "model"
+    return p if p is not None else "model"
 
 
 def identity(spec: ClassifierSpec) -> dict[str, Any]:

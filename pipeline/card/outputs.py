@@ -214,6 +214,15 @@ def _kept_classifiers(raw: dict[str, Any], marker: dict[str, Any] | None) -> dic
     return {**raw, "classifiers": [*raw["classifiers"], *extra]} if extra else raw
 
 
+def holding(cfg: BuildConfig, model: ClassifierSpec) -> BuildConfig:
+    """``cfg`` whose entry of the model holds what the model holds in memory (kind ``module``):
+    a config parsed from its dict form holds nothing."""
+    if model.held is None:
+        return cfg
+    return cfg.model_copy(update={"classifiers": [c.holding(model.held) if c.name == model.name else c
+                                                  for c in cfg.classifiers]})
+
+
 def _prepare_build(b: Benchmark, model: ClassifierSpec, runner: str, echo: Echo, ready: Callable, report: bool) -> Prepared:
     from pipeline.build import build
 
@@ -223,7 +232,7 @@ def _prepare_build(b: Benchmark, model: ClassifierSpec, runner: str, echo: Echo,
     marker = forget_stale(b.output, echo)
     check_model_weights(b.output, marker, model)
     raw, _ = with_model(_kept_classifiers(resolved_dict(cfg), marker), model, None, f"{b.where} {b.config}")
-    cfg = parse_config(raw, source=f"{b.config} with the card's model {model.name}")
+    cfg = holding(parse_config(raw, source=f"{b.config} with the card's model {model.name}"), model)
     work = "none"
     if needs_build(store, cfg, marker, report=report):
         echo(f"[cnsbench] card: {b.name}: building {b.output} ({b.config}) with {model.name}")
@@ -263,7 +272,7 @@ def _evaluate_release(b: Benchmark, model: ClassifierSpec, baseline: str | None,
     if raw["classifiers"][:-1]:  # the report's corruption errors normalised by the suite's baseline, as the card's
         others = [a for a in raw["aggregate"]["analyses"] if (a if isinstance(a, str) else a.get("name")) != "corruption_error"]
         raw["aggregate"]["analyses"] = [*others, {"name": "corruption_error", "baseline": baseline}]
-    cfg = parse_config(raw, source=f"{b.config} with the card's model {model.name}")
+    cfg = holding(parse_config(raw, source=f"{b.config} with the card's model {model.name}"), model)
     source = open_source(b.release, base.benchmark.label_space, kind=b.entry.source_kind)
     eff = effective_config(cfg, source, use_filter=b.entry.filter)
     echo(f"[cnsbench] card: {b.name}: evaluating {b.release} into {b.output} with {model.name}")
@@ -305,6 +314,7 @@ def _prepare_existing(
     kind = release_kind(store)
     raw, new = with_model(resolved_dict(stored), model, kind, f"{b.where} {b.output}")
     cfg = parse_config(raw, source=f"{b.output}/config.json with the card's model {model.name}") if new else stored
+    cfg = holding(cfg, model)
     if new:
         echo(f"[cnsbench] card: {b.name}: adding {model.name} to {b.output}")
         add_to_output(b.output, cfg, runner=runner, echo=echo, report=report)

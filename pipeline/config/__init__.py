@@ -22,7 +22,7 @@ from pipeline.config.base import (
 )
 from pipeline.config.benchmark import BenchmarkSpec
 from pipeline.config.build import BuildConfig
-from pipeline.config.classifiers import ClassifierSpec
+from pipeline.config.classifiers import ClassifierEntry, ClassifierSpec, VLMSpec, spec_class
 from pipeline.config.families import FamilyGroup, FamilySpec, MaskSpec, SourceSpec
 from pipeline.config.filter import (
     ClipModelSpec,
@@ -48,7 +48,7 @@ from pipeline.config.training import SliderTrainingSpec
 
 __all__ = [
     "REFERENCE_NEGATIVE_PROMPT", "REFERENCE_SCALES", "SHIFT_NAME", "ConfigError", "Strict",
-    "BenchmarkSpec", "BuildConfig", "ClassifierSpec", "FamilyGroup", "FamilySpec", "MaskSpec", "SourceSpec",
+    "BenchmarkSpec", "BuildConfig", "ClassifierEntry", "ClassifierSpec", "VLMSpec", "spec_class", "FamilyGroup", "FamilySpec", "MaskSpec", "SourceSpec",
     "ClipModelSpec", "DinoModelSpec", "FilterSpec", "PreprocessSpec", "Preprocessing", "Thresholds",
     "ClassTokens", "GeneratorSpec", "config_hash", "deep_merge", "dump_yaml", "format_validation_error",
     "load_config", "parse_config", "resolved_dict", "AggregateSpec", "BootstrapSpec", "OutputSpec", "StripSpec",

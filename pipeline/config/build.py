@@ -8,7 +8,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from pipeline.config.base import SHIFT_NAME, Strict
 from pipeline.config.benchmark import BenchmarkSpec
-from pipeline.config.classifiers import ClassifierSpec
+from pipeline.config.classifiers import ClassifierEntry
 from pipeline.config.families import FamilyGroup, FamilySpec, SourceSpec
 from pipeline.config.filter import FilterSpec
 from pipeline.config.generator import GeneratorSpec
@@ -26,7 +26,7 @@ class BuildConfig(Strict):
     benchmark: BenchmarkSpec
     generator: GeneratorSpec = GeneratorSpec()
     filter: FilterSpec = FilterSpec()
-    classifiers: list[ClassifierSpec] = Field(..., min_length=1)
+    classifiers: list[ClassifierEntry] = Field(..., min_length=1)
     output: OutputSpec = OutputSpec()
     aggregate: AggregateSpec = AggregateSpec()
     resources: Resources = Resources()

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline.config.base import ConfigError
 from pipeline.config.build import BuildConfig
+from pipeline.config.classifiers import SPEC_TAGS, VLM_ONLY, spec_class
 from pipeline.config.overrides import apply_overrides
 from pipeline.io import bounds
 from pipeline.io.regular import NotRegularFile, regular_file
@@ -30,7 +31,6 @@ _PATH_KEYS = {
     ("source", "label_map"),
     ("source", "masks", "path"),
 }
-_CLASSIFIER_PATH_KEYS = {"checkpoint", "model_config_file", "label_map"}
 
 
 def _looks_relative_path(value: Any) -> bool:
@@ -52,7 +52,7 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
             fix(node, path[-1])
     for clf in raw.get("classifiers") or []:
         if isinstance(clf, dict):
-            for key in _CLASSIFIER_PATH_KEYS | ({"model"} if clf.get("kind") == "vlm" else set()):  # a vlm's model: a directory
+            for key in spec_class(clf.get("kind")).file_keys:  # the keys its kind's options name files with
                 fix(clf, key)
 
 
@@ -61,6 +61,9 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | N
     current: Any = model
     for part in loc[:-1]:
         if isinstance(part, int):
+            continue
+        if part in SPEC_TAGS:  # a classifier entry: the spec of its kind
+            current = SPEC_TAGS[part]
             continue
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
             return None
@@ -71,8 +74,6 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | N
         args = getattr(ann, "__args__", ()) or ()
         candidates = [ann, *args]
         current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if current is None:
-            return None
     if isinstance(current, type) and issubclass(current, BaseModel):
         return list(current.model_fields)
     return None
@@ -81,11 +82,12 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | N
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        tagged = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = tuple(p for p in tagged if p not in SPEC_TAGS)
         key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(BuildConfig, loc)
+            allowed = _allowed_keys(BuildConfig, tagged)
             msg = f"unknown key; allowed keys here: {', '.join(allowed) if allowed else '?'}"
         elif e["type"] == "literal_error":
             msg = f"{msg}"
@@ -173,6 +175,9 @@ def config_hash(cfg: BuildConfig) -> str:
     if data.get("refine") == RefineSpec().model_dump(mode="json"):
         data.pop("refine")
     for clf in data.get("classifiers", []):
+        # An entry of a kind without a vlm's options hashes as it did when every entry held them.
+        for key in VLM_ONLY:
+            clf.setdefault(key, None)
         for key in HASHED_WHEN_SET:
             if clf.get(key) is None:
                 clf.pop(key, None)

@@ -15,9 +15,10 @@ import logging
 import math
 import os
 import warnings
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from pipeline.config import StageResources
+from pipeline.errors import CnsbenchError
 from pipeline.executors import cluster
 from pipeline.executors.base import Executor, RunOptions, stage_threads
 from pipeline.executors.chain import Chain
@@ -221,7 +222,7 @@ class RayDataExecutor(Executor):
         """The Ray Data dataset of ``rows`` through the ``sized`` pools (not yet executed)."""
         import ray
 
-        cfg_dict = self.cfg.model_dump(mode="json")
+        cfg_dict = held_by_reference(self.cfg)
         from pipeline.runtime.progress import quiet_ray_data
 
         quiet_ray_data()
@@ -282,3 +283,32 @@ class RayDataExecutor(Executor):
                     if options.on_shard:
                         options.on_shard(row)
                     yield row
+
+
+def check_picklable(spec: Any) -> None:
+    """Refuse (:class:`pipeline.errors.CnsbenchError`, naming the classifier) an object held in
+    memory that cannot be pickled for Ray's actors (a lock, an open handle)."""
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(spec.held)
+    except Exception as err:  # noqa: BLE001 - pickling runs the object's own code
+        raise CnsbenchError(f"classifiers[{spec.name}]: its model cannot be sent to the Ray workers (runner ray "
+                            f"pickles it): {type(err).__name__}: {err}"[:600]) from None
+
+
+def held_by_reference(cfg: Any) -> Any:
+    """The config the actors are built with: its JSON form, or, where classifiers hold an object
+    in memory (kind ``module``), the config with each such object put in Ray's object store once
+    (``ray.put``; a class defined in ``__main__`` or a notebook travels by value) and referenced."""
+    import ray
+
+    if all(c.held is None for c in cfg.classifiers):
+        return cfg.model_dump(mode="json")
+    specs = []
+    for c in cfg.classifiers:
+        if c.held is not None and not isinstance(c.held, ray.ObjectRef):
+            check_picklable(c)
+            c = c.holding(ray.put(c.held))
+        specs.append(c)
+    return cfg.model_copy(update={"classifiers": specs})

@@ -1,12 +1,12 @@
 """The ImageNet classifiers a benchmark evaluates, behind one contract.
 
-:class:`BaseClassifier` is the contract every kind of ``CLASSIFIERS`` implements (the
-registry refuses a class that does not derive from it): ``name``, ``asks``,
-``predict`` (logits) or, for a kind that asks (``asks``, the vlms of
-:mod:`pipeline.models.vlm`), ``answer``; ``set_precision`` (the stage's precision, which a
-kind running in its own dtypes ignores); ``footprint(spec, images)`` (its size from the config
-alone, for :mod:`pipeline.perf.memory`) and ``own_preprocess(spec)``.  :func:`classify_all`
-runs a pool of them over a batch of images, the one loop every stage shares.
+:class:`BaseClassifier` (:mod:`pipeline.models.classifier_kind`) is the contract every kind
+of ``CLASSIFIERS`` implements, with the class-level hooks the project asks a kind (its
+options model, files, hub artefacts, problems, identity and cost).  A ranking kind derives
+from :class:`Classifier` here (``predict``), a kind that asks from
+:class:`pipeline.models.classifier_kind.AskingClassifier` (``answer``, the vlms of
+:mod:`pipeline.models.vlm`).  :func:`classify_all` runs a pool of them over a batch of
+images, the one loop every stage shares.
 
 A :class:`Classifier` maps PIL images to logits over its own output space and states how
 each output index maps to an ImageNet-1k id (:attr:`Classifier.out_to_label`, from
@@ -27,12 +27,11 @@ Input preprocessing is chosen per classifier by ``preprocess`` (:mod:`pipeline.c
 
 from __future__ import annotations
 
-import abc
 import difflib
 import io
 import json
 import os
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -41,6 +40,12 @@ from pipeline.io import zip_archive
 from pipeline.io.regular import read_bounded
 from pipeline.labels import LabelSpace, label_space
 from pipeline.models.cache import shared
+from pipeline.models.classifier_kind import (  # noqa: F401 (the contract's home: pipeline.models.classifier_kind)
+    AskingClassifier,
+    BaseClassifier,
+    HubRef,
+    local_file_ref,
+)
 from pipeline.models.detectors import load_open_clip, load_timm, timm_transform
 from pipeline.models.footprint import (
     ModelSize,
@@ -111,66 +116,6 @@ def topk_predictions(
     match = mapping.unsqueeze(0) == truth.unsqueeze(1)  # [N, C]
     p_true = (probs * match).sum(dim=-1).tolist()
     return top1, top5, p_true
-
-
-class Answered(Protocol):
-    """What :meth:`BaseClassifier.answer` returns, per image (:class:`pipeline.models.vlm.VLMOutputs`)."""
-
-    top1: list[int]
-    top5: list[list[int]]
-    p_true: list[float]
-    answers: list[str | None]
-
-    @property
-    def excluded(self) -> list[bool]: ...
-
-
-class BaseClassifier(abc.ABC):
-    """The contract of a classifier kind (see the module doc)."""
-
-    # True: the kind answers questions drawn from the other classifiers' rankings (answer(...)),
-    # and runs after them; False: it ranks (predict(...) -> logits).
-    asks: ClassVar[bool] = False
-    spec: ClassifierSpec
-    device: str
-
-    @abc.abstractmethod
-    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None: ...
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    @abc.abstractmethod
-    def out_to_label(self) -> list[int]:
-        """Class id of each output index (-1 where an output maps to no class)."""
-
-    @abc.abstractmethod
-    def predict(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
-        """PIL images -> float32 logits [N, C] on CPU (a kind that asks raises)."""
-
-    def answer(
-        self, images: Sequence[Any], truth: Sequence[int], sample_ids: Sequence[str],
-        params: Sequence[str | None], rankings: dict[str, list[list[int]]],
-    ) -> Answered:
-        """Ask every image a question and score the answer (kinds with ``asks`` only)."""
-        raise TypeError(f"classifiers[{self.name}]: a {type(self).__name__} ranks (predict); it asks nothing")
-
-    @abc.abstractmethod
-    def set_precision(self, precision: ModelPrecision) -> None:
-        """Run in the stage's ``precision`` (``resources.classify``), or keep the kind's own dtypes."""
-
-    @classmethod
-    def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
-        """The model's size at ``images`` per forward, from its config alone (no weights read)."""
-        raise LookupError(f"no size estimate for classifier kind {spec.kind!r}")
-
-    @classmethod
-    def own_preprocess(cls, spec: ClassifierSpec) -> Any:
-        """The model's own eval transform as a :class:`pipeline.config.protocol.Preprocess`, read from its
-        configuration without loading weights; None where the kind cannot state it as one."""
-        return None
 
 
 class Classifier(BaseClassifier):
@@ -319,6 +264,35 @@ class TimmClassifier(Classifier):
         self._map_outputs(n_out)
 
     @classmethod
+    def problems(cls, spec: ClassifierSpec, where: str) -> list[str]:
+        problem = timm_name_problem(spec.model, local_weights=bool(spec.checkpoint))
+        return [f"{where}.model: {problem}"] if problem else []
+
+    @classmethod
+    def hub_refs(cls, spec: ClassifierSpec) -> list[HubRef]:
+        return [] if spec.checkpoint else [HubRef("timm", (spec.model,))]
+
+    @classmethod
+    def cached_weights(cls, spec: ClassifierSpec) -> tuple[str | None, str | None]:
+        """(cached file, hub reference) of the model's pretrained weights (none with a checkpoint)."""
+        if spec.checkpoint:
+            return None, None
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            from timm.models import get_pretrained_cfg
+
+            pcfg = get_pretrained_cfg(spec.model)
+        except Exception:
+            return None, None
+        if pcfg is None or not pcfg.hf_hub_id:
+            return None, getattr(pcfg, "url", None) or None
+        for fname in ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin"):
+            hit = try_to_load_from_cache(pcfg.hf_hub_id, fname)
+            if isinstance(hit, str):
+                return hit, f"hf-hub:{pcfg.hf_hub_id}"
+        return None, f"hf-hub:{pcfg.hf_hub_id}"
+
+    @classmethod
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
         """The timm architecture on ``meta``: its parameters and one forward at its input side."""
         model = timm_meta(spec.model, spec.model_kwargs)
@@ -401,6 +375,12 @@ class OpenClipZeroShot(Classifier):
             return 100.0 * img @ self.head
 
     @classmethod
+    def hub_refs(cls, spec: ClassifierSpec) -> list[HubRef]:
+        if spec.checkpoint and not local_file_ref(spec.checkpoint):
+            return [HubRef("open_clip", (spec.model, spec.checkpoint))]
+        return []
+
+    @classmethod
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
         """The open_clip model on ``meta``: all its parameters, one forward of the image tower."""
         params, peak = open_clip_sizes(spec.model, spec.model_config_file, f"classifiers[{spec.name}]")
@@ -474,6 +454,10 @@ class TorchScriptClassifier(Classifier):
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
         return archive_footprint(spec)
 
+    @classmethod
+    def input_transform(cls, spec: ClassifierSpec) -> dict[str, Any] | None:
+        return stored_preprocess.archive_transform(spec, "torchscript")
+
 
 def archive_footprint(spec: ClassifierSpec) -> ModelSize:
     """A program archive's size (TorchScript, ``torch.export``): its file as float32 weights;
@@ -524,6 +508,19 @@ class TorchHubClassifier(Classifier):
         self._map_outputs(int(probe.shape[1]))
 
     @classmethod
+    def problems(cls, spec: ClassifierSpec, where: str) -> list[str]:
+        try:
+            parse_hub_model(spec.model, where)
+        except ValueError as err:
+            return [str(err)]
+        return []
+
+    @classmethod
+    def hub_refs(cls, spec: ClassifierSpec) -> list[HubRef]:
+        repo = spec.model.rpartition(":")[0]
+        return [HubRef("torch hub", (spec.model, dict(spec.model_kwargs)))] if repo and not os.path.isdir(repo) else []
+
+    @classmethod
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:
         """A DINOv2 entry point as the timm architecture it matches (plus its linear head); other
         entries have no size known without running their hubconf."""
@@ -559,10 +556,10 @@ def classify_all(
     rankings = dict(earlier or {})
     results: dict[str, tuple[list, list, list, list, list]] = {}
     for clf in sorted(classifiers, key=lambda c: c.asks):  # stable: config order kept
-        if clf.asks:
+        if clf.asks:  # an AskingClassifier
             out = clf.answer(images, truth, sample_ids, params, rankings)
             results[clf.name] = (out.top1, out.top5, out.p_true, out.answers, out.excluded)
-        else:
+        else:  # a ranking Classifier
             logits = clf.predict(images) if shifted is None else clf.predict(images, shifted)
             top1, top5, p_true = topk_predictions(logits, clf.out_to_label, truth)
             rankings[clf.name] = top5

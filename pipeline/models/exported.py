@@ -59,6 +59,9 @@ class ExportedClassifier(Classifier):
             program = pt2_check.load_members(archive)
         except Exception as err:
             raise RuntimeError(f"{self.where}: could not load torch.export program {spec.checkpoint}: {err}") from err
+        problem = output_problem(program, f"{self.where}: the program in {spec.checkpoint}")
+        if problem:
+            raise ValueError(problem)
         self.model = program.module().to(device)
         self.transform = stored_preprocess.transform(self.preprocess_cfg)
         size = list(self.preprocess_cfg["input_size"])
@@ -88,6 +91,14 @@ class ExportedClassifier(Classifier):
     def footprint(spec: ClassifierSpec, images: int) -> ModelSize:
         return archive_footprint(spec)
 
+    @classmethod
+    def file_problems(cls, spec: ClassifierSpec, where: str) -> list[str]:
+        return archive_problems(spec, where) or returned_problems(spec, where)
+
+    @classmethod
+    def input_transform(cls, spec: ClassifierSpec) -> dict[str, Any] | None:
+        return stored_preprocess.archive_transform(spec, "exported")
+
 
 def archive_problems(spec: ClassifierSpec, where: str) -> list[str]:
     """What the up-front asset check refuses in an ``exported`` entry's archive: not a regular
@@ -103,6 +114,36 @@ def archive_problems(spec: ClassifierSpec, where: str) -> list[str]:
     return []
 
 
+def output_problem(program: Any, what: str) -> str | None:
+    """Why ``program`` (a ``torch.export`` program) is no classifier: it returns something other
+    than one logits tensor ``[N, K]`` (a dict, a tuple, another rank), named; None when it is one."""
+    spec = program.call_spec.out_spec
+    outputs = [n for n in program.graph.nodes if n.op == "output"][0].args[0]
+    shapes = [tuple(getattr(o, "meta", {}).get("val").shape) if hasattr(getattr(o, "meta", {}).get("val"), "shape")
+              else None for o in outputs]
+    if spec is not None and not spec.is_leaf():
+        kind = spec.type.__name__ if spec.type is not None else "structure"
+        return (f"{what} returns a {kind} of {spec.num_leaves} value(s) (shapes {shapes}), "
+                "not a logits tensor [N, K]; return the logits alone")
+    if len(shapes) == 1 and shapes[0] is not None and len(shapes[0]) != 2:
+        return f"{what} returns a tensor of rank {len(shapes[0])}, not logits [N, K]"
+    return None
+
+
+def returned_problems(spec: ClassifierSpec, where: str) -> list[str]:
+    """What the up-front check refuses in what an archive's program returns (:func:`output_problem`),
+    read from its graph without running it."""
+    if not spec.checkpoint or not os.path.isfile(spec.checkpoint):
+        return []
+    try:
+        with open(spec.checkpoint, "rb") as fh:
+            program = pt2_check.load_checked(fh.read(), spec.checkpoint)
+    except Exception:  # noqa: BLE001 - an archive that does not load: the classify stage names why
+        return []
+    problem = output_problem(program, f"{where}.checkpoint: the program in {spec.checkpoint}")
+    return [problem] if problem else []
+
+
 def export_classifier(module: torch.nn.Module, path: str, preprocess: dict[str, Any]) -> str:
     """Write ``module`` (eval mode, ``[N, C, H, W] -> [N, K]``) as a ``.pt2`` program with a
     dynamic batch dimension and ``preprocess`` stored beside it; returns ``path``."""
@@ -111,5 +152,8 @@ def export_classifier(module: torch.nn.Module, path: str, preprocess: dict[str, 
     example = (torch.zeros(2, *cfg["input_size"]),)
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(module, example, dynamic_shapes=({0: batch},))
+    problem = output_problem(program, f"export_classifier: {type(module).__name__}")
+    if problem:
+        raise ValueError(problem)
     torch.export.save(program, path, extra_files={stored_preprocess.PREPROCESS_FILE: json.dumps(cfg)})
     return path

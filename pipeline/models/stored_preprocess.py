@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any, Callable
 
 from pipeline.io import regular, zip_archive
@@ -118,3 +119,16 @@ def transform(cfg: dict[str, Any]) -> Callable[[Any], Any]:
     ])
     mode = "L" if channels == 1 else "RGB"
     return lambda image: compose(image.convert(mode))
+
+
+def archive_transform(spec: Any, kind: str) -> dict[str, Any] | None:
+    """The input transform an archive entry (``torchscript``, ``exported``) stores, as numbers; None
+    where its file is not here or states none."""
+    if not (spec.checkpoint and os.path.isfile(spec.checkpoint)):
+        return None
+    try:
+        saved = archive_preprocess(spec.checkpoint)
+        cfg = resolve(saved, spec.model_kwargs, f"classifiers[{spec.name}]", spec.checkpoint, kind)
+    except ValueError:
+        return None
+    return {"resize_to": cfg["input_size"], "interpolation": cfg["interpolation"], "mean": cfg["mean"], "std": cfg["std"]}

@@ -30,15 +30,16 @@ as ``UNASKED`` with a null answer, and the rest of the batch goes on.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pipeline.config import ClassifierSpec
+from pipeline.config import ClassifierSpec, VLMSpec
 from pipeline.labels import LabelSpace, label_space
-from pipeline.models.classifiers import BaseClassifier
+from pipeline.models.classifier_kind import AskingClassifier, HubRef, is_hub_id
 from pipeline.models.footprint import ModelSize
 from pipeline.models.precision import ModelPrecision
 from pipeline.models.vqa_protocols import (
@@ -190,10 +191,11 @@ def released_question(params: str | None) -> dict[str, Any] | None:
     return json.loads(params).get("question")
 
 
-class VLMClassifier(BaseClassifier):
-    """A classifier that asks: :meth:`answer` instead of ``predict`` (see the module docstring)."""
+class VLMClassifier(AskingClassifier):
+    """A classifier that asks: :meth:`answer`, no logits (see the module docstring).  It runs
+    after the ranking classifiers, with their rankings."""
 
-    asks = True  # the classify stage runs it after the classifiers, with their rankings
+    Spec = VLMSpec
 
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -230,8 +232,15 @@ class VLMClassifier(BaseClassifier):
     def set_precision(self, precision: ModelPrecision) -> None:
         """A vlm runs in its own ``dtype`` / ``vision_dtype``, not the stage's precision."""
 
-    def predict(self, images: Sequence[Any], shifted: Sequence[bool] | None = None) -> torch.Tensor:
-        raise TypeError(f"{self.where}: a vlm answers questions (answer(...)); it gives no logits")
+    @classmethod
+    def hub_refs(cls, spec: ClassifierSpec) -> list[HubRef]:
+        """The transformers repository its ``model`` names, unless that is a local folder."""
+        return [HubRef("transformers", (spec.model,))] if not os.path.exists(spec.model) and is_hub_id(spec.model) else []
+
+    @classmethod
+    def flops_model(cls, spec: ClassifierSpec) -> None:
+        """Unknown: a generation's FLOPs depend on its answer's length."""
+        return None
 
     @classmethod
     def footprint(cls, spec: ClassifierSpec, images: int) -> ModelSize:

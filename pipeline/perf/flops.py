@@ -166,9 +166,19 @@ def count_generator(model: str, resolution: int) -> dict[str, Any]:
     }
 
 
+def classifier_flops_model(spec: Any) -> tuple[str, dict] | None:
+    """(model, model_kwargs) whose FLOPs per image are the classifier's, as its kind states
+    (``flops_model``, :mod:`pipeline.models.classifier_kind`); None: unknown."""
+    from pipeline.registry import CLASSIFIERS
+
+    if spec.kind not in CLASSIFIERS.keys():
+        return None
+    return CLASSIFIERS.get(spec.kind).flops_model(spec)
+
+
 def config_models(cfg) -> list[str]:
     """Every classifier and filter model ``cfg`` names, in order, once."""
-    models = [c.model for c in cfg.classifiers]
+    models = [twin[0] for twin in map(classifier_flops_model, cfg.classifiers) if twin is not None]
     if cfg.filter.enabled:
         models += [cfg.filter.clip.model, cfg.filter.dino.model]
     return list(dict.fromkeys(models))

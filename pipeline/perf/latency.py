@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from pipeline.perf.data import load_data, utilisation
 from pipeline.perf.evals import unit_evals
+from pipeline.perf.flops import classifier_flops_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig
@@ -111,7 +112,8 @@ def stage_models(cfg: "BuildConfig", stage: str, members: Sequence[int] | None =
             return []
         return [("filter CLIP", flt.clip.model, {}), ("filter DINOv2", flt.dino.model, dict(flt.dino.model_kwargs))]
     specs = cfg.classifiers if members is None else [cfg.classifiers[i] for i in members]
-    return [(c.name, c.model, dict(c.model_kwargs)) for c in specs]
+    return [(c.name, *(classifier_flops_model(c) or (None, {}))) for c in specs]
+
 
 
 def image_seconds(cfg: "BuildConfig", spec: dict, stage: str, members: Sequence[int] | None = None
@@ -120,7 +122,7 @@ def image_seconds(cfg: "BuildConfig", spec: dict, stage: str, members: Sequence[
     group) on ``spec``, its GFLOPs per image, and the models whose FLOPs are unknown (counted as 0)."""
     gflop, missing = 0.0, []
     for name, model, kwargs in stage_models(cfg, stage, members):
-        g = model_gflop(model, kwargs)
+        g = model_gflop(model, kwargs) if model is not None else None
         if g is None:
             missing.append(name)
         gflop += g or 0.0

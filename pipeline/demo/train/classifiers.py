@@ -89,7 +89,7 @@ def pipeline_classifiers(ctx: Ctx, names: tuple[str, ...] = ("linear", "cnn", "v
     specs = {c["name"]: c for c in M.config_entries(str(ctx.out))["classifiers"]}
     out = {}
     for name in names:
-        spec = ClassifierSpec(**specs[name])
+        spec = ClassifierSpec.model_validate(specs[name])  # the spec of its kind
         out[name] = CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)
     return out
 

@@ -1,0 +1,191 @@
+"""A model held in memory, evaluated on a committed output and carded over a suite, from Python.
+
+``pipeline.evaluate`` and ``pipeline.card`` (exposed lazily by ``import pipeline``).  The model
+becomes a classifier entry of kind ``module`` (:mod:`pipeline.models.module`) holding it, and
+goes the way a configured classifier goes: :meth:`pipeline.output_run.OutputRun.add_classifiers`
+adds its predictions to the committed shards (as ``cnsbench evaluate`` / ``card`` do), so the
+report, ``refine``, ``compare`` and cards see it.  Everything is checked before anything is
+written: the ``preprocess`` and ``label_map``, the model's output on a probe batch, and its
+weights against those that made the output's earlier predictions under the same name.  Bad
+input raises :class:`pipeline.errors.CnsbenchError` naming the classifier.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from pipeline.errors import CnsbenchError
+
+Echo = Callable[[str], None]
+
+
+def module_entry(model: Any, *, name: str, preprocess: Any, label_map: dict[int, int] | None = None) -> Any:
+    """The classifier entry (kind ``module``) holding ``model``; ``preprocess``: ``"cns"`` or a
+    :data:`pipeline.config.Preprocessing` transform (a mapping of resize, crop, interpolation,
+    mean, std, or a :class:`pipeline.config.PreprocessSpec`)."""
+    from pipeline.config import ClassifierSpec
+    from pipeline.models.module import qualified_name
+
+    if not callable(model):
+        raise CnsbenchError(f"classifier {name!r}: the model must be a torch.nn.Module or a callable from a float "
+                            f"batch [N, C, H, W] to logits [N, K], got a {type(model).__name__}")
+    if preprocess == "model":
+        raise CnsbenchError(f"classifier {name!r}: preprocess 'model' means the model's own transform, which a "
+                            "model in memory does not state; give 'cns' or resize, crop, interpolation, mean, std")
+    if hasattr(preprocess, "model_dump"):
+        preprocess = preprocess.model_dump()
+    try:
+        spec = ClassifierSpec(name=name, kind="module", model=qualified_name(model), preprocess=preprocess,
+                              label_map=label_map)
+    except ValidationError as err:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<entry>'}: {e['msg']}" for e in err.errors())
+        raise CnsbenchError(f"classifier {name!r}: {detail} (preprocess is 'cns' or a mapping of resize, crop, "
+                            f"interpolation, mean, std)"[:900]) from None
+    return spec.holding(model)
+
+
+def _output_config(output: str) -> Any:
+    from pipeline.aggregate.run import load_output_config
+    from pipeline.io.store import OutputStore
+
+    try:
+        return load_output_config(OutputStore(output))
+    except (FileNotFoundError, ValueError) as err:
+        raise CnsbenchError(str(err)) from None
+
+
+def _check_label_map(spec: Any, labels: Any) -> None:
+    mapping = spec.label_map if isinstance(spec.label_map, dict) else {}
+    outside = sorted({v for v in mapping.values() if not 0 <= v < len(labels)})
+    if outside:
+        raise CnsbenchError(f"classifiers[{spec.name}].label_map: class ids {outside[:10]} are outside the output's "
+                            f"label space {labels.key!r} ({len(labels)} classes: 0..{len(labels) - 1})")
+
+
+def _probe(spec: Any, labels: Any) -> None:
+    """Build the classifier once here (it runs the model on a probe batch): a model that raises,
+    returns no tensor, NaN or logits the label space cannot take is refused before any write."""
+    from pipeline.registry import CLASSIFIERS
+
+    try:
+        CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)
+    except ValueError as err:
+        raise CnsbenchError(str(err)) from None
+
+
+def _check_weights(output: str, spec: Any) -> None:
+    """Refuse a name whose earlier predictions in ``output`` were made by other weights (both digests named)."""
+    from pipeline.assets.weights import WeightsChanged, check_weights, weights_digest
+    from pipeline.io.ownership import read_marker
+    from pipeline.io.store import OutputStore
+
+    try:
+        check_weights(output, read_marker(OutputStore(output)), {spec.name: weights_digest(spec)},
+                      "pass another name to score these weights (the earlier predictions stay under the old one)")
+    except WeightsChanged as err:
+        raise CnsbenchError(str(err)) from None
+
+
+def with_entry(cfg: Any, spec: Any, batch_size: int | None = None) -> Any:
+    """``cfg`` with ``spec`` as its classifier of that name (added, or in place of an entry of the
+    same name and kind), holding its model; ``batch_size``: the classify stage's."""
+    from pipeline.config import parse_config, resolved_dict
+
+    raw = resolved_dict(cfg)
+    entry = spec.model_dump(mode="json", exclude_unset=True)
+    names = [c["name"] for c in raw["classifiers"]]
+    if spec.name in names:
+        existing = raw["classifiers"][names.index(spec.name)]
+        if existing.get("kind") != spec.kind:
+            raise CnsbenchError(f"classifiers[{spec.name}]: the output already has a classifier of that name "
+                                f"(kind {existing.get('kind')!r}); pass another name")
+        raw["classifiers"][names.index(spec.name)] = entry
+    else:
+        raw["classifiers"].append(entry)
+    if batch_size is not None:
+        raw.setdefault("resources", {}).setdefault("classify", {})["batch_size"] = batch_size
+    try:
+        parsed = parse_config(raw, source=f"the output's config with classifier {spec.name!r}")
+    except ValueError as err:
+        raise CnsbenchError(str(err)) from None
+    from pipeline.card.outputs import holding
+
+    return holding(parsed, spec)
+
+
+def classifier_metrics(output: str, name: str) -> dict[str, Any]:
+    """The report's numbers of classifier ``name`` (``report/metrics.json``'s tables, its rows only)."""
+    import json
+
+    from pipeline.io.store import OutputStore
+
+    doc = json.loads(OutputStore(output).read_bytes("report/metrics.json"))
+    out: dict[str, Any] = {"classifier": name, "config_hash": doc.get("config_hash"), "counts": doc.get("counts"),
+                           "scales": doc.get("scales")}
+    for key in ("summary", "accuracy", "failure_point_table"):
+        out[key] = [r for r in doc.get(key) or [] if r.get("classifier") == name]
+    return out
+
+
+def evaluate(model: Any, output: str, *, name: str, preprocess: Any, label_map: dict[int, int] | None = None,
+             batch_size: int = 64, runner: str = "local", echo: Echo = print) -> dict[str, Any]:
+    """Add ``model``'s predictions to the committed output ``output`` as classifier ``name`` and
+    return its metrics as the report states them (:func:`classifier_metrics`).
+
+    ``model``: a ``torch.nn.Module`` or any callable from a float batch ``[N, C, H, W]`` (the
+    ``preprocess`` transform's) to logits ``[N, K]``; ``label_map``: output index -> class id
+    of the output's label space (identity when K is its size).  ``runner``: ``local`` (this
+    process) or ``ray`` (the model travels to the actors by ``ray.put``).  The same name with
+    other weights is refused, naming both digests; nothing committed is touched."""
+    from pipeline.executors.ray_data import check_picklable
+    from pipeline.output_run import OutputRun
+
+    spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
+    cfg = _output_config(output)
+    labels = cfg.benchmark.label_space
+    _check_label_map(spec, labels)
+    _probe(spec, labels)
+    if runner == "ray":
+        check_picklable(spec)  # it travels to the actors pickled, by value from __main__
+    _check_weights(output, spec)
+    cfg = with_entry(cfg, spec, batch_size)
+    try:
+        with OutputRun.claim(output, "evaluate", echo, runner=runner) as run:
+            run.prepare(cfg, repair=False)
+            run.start(len(run.done), len(run.done), what="evaluate")
+            run.add_classifiers()
+            run.finish(aggregate=True, run_name="-evaluate")
+    except ValueError as err:  # the output's refusals, the model's own on a later batch
+        raise CnsbenchError(str(err) if name in str(err) else f"classifiers[{name}]: {err}") from None
+    return classifier_metrics(output, name)
+
+
+def card(model: Any, suite: str, *, name: str, output: str, preprocess: Any, label_map: dict[int, int] | None = None,
+         runner: str = "local", echo: Echo = print) -> dict[str, Any]:
+    """The robustness card (``card.json``'s content, written with ``card.html`` into ``output``) of
+    ``model`` over the suite file ``suite``, as ``cnsbench card`` makes it for a configured model;
+    its identity is the model's class, its ``state_dict`` digest and the transform as numbers."""
+    from pipeline.card.make import make_card
+    from pipeline.card.suite import load_suite, shared_output_problems
+    from pipeline.executors.ray_data import check_picklable
+
+    spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
+    try:
+        s = load_suite(suite)
+    except (FileNotFoundError, ValueError) as err:
+        raise CnsbenchError(str(err)) from None
+    shared = shared_output_problems(s)
+    if shared:
+        raise CnsbenchError(f"invalid suite {s.path}:\n" + "\n".join(f"  {p}" for p in shared))
+    for b in s.benchmarks:
+        cfg = b.load_config() if b.kind != "output" else _output_config(b.output)
+        _check_label_map(spec, cfg.benchmark.label_space)
+        _probe(spec, cfg.benchmark.label_space)
+    if runner == "ray":
+        check_picklable(spec)  # it travels to the actors pickled, by value from __main__
+    try:
+        return make_card(spec, s, output, runner=runner, echo=echo)
+    except ValueError as err:
+        raise CnsbenchError(str(err) if name in str(err) else f"classifiers[{name}]: {err}") from None

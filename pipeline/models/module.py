@@ -1,0 +1,139 @@
+"""Classifier kind ``module``: a model held in memory (a ``torch.nn.Module``, or any callable from a
+float batch ``[N, C, H, W]`` to logits ``[N, K]``), as ``pipeline.evaluate`` and ``pipeline.card``
+take it from a Python session.
+
+The entry names no file: the object travels with it (:attr:`pipeline.config.ClassifierSpec.held`;
+to Ray's actors by ``ray.put``, :func:`pipeline.executors.ray_data.held_by_reference`).  Its
+``model`` is the object's class's qualified name; its ``preprocess`` is ``cns`` or an explicit
+transform (a module states no transform of its own).  Its identity on outputs and cards is
+that name, a SHA-256 over its ``state_dict`` tensors (names, dtypes, shapes and bytes:
+:func:`state_digest`) and the transform as numbers: the same name with other weights is
+refused by an output's weights check, naming both digests.  What it returns is checked on
+every batch: a tensor of ``[N, K]`` finite logits, ``K`` the same on every batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import torch
+
+from pipeline.config import ClassifierSpec
+from pipeline.labels import LabelSpace
+from pipeline.models.classifiers import Classifier
+
+
+def qualified_name(model: Any) -> str:
+    """``module.QualName`` of the object's class (a function: its own)."""
+    target = model if callable(model) and not isinstance(model, torch.nn.Module) and hasattr(model, "__qualname__") \
+        else type(model)
+    return f"{target.__module__}.{target.__qualname__}"
+
+
+def state_digest(model: Any) -> str:
+    """SHA-256 over a module's ``state_dict`` (each tensor's name, dtype, shape and bytes, in
+    name order); a callable that is no module: over its pickled form (cloudpickle, by value)."""
+    h = hashlib.sha256()
+    if isinstance(model, torch.nn.Module):
+        for name, t in sorted(model.state_dict().items()):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+    import cloudpickle
+
+    h.update(cloudpickle.dumps(model))
+    return h.hexdigest()
+
+
+NOT_HELD = ("kind module evaluates a model held in memory (pipeline.evaluate, pipeline.card); "
+            "a config file cannot name one")
+NO_TRANSFORM = ("a module states no transform of its own; give 'cns' or an explicit one "
+                "(resize, crop, interpolation, mean, std)")
+
+
+def held_model(spec: ClassifierSpec, where: str) -> Any:
+    """The entry's object (fetched from Ray's object store where it travelled by reference)."""
+    held = spec.held
+    if held is None:
+        raise ValueError(f"{where}: {NOT_HELD}")
+    if type(held).__name__ == "ObjectRef":
+        import ray
+
+        held = ray.get(held)
+    return held
+
+
+class ModuleClassifier(Classifier):
+    """A model held in memory (see the module doc)."""
+
+    def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
+        super().__init__(spec, device, labels)
+        if self._input_transform is None:
+            raise ValueError(f"{self.where}.preprocess: {NO_TRANSFORM}")
+        model = held_model(spec, self.where)
+        if isinstance(model, torch.nn.Module):
+            # A copy on the stage's device: the caller's module stays where it is, in its mode
+            # (one that cannot be copied, holding a lock or a handle, is used as it is).
+            try:
+                model = copy.deepcopy(model)
+            except Exception:  # noqa: BLE001 - copying runs the object's own code
+                pass
+            model = model.to(device).eval()
+        self.model = model
+        self._n_out: int | None = None
+        with torch.inference_mode():
+            from PIL import Image
+
+            probe = self._forward(self.inputs([Image.new("RGB", (8, 8))] * 2).to(device))
+        self._map_outputs(int(probe.shape[1]))
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's logits of a batch, refused naming what was wrong (it raised, returned no
+        tensor, another shape or number of logits, NaN or infinity)."""
+        try:
+            out = self.model(x)
+        except Exception as err:  # noqa: BLE001 - the user's code
+            raise ValueError(f"{self.where}: the model raised on a batch of shape {tuple(x.shape)}: "
+                             f"{type(err).__name__}: {err}"[:600]) from None
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(f"{self.where}: the model returned a {type(out).__name__}, not a logits tensor [N, K]")
+        if out.ndim != 2 or out.shape[0] != x.shape[0]:
+            raise ValueError(f"{self.where}: the model returned shape {tuple(out.shape)} for a batch of "
+                             f"{x.shape[0]}; expected logits [{x.shape[0]}, K]")
+        if self._n_out is not None and out.shape[1] != self._n_out:
+            raise ValueError(f"{self.where}: the model returned {out.shape[1]} logits per image, "
+                             f"then {self._n_out} on an earlier batch")
+        if not torch.isfinite(out).all():
+            raise ValueError(f"{self.where}: the model returned NaN or infinite logits")
+        self._n_out = int(out.shape[1])
+        return out
+
+    @classmethod
+    def problems(cls, spec: ClassifierSpec, where: str) -> list[str]:
+        if spec.held is None:
+            return [f"{where}: {NOT_HELD}"]
+        if spec.preprocess in (None, "model"):
+            return [f"{where}.preprocess: {NO_TRANSFORM}"]
+        return []
+
+    @classmethod
+    def held_weights(cls, spec: ClassifierSpec) -> list[dict[str, Any]]:
+        """Its ``state_dict`` digest (None where the entry holds no object here, as read from an output)."""
+        held = spec.held
+        digest = state_digest(held) if held is not None and type(held).__name__ != "ObjectRef" else None
+        return [{"key": "state_dict", "ref": spec.model, "sha256": digest}]
+
+    @classmethod
+    def input_transform(cls, spec: ClassifierSpec) -> dict[str, Any] | None:
+        from pipeline.config.protocol import CNS_CLASSIFIER, preprocess_of
+
+        p = preprocess_of(spec.preprocess, CNS_CLASSIFIER)
+        return p.as_dict() if p is not None else None
+
+    @classmethod
+    def flops_model(cls, spec: ClassifierSpec) -> None:
+        """Unknown: the module's code is not a model the FLOP table or timm knows."""
+        return None
