@@ -103,6 +103,12 @@ def test_hf_dataset_and_webdataset_read_the_kept_samples(bench, demo_world):
     assert found == expect
 
 
+def test_hf_dataset_without_datasets_names_the_extra(bench, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
+    with pytest.raises(CnsbenchError, match=r"cnsbench\[datasets\]"):
+        bench.hf_dataset()
+
+
 def test_load_dataset_reads_the_outputs_dataset_card(demo_world, tmp_path):
     datasets = pytest.importorskip("datasets")
     samples = datasets.load_dataset(str(demo_world), cache_dir=str(tmp_path))  # the default config: samples
