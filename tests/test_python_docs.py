@@ -55,8 +55,8 @@ def test_the_page_runs_and_the_exported_model_scores_the_same(demo_world, tmp_pa
     for i, block in enumerate(python_blocks()):
         exec(compile(block, f"{DOC}: python block {i + 1}", "exec"), namespace)  # noqa: S102 (our own docs)
 
-    assert main(["card", "runs/small-cnn.pt2", "--model-kind", "exported", "--name", "small-cnn-pt2",
-                 "--suite", "runs/demo", "--output", "runs/cards/small-cnn-pt2", "--runner", "local"]) == 0
+    assert main(["card", "--model-kind", "exported", "--model", "small-cnn", "--checkpoint", "runs/small-cnn.pt2",
+                 "--name", "small-cnn-pt2", "--suite", "runs/demo", "--output", "runs/cards/small-cnn-pt2", "--runner", "local"]) == 0
     bench = pipeline.open_output("runs/demo")
     summary = pd.DataFrame(bench.metrics()["summary"]).set_index("classifier")
     drops = [c for c in summary.columns if c.startswith("acc_drop_") or c in ("fp_avg", "accuracy_scale0")]
