@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.dataset
 import pytest
 
 import pipeline
@@ -41,7 +42,8 @@ def bench(demo_world):
 
 def test_samples_predictions_and_report_numbers(bench, demo_world):
     samples = bench.samples()
-    stored = pd.read_parquet(demo_world / "samples")  # plain pandas reads the tables
+    stored = pd.read_parquet(demo_world / "samples")  # plain pandas and pyarrow read the tables
+    assert pyarrow.dataset.dataset(demo_world / "predictions").count_rows() == len(bench.predictions())
     assert len(samples) == len(stored) == samples["sample_id"].nunique()
     assert list(samples.columns[:9]) == ["sample_id", "trajectory_id", "class_id", "class_name", "seed", "shift",
                                          "scale", "kept", "complete"]
@@ -101,6 +103,15 @@ def test_hf_dataset_and_webdataset_read_the_kept_samples(bench, demo_world):
         if meta["kept"]:
             found.add((meta["sample_id"], meta["label"], meta["scale"]))
     assert found == expect
+
+
+def test_evaluate_says_which_trajectories_its_metrics_count(demo_world):
+    from pipeline.cli.evaluate import counted_line
+
+    counts = json.loads((demo_world / "report" / "metrics.json").read_text())["counts"]
+    line = counted_line(str(demo_world), filtered=False)
+    assert f"count {counts['n_trajectories_complete']} of {counts['n_trajectories_total']} trajectories" in line
+    assert "without --filter every image is kept" in line
 
 
 def test_hf_dataset_without_datasets_names_the_extra(bench, monkeypatch):
