@@ -22,7 +22,6 @@ without a kept entry; its outputs resume as builds and evaluations do.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from typing import Any, Callable
@@ -45,7 +44,7 @@ from pipeline.card.schema import (
     read_json,
 )
 from pipeline.card.suite import ALEXNET, Suite, benchmark_hash
-from pipeline.config import BuildConfig, ClassifierSpec, resolved_dict
+from pipeline.config import BuildConfig, ClassifierSpec
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
