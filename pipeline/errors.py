@@ -11,3 +11,11 @@ from __future__ import annotations
 
 class CnsbenchError(ValueError):
     """Bad input to cnsbench; the message names what was wrong and where."""
+
+
+def describe_os_error(err: OSError) -> str:
+    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory`` (the path first): how the
+    command line and the Python API word an unusable path."""
+    path = err.filename if err.filename is not None else ""
+    reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
+    return f"{path}: {reason}" if path else reason

@@ -35,6 +35,7 @@ from pipeline import __version__
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.config.resources import OUTPUT_CHANGING
 from pipeline.executors import Chain, StageSpec, get_executor
+from pipeline.io.dataset_card import CARD, dataset_card
 from pipeline.io.lease_file import LEASE
 from pipeline.io.manifest import quarantine
 from pipeline.io.ownership import ARCHIVE, claim_output, read_marker
@@ -273,6 +274,7 @@ def write_config(
                       "weights": recorded}, indent=1),
     )
     store.write_text("config.yaml", dump_yaml(cfg))
+    store.write_text(CARD, dataset_card(cfg.benchmark.name, digest))  # what the ecosystem's loaders read
     return digest
 
 

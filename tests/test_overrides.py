@@ -100,3 +100,25 @@ def test_submit_passes_overrides_to_the_job():
 
     cmd = build_entrypoint("configs/tiny.yaml", "s3://b/p", sets=["benchmark.classes=[2, 3]"])
     assert cmd.endswith("'--set=benchmark.classes=[2, 3]'")
+
+
+def test_plus_equals_appends_to_a_list_and_paths_resolve_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = {"benchmark": {"seeds": [1]}, "classifiers": [{"name": "a"}]}
+    out = apply_overrides(raw, [
+        "classifiers+={name: mine, kind: exported, checkpoint: ./mine.pt2, label_map: ../map.json}",
+        "benchmark.seeds+=[7, 8]", "benchmark.classes+=3",
+    ])
+    assert [c["name"] for c in out["classifiers"]] == ["a", "mine"]
+    assert out["classifiers"][1]["checkpoint"] == str(tmp_path / "mine.pt2")  # nested paths: against the current folder
+    assert out["classifiers"][1]["label_map"] == str(tmp_path.parent / "map.json")
+    assert out["benchmark"]["seeds"] == [1, 7, 8] and out["benchmark"]["classes"] == [3]
+    assert raw["classifiers"] == [{"name": "a"}]
+    with pytest.raises(ConfigError, match=r"--set classifiers\[0\]\.name\+=.*not a list"):
+        apply_overrides(raw, ["classifiers[0].name+=x"])
+
+
+def test_plus_equals_adds_a_classifier_to_a_config_file():
+    cfg = load_config(TINY_CONFIG, sets=["classifiers+={name: extra, kind: timm, model: resnet18}"])
+    names = [c.name for c in cfg.classifiers]
+    assert names[-1] == "extra" and len(names) == len(load_config(TINY_CONFIG).classifiers) + 1

@@ -145,11 +145,12 @@ def page_html(title: str, config_hash: str | None, sections: list[tuple[str, str
         f"<title>{e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{e(title)}</h1>",
     ]
-    if config_hash:
-        parts.append(f"<p>config hash: <code>{e(config_hash)}</code></p>")
     parts.append(_toc_html(toc))
     parts += blocks
-    parts.append(f'<h2 id="{files_id}">Files</h2><ul>')
+    parts.append(f'<h2 id="{files_id}">Files</h2>')
+    if config_hash:  # a detail of the config: after the results
+        parts.append(f"<p>config hash: <code>{e(config_hash)}</code></p>")
+    parts.append("<ul>")
     for name in data_files:
         parts.append(f'<li><a href="{e(name, quote=True)}">{e(name)}</a></li>')
     parts += ["</ul>", f"<script>{SORT_JS}</script>", "</body></html>", ""]

@@ -71,7 +71,12 @@ def png_bytes(fig: Figure) -> bytes:
 
 # --------------------------------------------------------------------------- plots
 def colours_of(classifiers: Sequence[str]) -> dict[str, Any]:
-    """One colour per name, shared by every plot of a report so that the legends agree."""
+    """One colour per name, shared by every plot of a report so that the legends agree, and
+    the same for the same name in every report: a name's colour is a slot of tab20 picked
+    by a digest of the name (the next free slot, in the given order, when two names of one
+    report pick the same), so adding a classifier does not recolour the others."""
+    import hashlib
+
     from matplotlib import colormaps
 
     n = len(classifiers)
@@ -79,8 +84,14 @@ def colours_of(classifiers: Sequence[str]) -> dict[str, Any]:
         # Beyond tab20 qualitative maps repeat colours; sample a continuous map instead.
         cmap = colormaps["turbo"]
         return {c: cmap(x) for c, x in zip(classifiers, np.linspace(0.05, 0.95, n))}
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return {c: cmap(i) for i, c in enumerate(classifiers)}
+    cmap, taken, out = colormaps["tab20"], set(), {}
+    for c in classifiers:
+        slot = int.from_bytes(hashlib.sha256(c.encode("utf-8")).digest()[:4], "big") % 20
+        while slot in taken:
+            slot = (slot + 1) % 20
+        taken.add(slot)
+        out[c] = cmap(slot)
+    return out
 
 
 def _no_data_figure(title: str, message: str) -> Figure:
@@ -258,8 +269,30 @@ def _html_table(df: pd.DataFrame) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def breaks_table(metrics: Metrics) -> pd.DataFrame:
+    """Where each classifier breaks, one row per classifier (the config's order): its accuracy
+    drop at the largest scale (mean over shifts), then per shift the median failure point of
+    the trajectories it fails, how many of the evaluated ones those are, and the drop there."""
+    top = max(metrics.scales)
+    acc, fps = metrics.accuracy, metrics.failure_points
+    at_top = acc[np.isclose(acc["scale"], top)]
+    rows = []
+    for c in metrics.classifiers:
+        mine = at_top[at_top["classifier"] == c].set_index("shift")["accuracy_drop"]
+        row: dict[str, Any] = {"classifier": c, f"accuracy drop at {top:g}": _fmt(mine.mean()) if len(mine) else "n/a"}
+        for shift in metrics.shifts:
+            points = fps[(fps["classifier"] == c) & (fps["shift"] == shift)]["failure_point"]
+            failed = points.dropna()
+            where = f"breaks at {failed.median():g}" if len(failed) else "never breaks"
+            drop = f", drop {_fmt(mine[shift])}" if shift in mine.index else ""
+            row[shift] = f"{where} ({len(failed)}/{len(points)}){drop}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def cns_section(metrics: Metrics, plot_files: list[str]) -> str:
-    """The HTML body of the CNS metrics (dataset counts, summary, realisation, plots)."""
+    """The HTML body of the CNS metrics: where each classifier breaks first, then the
+    settings, dataset counts, summary, realisation and plots."""
     e = html.escape
     counts = pd.DataFrame(
         [
@@ -272,7 +305,17 @@ def cns_section(metrics: Metrics, plot_files: list[str]) -> str:
         ],
         columns=["count", "value"],
     )
-    parts = [
+    parts = []
+    if metrics.classifiers and metrics.n_trajectories_complete:
+        parts += [
+            "<h2>Where each classifier breaks</h2>",
+            f"<p>Per shift: the median failure point (the first scale a classifier gets wrong) of the trajectories "
+            f"it fails (failed / evaluated), and its accuracy drop at the largest scale, "
+            f"{e(f'{max(metrics.scales):g}')}. Only complete trajectories count (every scale present and kept by "
+            f"the filter): {metrics.n_trajectories_complete} of {metrics.n_trajectories_total}.</p>",
+            _html_table(breaks_table(metrics)),
+        ]
+    parts += [
         f"<p>scales: {e(', '.join(f'{s:g}' for s in metrics.scales))}; "
         f"margin max scale: {e(f'{metrics.margin_max_scale:g}')}; "
         f"fp_std ddof: {e(str(metrics.fp_std_ddof))}</p>"

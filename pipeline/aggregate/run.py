@@ -59,7 +59,9 @@ def load_sound_tables(
 
     predictions = frame(preds, PREDICTIONS)
     if classifiers is not None:
-        predictions = predictions[predictions["classifier"].isin(classifiers)].reset_index(drop=True)
+        # In the given order (the config's): the report lists and colours classifiers in it.
+        rank = predictions["classifier"].map({c: i for i, c in enumerate(classifiers)})
+        predictions = predictions[rank.notna()].iloc[rank.dropna().argsort(kind="stable")].reset_index(drop=True)
     return frame(samples, SAMPLES), predictions, left_out
 
 

@@ -22,12 +22,12 @@ without a kept entry; its outputs resume as builds and evaluations do.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from typing import Any, Callable
 
 from pipeline import __version__
+from pipeline.card.exports import EXPORTS, accuracy_rows, card_exports
 from pipeline.card.headline import Tables, headline
 from pipeline.card.model import identity
 from pipeline.card.outputs import Prepared, prepare
@@ -43,8 +43,8 @@ from pipeline.card.schema import (
     read_card_marker,
     read_json,
 )
-from pipeline.card.suite import ALEXNET, Suite
-from pipeline.config import BuildConfig, ClassifierSpec, resolved_dict
+from pipeline.card.suite import ALEXNET, Suite, benchmark_hash
+from pipeline.config import BuildConfig, ClassifierSpec
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
@@ -65,23 +65,6 @@ def images_digest(store: OutputStore) -> str:
             if rel.startswith(("images/", "samples/")):
                 lines.append(f"{rel}\0{info.get('sha256')}")
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
-
-
-def benchmark_hash(cfg: BuildConfig) -> str:
-    """SHA-256 of what defines a benchmark's images and metrics: the output's config
-    without its classifiers, resources and location."""
-    data = resolved_dict(cfg)
-    for key in ("classifiers", "resources"):
-        data.pop(key, None)
-    data.get("output", {}).pop("path", None)
-    analyses = []
-    for a in data.get("aggregate", {}).get("analyses", []):
-        if isinstance(a, dict):  # the release protocol's entry names every classifier's inputs
-            a = {k: v for k, v in a.items() if k not in ("classifiers", "overridden")}
-        analyses.append(a)
-    if "aggregate" in data:
-        data["aggregate"]["analyses"] = analyses
-    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def claim_card_folder(store: OutputStore, model: str, force: bool = False) -> str | None:
@@ -116,7 +99,7 @@ def claim_card_folder(store: OutputStore, model: str, force: bool = False) -> st
             f"--output {store.uri} holds the card of another model, {holder!r} (this card is of {model!r}); "
             "give another --output, or pass --force to replace that card; nothing was changed."
         )
-    for rel in [MARKER, "card.html", *(f"benchmarks/{n}" for n in store.top_level("benchmarks") if n.endswith(".json"))]:
+    for rel in [MARKER, "card.html", *EXPORTS, *(f"benchmarks/{n}" for n in store.top_level("benchmarks") if n.endswith(".json"))]:
         if store.exists(rel):
             store.remove(rel)
     return holder
@@ -179,6 +162,7 @@ def compute_entry(p: Prepared, suite: Suite, echo: Echo) -> dict[str, Any]:
         "ci": {"level": spec.level, "resamples": spec.resamples, "seed": spec.seed},
         "left_out_shards": sorted(left_out),
         "details": h.to_json()["details"],
+        "accuracy": accuracy_rows(p.config, samples, predictions, p.model.name),  # unaggregated.csv
     }
 
 
@@ -247,6 +231,8 @@ def make_card(
         store.write_text("card.html", card_html(card))
     else:
         card = previous
+    for name, text in card_exports(card).items():  # views of card.json in the community's formats
+        store.write_text(name, text)
     return card
 
 

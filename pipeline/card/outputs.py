@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipeline.card.suite import ALEXNET, Benchmark
+from pipeline.card.suite import ALEXNET, Benchmark, benchmark_hash
 from pipeline.config import BuildConfig, ClassifierSpec, ConfigError, config_hash, parse_config, resolved_dict
 from pipeline.io.ownership import read_marker
 from pipeline.io.store import OutputStore
@@ -223,11 +223,36 @@ def holding(cfg: BuildConfig, model: ClassifierSpec) -> BuildConfig:
                                                   for c in cfg.classifiers]})
 
 
+def reused_output(b: Benchmark, cfg: BuildConfig) -> str | None:
+    """The first of ``b.reuse`` holding an output of the same benchmark as ``cfg`` (its config
+    without classifiers, resources and location: :func:`pipeline.card.suite.benchmark_hash`),
+    when ``b.output`` holds no output yet; None otherwise."""
+    if not b.reuse or read_marker(OutputStore(b.output)) is not None:
+        return None
+    wanted = benchmark_hash(cfg)
+    for uri in b.reuse:
+        store = OutputStore(uri)
+        try:
+            marker = read_marker(store)
+            found = marker is not None and benchmark_hash(parse_config(marker["config"], source=uri)) == wanted
+        except (ValueError, OSError):  # not an output, or one this cnsbench cannot read: not reused
+            found = False
+        if found:
+            return uri
+    return None
+
+
 def _prepare_build(b: Benchmark, model: ClassifierSpec, runner: str, echo: Echo, ready: Callable, report: bool) -> Prepared:
+    from dataclasses import replace
+
     from pipeline.build import build
 
     cfg = b.load_config()
     ready(cfg)
+    reused = reused_output(b, cfg)
+    if reused is not None:
+        echo(f"[cnsbench] card: {b.name}: using the existing output {reused} (the same benchmark as {b.config})")
+        b = replace(b, output=reused)
     store = OutputStore(b.output)
     marker = forget_stale(b.output, echo)
     check_model_weights(b.output, marker, model)

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from pipeline.config import ConfigError
+from pipeline.config import BuildConfig, ConfigError, resolved_dict
 from pipeline.config.base import Strict
 from pipeline.io import bounds
 
@@ -63,6 +63,11 @@ class BenchmarkEntry(Strict):
     protocol: str | None = Field(None, description="the protocol the benchmark is evaluated with (checked)")
     filter: bool = Field(False, description="release: run the config's OOC filter too")
     sets: list[str] = Field(default_factory=list, description="`--set key.path=value` overrides of the config")
+    reuse: list[str] = Field(
+        default_factory=list,
+        description="build entry: existing outputs used instead of building when `output` holds none yet, the first "
+        "whose benchmark equals the config's (config without classifiers, resources and location)",
+    )
 
     @model_validator(mode="after")
     def _kind(self) -> "BenchmarkEntry":
@@ -73,6 +78,8 @@ class BenchmarkEntry(Strict):
             raise ValueError("give `config` (a build config), `output` (an existing output) or `release`")
         elif self.source_kind is not None or self.filter:
             raise ValueError("`source_kind` and `filter` belong to release entries")
+        if self.reuse and (self.release is not None or not self.config):
+            raise ValueError("`reuse` belongs to build entries (a `config` without `release`)")
         return self
 
 
@@ -94,7 +101,9 @@ class SuiteSpec(Strict):
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One entry with its paths resolved: ``kind`` is ``build``, ``output`` or ``release``."""
+    """One entry with its paths resolved: ``kind`` is ``build``, ``output`` or ``release``;
+    ``reuse``: the existing outputs a build entry may use instead of building (none when the
+    card names its own ``--outputs`` folder)."""
 
     index: int
     entry: BenchmarkEntry
@@ -102,6 +111,7 @@ class Benchmark:
     config: str | None
     output: str
     release: str | None
+    reuse: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -182,6 +192,7 @@ def suite_hash(spec: SuiteSpec) -> str:
     for b in data["benchmarks"]:
         b.pop("output", None)
         b.pop("release", None)
+        b.pop("reuse", None)  # where an output may already lie: not what the suite measures
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -200,20 +211,30 @@ def _format(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+def output_suite(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The suite of one existing output (a folder holding ``config.json``): the quickest card,
+    "this model on this output", its CNS headline metrics."""
+    where = Path(path).resolve()
+    return {"suite": "output", "description": f"the output {where}",
+            "benchmarks": [{"name": "cns", "family": "cns", "output": str(where)}]}
+
+
 def load_suite(path: str | os.PathLike[str], outputs: str | None = None) -> Suite:
-    """Read and check a suite file; ``outputs`` replaces its ``outputs`` folder.
+    """Read and check a suite file (or make the one-entry suite of an output folder,
+    :func:`output_suite`); ``outputs`` replaces its ``outputs`` folder.
 
     Raises :class:`ConfigError` naming the file and key of a malformed suite."""
     if outputs is not None and not outputs.strip():
         raise ConfigError("--outputs is empty: give the folder of the suite's outputs (or leave --outputs out)")
-    raw = read_yaml(path)
+    is_output = Path(path).is_dir() and (Path(path) / "config.json").is_file()
+    raw = output_suite(path) if is_output else read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid suite {path}: the top level must be a mapping, got {type(raw).__name__}")
     try:
         spec = SuiteSpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format(err, str(path))) from None
-    base = Path(path).resolve().parent
+    base = Path(path).resolve() if is_output else Path(path).resolve().parent
     folder = outputs if outputs is not None else _resolve(spec.outputs, base)
     benchmarks = []
     for i, entry in enumerate(spec.benchmarks):
@@ -226,8 +247,28 @@ def load_suite(path: str | os.PathLike[str], outputs: str | None = None) -> Suit
                     "`outputs` folder; set one of them (or pass --outputs DIR)"
                 )
             output = folder.rstrip("/") + "/" + entry.name
-        benchmarks.append(Benchmark(i, entry, kind, _resolve(entry.config, base), output, _resolve(entry.release, base)))
+        reuse = () if outputs is not None else tuple(str(_resolve(r, base)) for r in entry.reuse)
+        benchmarks.append(Benchmark(i, entry, kind, _resolve(entry.config, base), output, _resolve(entry.release, base),
+                                    reuse))
     return Suite(str(Path(path).resolve()), spec, tuple(benchmarks), suite_hash(spec))
+
+
+def benchmark_hash(cfg: BuildConfig) -> str:
+    """SHA-256 of what defines a benchmark's images and metrics: the output's config
+    without its classifiers, resources and location."""
+    data = resolved_dict(cfg)
+    for key in ("classifiers", "resources"):
+        data.pop(key, None)
+    data.get("output", {}).pop("path", None)
+    analyses = []
+    for a in data.get("aggregate", {}).get("analyses", []):
+        if isinstance(a, dict):  # the release protocol's entry names every classifier's inputs
+            a = {k: v for k, v in a.items() if k not in ("classifiers", "overridden")}
+        analyses.append(a)
+    if "aggregate" in data:
+        data["aggregate"]["analyses"] = analyses
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
 
 
 SETTINGS = ("kind", "config", "sets", "release", "source_kind", "filter")  # what makes an output, per entry

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from pipeline.runtime.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (for callers and tests)
 from pipeline.config import ConfigError
+from pipeline.errors import describe_os_error  # noqa: F401 (the message of an unusable path)
 from pipeline.io.access import StorageAccessError, access_error
 from pipeline.io.lease import LeaseLost
 from pipeline.io.retry import StorageError
@@ -80,10 +81,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 def url_argument(argv: Sequence[str] | None) -> str:
     """The first URL among the command's arguments ("" when none): what a storage error is about."""
     return next((a for a in (sys.argv[1:] if argv is None else argv) if "://" in a), "")
-
-
-def describe_os_error(err: OSError) -> str:
-    """``[Errno 21] Is a directory: 'x'`` -> ``x: is a directory`` (the path first)."""
-    path = err.filename if err.filename is not None else ""
-    reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
-    return f"{path}: {reason}" if path else reason

@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli.options import add_max_gpus, add_max_gpus_argument, add_set_argument, load_cli_config
-from pipeline.config import ConfigError
+from pipeline.cli.options import add_max_gpus, add_max_gpus_argument, add_set_argument
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.build import build
+    from pipeline.api.commands import build
 
-    overrides = None
-    if getattr(args, "filter_thresholds", None):  # a `cnsbench calibrate-filter` result
-        from pipeline.models.calibrate import threshold_overrides
-
-        overrides = threshold_overrides(args.filter_thresholds)
     add_max_gpus(args)
-    cfg = load_cli_config(args, overrides)
-    output = args.output or cfg.output.path
-    if not output:
-        raise ConfigError("no output: pass --output DIR or set output.path in the config")
     summary = build(
-        cfg, output, address=args.address, runner=args.runner, new_version=args.new_version, verify=args.verify
+        args.config, args.output, sets=args.sets, filter_thresholds=getattr(args, "filter_thresholds", None),
+        address=args.address, runner=args.runner, new_version=args.new_version, verify=args.verify,
     )
     for line in summary.lines():
         print(f"[cnsbench] {line}")

@@ -46,7 +46,20 @@ def run_cli(args: argparse.Namespace) -> int:
     summary = evaluate(eff, source, args.output, runner=args.runner, address=args.address)
     for line in summary.lines():
         print(f"[cnsbench] {line}")
+    if summary.report:
+        print(f"[cnsbench] {counted_line(args.output, args.filter)}")
     return 0 if not summary.trajectories_failed else 3
+
+
+def counted_line(output: str, filtered: bool) -> str:
+    """Which trajectories the report's metrics count, and why (a build's report may count fewer)."""
+    from pipeline.api.output import open_output
+
+    counts = open_output(output).metrics().get("counts", {})
+    why = ("the filter's keep decisions as it ran here" if filtered
+           else "without --filter every image is kept, so every trajectory with all its scales counts")
+    return (f"metrics count {counts.get('n_trajectories_complete')} of {counts.get('n_trajectories_total')} "
+            f"trajectories: the complete ones (every scale present and kept; {why})")
 
 
 

@@ -6,11 +6,9 @@ import argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.card.leaderboard import make_leaderboard
+    from pipeline.api.commands import leaderboard
 
-    if not args.output.strip():
-        raise ValueError("leaderboard: --output is empty: give the leaderboard's folder")
-    make_leaderboard(args.cards, args.output)
+    leaderboard(args.cards, args.output)
     return 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeline.config import BuildConfig, ConfigError, load_config
+from pipeline.config import BuildConfig, ConfigError
 
 SET_HELP = (
     "override a config value before validation (repeatable; the value is YAML), "
@@ -60,8 +60,6 @@ def set_args(args: argparse.Namespace) -> list[str]:
 def load_cli_config(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> BuildConfig:
     """``args.config`` with ``overrides`` (a partial config) and the command's ``--set`` items;
     generated assets it points at (``configs/tiny.yaml``'s) are made on first use."""
-    from pipeline.demo.assets import ensure_config_assets
+    from pipeline.api.common import load_config_file
 
-    cfg = load_config(args.config, overrides, sets=getattr(args, "sets", None))
-    ensure_config_assets(cfg)
-    return cfg
+    return load_config_file(args.config, getattr(args, "sets", None), overrides)

@@ -6,7 +6,7 @@ import argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.refine import refine
+    from pipeline.api.commands import refine
 
     summary = refine(args.output, args.classifier, rounds=args.rounds, runner=args.runner, address=args.address)
     print(f"[cnsbench] table: {summary.table}")

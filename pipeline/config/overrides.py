@@ -3,7 +3,10 @@
 A key path is dot-separated (``generator.steps``); list items are addressed by index,
 ``classifiers[0].batch_size`` or ``classifiers.0.batch_size``.  The value is YAML
 (``[2]``, ``3``, ``bfloat16``, ``{a: 1}``), read with the same bounds as a config file.
-Overrides are applied in order to the file's raw mapping, so the merged config is
+``key.path+=value`` appends to a list (``classifiers+={name: mine, kind: exported,
+checkpoint: ./mine.pt2}``); a list value extends it (``benchmark.seeds+=[7, 8]``).  A string
+starting with ``./`` or ``../``, anywhere in the value, is a path typed on the command line:
+it is made absolute against the current folder.  Overrides are applied in order to the file's raw mapping, so the merged config is
 validated exactly like a file would be and its resolved dump records the result.
 """
 
@@ -57,16 +60,39 @@ def parse_value(text: str, key: str) -> Any:
     return value
 
 
-def parse_overrides(items: Sequence[str] | None) -> list[tuple[str, list[str | int], Any]]:
-    """``["a.b=1", ...]`` -> ``[(key text, key path, value), ...]`` in order."""
+def parse_overrides(items: Sequence[str] | None) -> list[tuple[str, list[str | int], Any, bool]]:
+    """``["a.b=1", "c+=2", ...]`` -> ``[(key text, key path, value, append), ...]`` in order."""
     out = []
     for item in items or ():
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep:
-            raise ConfigError(f"--set {item}: expected key.path=value")
-        out.append((key, parse_key(key), parse_value(text, key)))
+            raise ConfigError(f"--set {item}: expected key.path=value (or key.path+=value to append to a list)")
+        append = key.endswith("+")
+        key = key[:-1].rstrip() if append else key
+        out.append((key, parse_key(key), parse_value(text, key), append))
     return out
+
+
+def typed_paths(value: Any) -> Any:
+    """``value`` with every string that starts with ``./`` or ``../`` made absolute (a path
+    typed on the command line is relative to where it is typed, not to the config file)."""
+    if isinstance(value, str) and value.startswith(("./", "../")):
+        return os.path.abspath(value)
+    if isinstance(value, dict):
+        return {k: typed_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed_paths(v) for v in value]
+    return value
+
+
+def _append(node: Any, part: str | int, value: Any, key: str, where: str) -> None:
+    current = node.get(part) if isinstance(node, dict) else node[part]
+    if current is None:
+        current = []
+    if not isinstance(current, list):
+        raise ConfigError(f"--set {key}+=...: {where} is not a list (+= appends to a list; use = to replace it)")
+    node[part] = current + (value if isinstance(value, list) else [value])
 
 
 def apply_overrides(raw: Any, items: Sequence[str] | None) -> dict[str, Any]:
@@ -78,9 +104,8 @@ def apply_overrides(raw: Any, items: Sequence[str] | None) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"--set: the config's top level must be a mapping, got {type(raw).__name__}")
     out = copy.deepcopy(raw)
-    for key, path, value in parse_overrides(items):
-        if isinstance(value, str) and (value.startswith("./") or value.startswith("../")):
-            value = os.path.abspath(value)  # a path typed on the command line is relative to where it is typed
+    for key, path, value, append in parse_overrides(items):
+        value = typed_paths(value)
         node: Any = out
         for depth, part in enumerate(path):
             last = depth == len(path) - 1
@@ -92,7 +117,9 @@ def apply_overrides(raw: Any, items: Sequence[str] | None) -> dict[str, Any]:
                     raise ConfigError(f"--set {key}: {where}: index out of range (the list has {len(node)} items)")
             elif not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {_show(path[:depth])} is not a mapping")
-            if last:
+            if last and append:
+                _append(node, part, value, key, where)
+            elif last:
                 node[part] = value
             elif isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
                 # A section the file leaves out (its defaults apply): start it as a mapping.
