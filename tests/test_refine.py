@@ -93,7 +93,7 @@ def world(tmp_path_factory):
             if gap > 0 and (best is None or gap > best[0]):
                 best = (gap, (b0 + far) / 2, sign)
     assert best is not None, "no goldfish trajectory changes brightness along its scales"
-    _, threshold, sign = best
+    gap, threshold, sign = best
     bright_model(root / "bright.pt", threshold, sign)
 
     def add(raw):
@@ -103,7 +103,7 @@ def world(tmp_path_factory):
 
     cfg = tiny_config(root, mutate=add, name="tiny-bright.yaml")
     assert build_here(cfg, out) == 0  # only the new classifier runs, on the committed images
-    return {"root": root, "out": out, "threshold": threshold, "sign": sign, "config": cfg}
+    return {"root": root, "out": out, "threshold": threshold, "sign": sign, "gap": gap, "config": cfg}
 
 
 def refine_cli(*argv: str) -> int:
@@ -360,3 +360,52 @@ def test_a_point_that_fails_is_reported_and_made_by_the_next_run(world, tmp_path
     assert refine_cli(str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local") == 0
     table = read_refined(OutputStore(str(out)))
     assert (table.loc[table["status"] == "refined", "rounds"] == 1).all()
+
+
+# --------------------------------------------------------------------------- all classifiers at once
+def test_classifiers_refined_together_equal_each_alone_with_fewer_points(world, tmp_path):
+    """``--classifier all`` refines every classifier in one run, round by round, a point that
+    several need made once: each classifier's rows are those it gets refined alone (in an
+    output of its own), and the run makes fewer points than the lone runs together."""
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine
+
+    base = tmp_path / "base"
+    shutil.copytree(world["out"], base)
+    shutil.rmtree(base / "refine", ignore_errors=True)
+    # A second threshold a quarter of the gap over: the same trajectory fails, at other points.
+    bright_model(tmp_path / "dim.pt", world["threshold"] + world["sign"] * world["gap"] / 4, world["sign"])
+
+    def three(raw):
+        custom(raw)
+        for name, path in (("bright", world["root"] / "bright.pt"), ("bright-twin", world["root"] / "bright.pt"),
+                           ("bright-dim", tmp_path / "dim.pt")):
+            raw["classifiers"].append({"name": name, "kind": "torchscript", "model": "brightness", "checkpoint": str(path)})
+
+    assert build_here(tiny_config(tmp_path, mutate=three, name="three.yaml"), base) == 0
+    names = ["bright", "bright-twin", "bright-dim"]
+    alone = {}
+    for name in names:
+        out = tmp_path / f"alone-{name}"
+        shutil.copytree(base, out)
+        s = refine(str(out), name, rounds=2, runner="local", echo=lambda m: None)
+        assert s.points_reused == 0
+        alone[name] = (s, read_refined(OutputStore(str(out))))
+    together = tmp_path / "together"
+    shutil.copytree(base, together)
+    assert refine_cli(str(together), "--classifier", "all", "--rounds", "2", "--runner", "local") == 0
+    table = read_refined(OutputStore(str(together)))
+    assert set(table["classifier"]) >= set(names)
+    for name in names:
+        mine = table[table["classifier"] == name].reset_index(drop=True)
+        assert (mine["status"] == "refined").any(), name
+        pd.testing.assert_frame_equal(mine, alone[name][1].reset_index(drop=True))
+    made = len(list(OutputStore(str(together / "refine")).manifests()))
+    assert made >= 1
+    points = sum(len(m.trajectories) for m in OutputStore(str(together / "refine")).manifests())
+    assert points < sum(s.points_made for s, _ in alone.values())  # the twin's points are the same points
+    assert points >= max(s.points_made for s, _ in alone.values())
+
+    # A comma list is the same run for those classifiers; an unknown name in it is refused.
+    assert refine_cli(str(together), "--classifier", "bright,nope", "--runner", "local") == 2
