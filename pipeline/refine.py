@@ -192,6 +192,39 @@ def check_request(cfg: BuildConfig, uri: str, classifier: str | list[str], round
     return classifier_names(cfg, uri, classifier)
 
 
+def check_target(store) -> None:
+    """The output is a build's, whole: not a folder inside an output (its refinement store), and
+    no committed shard damaged (its trajectories would be left out of the grid, and refine
+    does not regenerate a build's images: ``cnsbench build`` does)."""
+    from pipeline.io.ownership import enclosing_output
+    from pipeline.io.shard_check import check_committed
+
+    parent = enclosing_output(store.uri)
+    if parent is not None:
+        raise RefineError(f"{store.uri} is not a build output but a folder of the output {parent} "
+                          f"(its refinement store): refine {parent} itself")
+    committed = check_committed(store)
+    bad = [f"{shard} ({'; '.join(found)})" for shard, (_, found) in sorted(committed.damaged.items())]
+    bad += [p.line() for p in committed.problems]
+    if bad:
+        raise RefineError(f"{store.uri} has {len(bad)} damaged shard(s): {', '.join(bad[:3])}"
+                          f"{', ...' if len(bad) > 3 else ''}; run `cnsbench build` on it first (with its config: "
+                          f"it regenerates them), then refine")
+
+
+def missing_line(cfg: BuildConfig, samples: pd.DataFrame, uri: str) -> str | None:
+    """One line saying how many planned trajectories a partial build lacks (None when whole)."""
+    from pipeline import plan
+
+    planned = plan.summarize(cfg).n_trajectories
+    have = int(samples["trajectory_id"].nunique()) if len(samples) else 0
+    if have >= planned:
+        return None
+    return (f"[cnsbench] {uri} is a partial build: {planned - have} of its {planned} planned trajectories are "
+            f"missing (killed, or failed); refining the {have} it has. `cnsbench build` it to complete it, then "
+            "refine again: the report marks the refined section stale until then")
+
+
 def check_output(store, cfg: BuildConfig, classifiers: list[str], pairs: set[tuple[int, str]]) -> None:
     """The output holds each classifier's predictions and its config can regenerate its images."""
     from pipeline.aggregate.run import evaluated_source
@@ -253,15 +286,20 @@ def refine(output: str, classifier: str | list[str], *, rounds: int | None = Non
 
     store = OutputStore(output)
     cfg = load_output_config(store)
+    check_target(store)
     rounds = cfg.refine.rounds if rounds is None else rounds
     names = check_request(cfg, output, classifier, rounds)
     samples, predictions, _ = load_sound_tables(store, names)
+    partial = missing_line(cfg, samples, output)
     failing = pd.concat([g.dropna(subset=["low"]) for g in grids(cfg, samples, predictions, names).values()])
     check_output(store, cfg, names, {(int(c), s) for c, s in zip(failing["class_id"], failing["shift"])})
     label = ",".join(names)
     with OutputRun.claim(output, "refine", echo, runner=runner, address=address) as run:
-        # 1. the output as built: compatible with itself, its committed shards, the weights
-        run.prepare(cfg)
+        # 1. the output as built: compatible with itself, its committed shards, the weights (a
+        #    shard damaged since the check is left where it is: only a build regenerates it)
+        run.prepare(cfg, repair=False)
+        if partial:
+            echo(partial)
         samples, predictions, _ = load_sound_tables(run.store, names)
         grid = grids(cfg, samples, predictions, names)
         failing = sum(int(g["low"].notna().sum()) for g in grid.values())

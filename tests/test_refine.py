@@ -409,3 +409,69 @@ def test_classifiers_refined_together_equal_each_alone_with_fewer_points(world, 
 
     # A comma list is the same run for those classifiers; an unknown name in it is refused.
     assert refine_cli(str(together), "--classifier", "bright,nope", "--runner", "local") == 2
+
+
+# --------------------------------------------------------------------------- damaged, partial, not a build
+def _unrefined_copy(world, tmp_path, name: str) -> Path:
+    out = tmp_path / name
+    shutil.copytree(world["out"], out)
+    shutil.rmtree(out / "refine", ignore_errors=True)
+    return out
+
+
+def test_a_damaged_build_shard_is_refused_naming_it_and_left_for_the_build(world, tmp_path, capsys):
+    out = _unrefined_copy(world, tmp_path, "damaged")
+    manifest = json.loads(sorted((out / "manifest").glob("*.json"))[0].read_text())
+    tar = out / next(f for f in manifest["files"] if f.endswith(".tar"))
+    tar.write_bytes(tar.read_bytes()[:100])  # truncated
+    assert refine_cli(str(out), "--classifier", "bright", "--runner", "local") == 2
+    captured = capsys.readouterr()
+    assert manifest["shard"] in captured.err and "run `cnsbench build` on it first" in captured.err
+    assert "regenerating" not in captured.out + captured.err
+    assert tar.is_file() and len(tar.read_bytes()) == 100  # nothing moved: the build regenerates it
+    assert not (out / "refine").exists()
+
+
+def test_a_partial_build_is_refined_with_a_line_and_marked_stale_once_completed(world, tmp_path, capsys):
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+
+    out = _unrefined_copy(world, tmp_path, "partial")
+    manifests = sorted((out / "manifest").glob("*.json"))
+    gone = json.loads(manifests[-1].read_text())  # a build killed before its last shard committed
+    manifests[-1].unlink()
+    for rel in gone["files"]:
+        (out / rel).unlink()
+    missing = len(gone["trajectories"])
+    assert refine_cli(str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local") == 0
+    text = capsys.readouterr().out
+    assert f"partial build: {missing} of its 8 planned trajectories are missing" in text
+    table = read_refined(OutputStore(str(out)))
+    assert table["trajectory_id"].nunique() == 8 - missing
+    metrics = json.loads((out / "report" / "metrics.json").read_text())
+    assert "refined_failure_points" in json.dumps(metrics) and '"stale": []' in json.dumps(metrics)
+
+    # The build completed: the refined section is marked stale, the card leaves it out.
+    assert build_here(world["config"], out) == 0
+    section = (out / "report" / "index.html").read_text()
+    assert "Stale for bright" in section and f"{missing} not refined" in section
+    metrics = json.loads((out / "report" / "metrics.json").read_text())
+    assert '"stale": ["bright"]' in json.dumps(metrics)
+    # Refined again: whole, not stale.
+    assert refine_cli(str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local") == 0
+    assert "partial build" not in capsys.readouterr().out
+    assert read_refined(OutputStore(str(out)))["trajectory_id"].nunique() == 8
+    assert "Stale for" not in (out / "report" / "index.html").read_text()
+
+    # The refinement store, or any folder that is not a build output, is no target.
+    assert refine_cli(str(out / "refine"), "--classifier", "bright", "--runner", "local") == 2
+    err = capsys.readouterr().err
+    assert "refinement store" in err and f"refine {out}" in err
+    assert not (out / "refine" / "refine").exists()
+    assert build_here(world["config"], out / "refine") == 2
+    err = capsys.readouterr().err
+    assert "lies inside the cnsbench output" in err and "--new-version" not in err
+    assert not (out / "refine" / "previous").exists()
+    (tmp_path / "empty").mkdir()
+    assert refine_cli(str(tmp_path / "empty"), "--classifier", "bright", "--runner", "local") == 2
+    assert "config.json not found" in capsys.readouterr().err

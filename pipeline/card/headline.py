@@ -168,12 +168,15 @@ def cns(t: Tables) -> Headline:
 
 def refined_values(t: Tables) -> list[Value]:
     """The mean refined failure point (``cnsbench refine``, docs/refine.md) with its bootstrap
-    interval, when the output's model was refined; nothing otherwise."""
+    interval, when the output's model was refined on the build's trajectories as they are;
+    nothing otherwise (never refined, or stale: the build changed since)."""
     from pipeline.aggregate.images import ImageReader
-    from pipeline.analyses.refined import mean_refined_interval, read_refined
+    from pipeline.analyses.refined import mean_refined_interval, read_refined, stale_classifiers
 
     table = read_refined(t.read_image.store) if isinstance(t.read_image, ImageReader) else None
     if table is None or t.model not in set(table["classifier"]):
+        return []
+    if t.model in stale_classifiers(table[table["classifier"] == t.model], t.samples, t.predictions):
         return []
     spec = t.spec
     value, low, high = mean_refined_interval(table, t.model, spec.resamples, spec.level, spec.seed)
