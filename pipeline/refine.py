@@ -24,9 +24,10 @@ from typing import Callable
 
 import pandas as pd
 
-from pipeline.analyses.refined import REFINED_COLUMNS, REFINED_CSV, read_refined
+from pipeline.analyses.refined import REFINED_COLUMNS, REFINED_CSV, continuous_groups, read_refined
 from pipeline.config import BuildConfig
 from pipeline.config.refine import MAX_ROUNDS
+from pipeline.errors import CnsbenchError
 from pipeline.executors import StageSpec
 from pipeline.output_run import BuildSummary, OutputRun
 from pipeline.stages.refine import REFINE_UNIT, point_key
@@ -35,7 +36,7 @@ REFINE_DIR = "refine"
 POINTS_PER_SHARD = 64  # refinement points per committed shard
 
 
-class RefineError(ValueError):
+class RefineError(CnsbenchError):
     """What was asked cannot be refined (unknown classifier, no predictions, no generator, rounds)."""
 
 
@@ -108,7 +109,7 @@ def grid_failures(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataF
     preds = predictions[predictions["classifier"] == classifier]
     coords = samples.drop_duplicates("trajectory_id").set_index("trajectory_id")[["class_id", "seed"]]
     out = []
-    for group in cfg.family_groups():
+    for group in continuous_groups(cfg):
         mine = samples[samples["shift"].isin(group.shifts)]
         fps = failure_points(mine, preds, group.scales)
         scales = sorted(group.scales)
@@ -183,6 +184,21 @@ def classifier_names(cfg: BuildConfig, uri: str, asked: str | list[str]) -> list
     if unknown:
         raise RefineError(f"unknown classifier {unknown[0]!r}: {uri} was built with {names} (or --classifier {ALL})")
     return [n for n in names if n in wanted]
+
+
+def check_families(cfg: BuildConfig, uri: str, echo: Callable[[str], None] | None = None) -> None:
+    """A build refines only where its families' scales are continuous (the family's contract,
+    ``continuous_scale``): none is refused naming each family; a family without one among
+    others keeps its grid failure points, with a line saying so."""
+    fixed = [g for g in cfg.family_groups() if g not in continuous_groups(cfg)]
+    if not fixed:
+        return
+    named = ", ".join(f"{g.kind} ({', '.join(g.shifts[:3])}{', ...' if len(g.shifts) > 3 else ''})" for g in fixed)
+    if len(fixed) == len(cfg.family_groups()):
+        raise RefineError(f"{uri}: family {named} has no continuous scale (an image exists only at its grid's "
+                          "scales): its failure points cannot be refined below the grid")
+    if echo:
+        echo(f"[cnsbench] family {named} has no continuous scale: its trajectories keep their grid failure points")
 
 
 def check_request(cfg: BuildConfig, uri: str, classifier: str | list[str], rounds: int) -> list[str]:
@@ -286,6 +302,7 @@ def refine(output: str, classifier: str | list[str], *, rounds: int | None = Non
 
     store = OutputStore(output)
     cfg = load_output_config(store)
+    check_families(cfg, output, echo)
     check_target(store)
     rounds = cfg.refine.rounds if rounds is None else rounds
     names = check_request(cfg, output, classifier, rounds)

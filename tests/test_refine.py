@@ -475,3 +475,58 @@ def test_a_partial_build_is_refined_with_a_line_and_marked_stale_once_completed(
     (tmp_path / "empty").mkdir()
     assert refine_cli(str(tmp_path / "empty"), "--classifier", "bright", "--runner", "local") == 2
     assert "config.json not found" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- cards
+def test_card_refine_puts_refined_points_beside_the_grids(world, tmp_path, capsys):
+    """``cnsbench card MODEL --refine R`` refines the model on the suite's CNS output; its
+    entry carries the refined mean failure point beside the grid's, with intervals and the
+    bisection intervals' width, as the refinement table gives them."""
+    from pipeline.analyses.refined import read_refined
+    from pipeline.cli import main
+    from pipeline.io.store import OutputStore
+
+    out = _unrefined_copy(world, tmp_path, "carded")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"suite: one\nbenchmarks:\n  - {{name: cns, family: cns, output: {out}, protocol: custom}}\n")
+    assert main(["card", "bright", "--suite", str(suite), "--output", str(tmp_path / "card"), "--refine", "1",
+                 "--runner", "local"]) == 0
+    printed = capsys.readouterr().out
+    card = json.loads((tmp_path / "card" / "card.json").read_text())
+    (entry,) = card["benchmarks"]
+    fp = entry["failure_point"]
+    table = read_refined(OutputStore(str(out)))
+    mine = table[table["classifier"] == "bright"]
+    assert fp["refined"] == pytest.approx(mine["refined_fp"].dropna().mean())
+    assert fp["grid"] == pytest.approx(mine["grid_fp"].dropna().mean())
+    assert fp["refined_ci_low"] <= fp["refined"] <= fp["refined_ci_high"] and fp["rounds"] == 1
+    bisected = mine[mine["status"] == "refined"]
+    assert fp["refined_interval_width"] == pytest.approx((bisected["interval_high"] - bisected["interval_low"]).mean())
+    assert f"refined {fp['refined']:.4f}" in printed
+    assert main(["card", "bright", "--suite", str(suite), "--output", str(tmp_path / "card2"), "--refine", "9",
+                 "--runner", "local"]) == 2
+    assert "--refine must be 1..8" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- families
+def test_each_family_declares_whether_its_scale_is_continuous():
+    from pipeline.registry import FAMILIES
+
+    declared = {k: FAMILIES.get(k).continuous_scale for k in FAMILIES.keys()}
+    assert declared == {"slider": True, "prompt": False, "corruption": True, "object_edit": True,
+                        "prompt_nuisance": False, "masked_scenario": True}
+
+
+def test_a_build_of_a_family_without_a_continuous_scale_is_refused_naming_it(tmp_path, capsys):
+    from pipeline.config import load_config
+    from pipeline.io.store import OutputStore
+    from pipeline.output_run import write_config
+    from pipeline.runtime.checkout import REPO_ROOT
+
+    out = tmp_path / "imagenet_d"
+    out.mkdir()
+    write_config(OutputStore(str(out)), load_config(str(REPO_ROOT / "configs" / "world_imagenet_d.yaml")))
+    assert refine_cli(str(out), "--classifier", "all", "--runner", "local") == 2
+    err = capsys.readouterr().err
+    assert "family prompt_nuisance" in err and "no continuous scale" in err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml"]  # nothing written

@@ -156,7 +156,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     dist = distribution(table, bin_width, top, sorted({s for g in ctx.groups for s in g.scales}))
     plots = ctx.config.aggregate.plots
 
-    stale = stale_classifiers(table, ctx.samples, ctx.predictions)
+    stale = stale_classifiers(table, ctx.samples, ctx.predictions, ctx.config)
     summary: dict[str, Any] = {}
     for clf in classifiers:
         mine = table[table["classifier"] == clf]
@@ -195,11 +195,25 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     )
 
 
-def stale_classifiers(table: pd.DataFrame, samples: pd.DataFrame, predictions: pd.DataFrame) -> dict[str, str]:
+def continuous_groups(cfg: Any) -> list:
+    """The build's family groups whose family declares a continuous scale (the family
+    contract's ``continuous_scale``): those ``cnsbench refine`` bisects."""
+    from pipeline.registry import FAMILIES
+
+    return [g for g in cfg.family_groups() if FAMILIES.get(g.kind).continuous_scale]
+
+
+def stale_classifiers(table: pd.DataFrame, samples: pd.DataFrame, predictions: pd.DataFrame,
+                      config: Any = None) -> dict[str, str]:
     """Classifier -> why its refined rows are stale: refined on other trajectories than the
     build now holds (a partial build completed or shards regenerated since; a build's
-    trajectories that changed).  The table is then left as it was and its section says so."""
+    trajectories that changed), counting the trajectories of ``config``'s continuous
+    families only (the others are never refined).  The table is then left as it was and
+    its section says so."""
     out = {}
+    if config is not None:
+        shifts = {s for g in continuous_groups(config) for s in g.shifts}
+        samples = samples[samples["shift"].isin(shifts)]
     traj = samples.set_index("sample_id")["trajectory_id"]
     for clf in pd.unique(table["classifier"]):
         ids = predictions.loc[predictions["classifier"] == clf, "sample_id"]

@@ -115,6 +115,10 @@ class Family:
     needs_mask: ClassVar[bool] = False
     # Analyses added to the build's report whenever this family is part of it.
     analyses: ClassVar[tuple[str, ...]] = ()
+    # True: the family makes an image at any scale of its range (``generate`` takes any float
+    # between its grid's scales), so failure points can be refined below the grid
+    # (``cnsbench refine``); False: only its grid's scales mean something (ImageNet-D's 0/1).
+    continuous_scale: ClassVar[bool] = False
 
     @classmethod
     def source_classes(cls, config: "BuildConfig", group: "FamilyGroup") -> list[int]:
