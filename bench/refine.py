@@ -15,6 +15,10 @@ classifiers in turn (in process), and compares every refined trajectory (grid fa
 * ``images_ratio``: refinement images made, summed over the classifiers, over the dense
   build's images;
 * ``reuse_share``: of the later classifiers' points, the share already made;
+* ``together``: the same classifiers refined in one run (``--classifier a,b,...``) on a copy
+  of the unrefined build: its points and wall time against the runs one after another (which
+  reuse the earlier runs' points) and its points against each classifier refined alone (in an
+  output of its own), and whether its rows equal theirs (``same_rows``);
 * ``recover_before_grid``: cases whose dense truth fails, recovers and fails again before
   the grid's last correct scale (no bisection of the grid interval can see it), and
   ``nonmonotone_in_interval``: cases whose dense truth fails earlier inside the interval
@@ -184,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     grid_s = build(work / "grid", sets)
     dense_s = build(work / "dense", sets + [f"benchmark.scales={DENSE}", "aggregate.margin_max_scale=3.0"])
+    shutil.copytree(work / "grid", work / "together")
     runs = []
     for clf in classifiers:
         t1 = time.perf_counter()
@@ -191,6 +196,13 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append({"classifier": clf, "refined": s.refined, "points_made": s.points_made,
                      "points_reused": s.points_reused, "wall_s": round(time.perf_counter() - t1, 2)})
     table = read_refined(OutputStore(str(work / "grid")))
+    # The same classifiers in one run (`--classifier a,b,...`), on a copy of the unrefined build.
+    t1 = time.perf_counter()
+    together = refine(str(work / "together"), classifiers, rounds=rounds, runner="local", echo=quiet)
+    together_s = time.perf_counter() - t1
+    together_table = read_refined(OutputStore(str(work / "together")))
+    key = ["classifier", "trajectory_id"]
+    same = table.sort_values(key).reset_index(drop=True).equals(together_table.sort_values(key).reset_index(drop=True))
     truth, dense_images = dense_truth(work / "dense", classifiers)
     result = compare(table, truth, 2.5 / 40)
     made = sum(r["points_made"] for r in runs)
@@ -202,6 +214,12 @@ def main(argv: list[str] | None = None) -> dict:
         "reuse_share": sum(r["points_reused"] for r in later) / later_points if later_points else None,
         "runs": runs, "build_grid_s": round(grid_s, 1), "build_dense_s": round(dense_s, 1),
         "refine_s": round(sum(r["wall_s"] for r in runs), 1),
+        "together": {"points_made": together.points_made, "wall_s": round(together_s, 2), "same_rows": bool(same),
+                     "images_vs_one_after_another": together.points_made / made if made else None,
+                     # each alone (an output of its own): every point its bisection uses is made
+                     "images_vs_each_alone": together.points_made / alone if (alone := sum(
+                         r["points_made"] + r["points_reused"] for r in runs)) else None,
+                     "wall_vs_one_after_another": together_s / sum(r["wall_s"] for r in runs) if runs else None},
         "prefix": prefix_cost(ROOT / "configs" / "demo.yaml", sets),
         "wall_s": round(time.perf_counter() - t0, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],

@@ -42,7 +42,10 @@ def build(
     ``verify`` checks every committed file's SHA-256, not only its size; ``stages`` is what
     runs (:class:`Stages`, default :data:`MODEL_STAGES`).
     """
+    from pipeline.io.ownership import refuse_inside_output
+
     stages = stages or MODEL_STAGES
+    refuse_inside_output(output)  # e.g. an output's refinement store: never archived or built into
     with OutputRun.claim(output, "build", echo, runner=runner, address=address) as run:
         # 1. compare with the output's config, read what is committed, check the weights
         run.prepare(cfg, new_version=new_version, verify=verify)

@@ -1,4 +1,4 @@
-"""``cnsbench refine``: failure points bisected below a build's grid, for one classifier.
+"""``cnsbench refine``: failure points bisected below a build's grid, for one classifier or many at once.
 
 For every trajectory the classifier gets right at scale 0 and first gets wrong at grid scale
 ``s_k``, the interval ``(s_{k-1}, s_k]`` is bisected for ``rounds`` rounds with images made
@@ -24,9 +24,10 @@ from typing import Callable
 
 import pandas as pd
 
-from pipeline.analyses.refined import REFINED_COLUMNS, REFINED_CSV, read_refined
+from pipeline.analyses.refined import REFINED_COLUMNS, REFINED_CSV, continuous_groups, read_refined
 from pipeline.config import BuildConfig
 from pipeline.config.refine import MAX_ROUNDS
+from pipeline.errors import CnsbenchError
 from pipeline.executors import Chain, StageSpec
 from pipeline.output_run import BuildSummary, OutputRun, Running
 from pipeline.stages.refine import REFINE_UNIT, point_key
@@ -35,7 +36,7 @@ REFINE_DIR = "refine"
 POINTS_PER_SHARD = 64  # refinement points per committed shard
 
 
-class RefineError(ValueError):
+class RefineError(CnsbenchError):
     """What was asked cannot be refined (unknown classifier, no predictions, no generator, rounds)."""
 
 
@@ -108,7 +109,7 @@ def grid_failures(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataF
     preds = predictions[predictions["classifier"] == classifier]
     coords = samples.drop_duplicates("trajectory_id").set_index("trajectory_id")[["class_id", "seed"]]
     out = []
-    for group in cfg.family_groups():
+    for group in continuous_groups(cfg):
         mine = samples[samples["shift"].isin(group.shifts)]
         fps = failure_points(mine, preds, group.scales)
         scales = sorted(group.scales)
@@ -166,27 +167,94 @@ def refined_rows(grid: pd.DataFrame, judged: dict[str, dict[int, bool | None]], 
 
 
 # --------------------------------------------------------------------------- checks
-def check_request(cfg: BuildConfig, uri: str, classifier: str, rounds: int) -> None:
-    """Refuse what cannot be refined, naming it (exit 2 on the command line)."""
+ALL = "all"
+
+
+def classifier_names(cfg: BuildConfig, uri: str, asked: str | list[str]) -> list[str]:
+    """The classifiers ``asked`` names, in the config's order: one name, a comma list, a list,
+    or ``all`` (every classifier of the output's config).  An unknown name is refused."""
+    names = [c.name for c in cfg.classifiers]
+    wanted = asked.split(",") if isinstance(asked, str) else list(asked)
+    wanted = [w.strip() for w in wanted if w.strip()]
+    if wanted == [ALL]:
+        return names
+    if not wanted:
+        raise RefineError(f"no classifier named in {asked!r}: {uri} was built with {names} (or --classifier {ALL})")
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise RefineError(f"unknown classifier {unknown[0]!r}: {uri} was built with {names} (or --classifier {ALL})")
+    return [n for n in names if n in wanted]
+
+
+def check_families(cfg: BuildConfig, uri: str, echo: Callable[[str], None] | None = None) -> None:
+    """A build refines only where its families' scales are continuous (the family's contract,
+    ``continuous_scale``): none is refused naming each family; a family without one among
+    others keeps its grid failure points, with a line saying so."""
+    fixed = [g for g in cfg.family_groups() if g not in continuous_groups(cfg)]
+    if not fixed:
+        return
+    named = ", ".join(f"{g.kind} ({', '.join(g.shifts[:3])}{', ...' if len(g.shifts) > 3 else ''})" for g in fixed)
+    if len(fixed) == len(cfg.family_groups()):
+        raise RefineError(f"{uri}: family {named} has no continuous scale (an image exists only at its grid's "
+                          "scales): its failure points cannot be refined below the grid")
+    if echo:
+        echo(f"[cnsbench] family {named} has no continuous scale: its trajectories keep their grid failure points")
+
+
+def check_request(cfg: BuildConfig, uri: str, classifier: str | list[str], rounds: int) -> list[str]:
+    """Refuse what cannot be refined, naming it (exit 2 on the command line); the classifiers asked for."""
     if not 1 <= rounds <= MAX_ROUNDS:
         raise RefineError(f"--rounds (refine.rounds) must be 1..{MAX_ROUNDS}, got {rounds}")
-    names = [c.name for c in cfg.classifiers]
-    if classifier not in names:
-        raise RefineError(f"unknown classifier {classifier!r}: {uri} was built with {names}")
+    return classifier_names(cfg, uri, classifier)
 
 
-def check_output(store, cfg: BuildConfig, classifier: str, pairs: set[tuple[int, str]]) -> None:
-    """The output holds the classifier's predictions and its config can regenerate its images."""
+def check_target(store) -> None:
+    """The output is a build's, whole: not a folder inside an output (its refinement store), and
+    no committed shard damaged (its trajectories would be left out of the grid, and refine
+    does not regenerate a build's images: ``cnsbench build`` does)."""
+    from pipeline.io.ownership import enclosing_output
+    from pipeline.io.shard_check import check_committed
+
+    parent = enclosing_output(store.uri)
+    if parent is not None:
+        raise RefineError(f"{store.uri} is not a build output but a folder of the output {parent} "
+                          f"(its refinement store): refine {parent} itself")
+    committed = check_committed(store)
+    bad = [f"{shard} ({'; '.join(found)})" for shard, (_, found) in sorted(committed.damaged.items())]
+    bad += [p.line() for p in committed.problems]
+    if bad:
+        raise RefineError(f"{store.uri} has {len(bad)} damaged shard(s): {', '.join(bad[:3])}"
+                          f"{', ...' if len(bad) > 3 else ''}; run `cnsbench build` on it first (with its config: "
+                          f"it regenerates them), then refine")
+
+
+def missing_line(cfg: BuildConfig, samples: pd.DataFrame, uri: str) -> str | None:
+    """One line saying how many planned trajectories a partial build lacks (None when whole)."""
+    from pipeline import plan
+
+    planned = plan.summarize(cfg).n_trajectories
+    have = int(samples["trajectory_id"].nunique()) if len(samples) else 0
+    if have >= planned:
+        return None
+    return (f"[cnsbench] {uri} is a partial build: {planned - have} of its {planned} planned trajectories are "
+            f"missing (killed, or failed); refining the {have} it has. `cnsbench build` it to complete it, then "
+            "refine again: the report marks the refined section stale until then")
+
+
+def check_output(store, cfg: BuildConfig, classifiers: list[str], pairs: set[tuple[int, str]]) -> None:
+    """The output holds each classifier's predictions and its config can regenerate its images."""
     from pipeline.aggregate.run import evaluated_source
     from pipeline.assets import AssetError, check_build
     from pipeline.io.ownership import read_marker
 
     built_with = [c["name"] for c in (read_marker(store) or {}).get("config", {}).get("classifiers", [])]
-    lacking = [m.shard for m in store.manifests()
-               if m.trajectories and classifier not in (m.classifiers if m.classifiers is not None else built_with)]
-    if lacking or not any(True for _ in store.manifests()):
-        raise RefineError(f"{store.uri} holds no predictions of {classifier!r} ({len(lacking)} shard(s) lack them); "
-                          f"`cnsbench build` its config with {classifier!r} first")
+    manifests = list(store.manifests())
+    for classifier in classifiers:
+        lacking = [m.shard for m in manifests
+                   if m.trajectories and classifier not in (m.classifiers if m.classifiers is not None else built_with)]
+        if lacking or not manifests:
+            raise RefineError(f"{store.uri} holds no predictions of {classifier!r} ({len(lacking)} shard(s) lack them); "
+                              f"`cnsbench build` its config with {classifier!r} first")
     if evaluated_source(store) is not None:
         raise RefineError(f"{store.uri} was made by `cnsbench evaluate` from released images: "
                           "refinement generates images, which needs the generator of a build")
@@ -199,84 +267,118 @@ def check_output(store, cfg: BuildConfig, classifier: str, pairs: set[tuple[int,
 # --------------------------------------------------------------------------- the run
 @dataclass
 class RefineSummary:
-    classifier: str
+    classifier: str  # the classifiers refined, comma-separated
     rounds: int
-    refined: int  # trajectories bisected
+    refined: int  # (trajectory, classifier) pairs bisected
     points_made: int  # points of the bisections not committed before this run
     points_reused: int  # points of the bisections committed before (another classifier's, or an earlier run's)
     table: str
     build: BuildSummary | None = None
     failed: int = 0  # points that could not be made (their trajectories stop short of the rounds)
+    classifiers: list[str] = field(default_factory=list)
+    per_classifier: dict[str, int] = field(default_factory=dict)  # classifier -> its points used (made or reused)
 
 
 def refine_uri(uri: str) -> str:
     return f"{uri.rstrip('/')}/{REFINE_DIR}"
 
 
-def refine(output: str, classifier: str, *, rounds: int | None = None, runner: str = "ray",
-           address: str | None = None, aggregate: bool = True, echo: Callable[[str], None] = print) -> RefineSummary:
-    """Refine ``classifier``'s failure points of the build output ``output`` (docs/refine.md).
+def grids(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame, classifiers: list[str]) -> dict[str, pd.DataFrame]:
+    return {c: grid_failures(cfg, samples, predictions, c) for c in classifiers}
 
-    Holds the output's lease throughout (a build of it is refused meanwhile, and this waits
-    for none); ``rounds`` defaults to the output's ``refine.rounds``."""
+
+def refine(output: str, classifier: str | list[str], *, rounds: int | None = None, runner: str = "ray",
+           address: str | None = None, aggregate: bool = True, echo: Callable[[str], None] = print) -> RefineSummary:
+    """Refine the failure points of ``classifier`` (a name, a comma list, a list, or ``all``) on
+    the build output ``output`` (docs/refine.md).
+
+    The classifiers are refined together, round by round: a round makes each point that any of
+    their unfinished bisections needs once, and every one of them classifies it, so each
+    classifier's rows are those it gets refined alone.  Holds the output's lease throughout (a
+    build of it is refused meanwhile, and this waits for none); ``rounds`` defaults to the
+    output's ``refine.rounds``."""
     from pipeline.aggregate.run import load_output_config, load_sound_tables
     from pipeline.io.store import OutputStore
 
     store = OutputStore(output)
     cfg = load_output_config(store)
+    check_families(cfg, output, echo)
+    check_target(store)
     rounds = cfg.refine.rounds if rounds is None else rounds
-    check_request(cfg, output, classifier, rounds)
-    samples, predictions, _ = load_sound_tables(store, [classifier])
-    failing = grid_failures(cfg, samples, predictions, classifier).dropna(subset=["low"])
-    check_output(store, cfg, classifier, {(int(c), s) for c, s in zip(failing["class_id"], failing["shift"])})
+    names = check_request(cfg, output, classifier, rounds)
+    samples, predictions, _ = load_sound_tables(store, names)
+    partial = missing_line(cfg, samples, output)
+    failing = pd.concat([g.dropna(subset=["low"]) for g in grids(cfg, samples, predictions, names).values()])
+    check_output(store, cfg, names, {(int(c), s) for c, s in zip(failing["class_id"], failing["shift"])})
+    label = ",".join(names)
     with OutputRun.claim(output, "refine", echo, runner=runner, address=address) as run:
-        # 1. the output as built: compatible with itself, its committed shards, the weights
-        run.prepare(cfg)
-        samples, predictions, _ = load_sound_tables(run.store, [classifier])
-        grid = grid_failures(cfg, samples, predictions, classifier)
-        failing = grid[grid["low"].notna()]
+        # 1. the output as built: compatible with itself, its committed shards, the weights (a
+        #    shard damaged since the check is left where it is: only a build regenerates it)
+        run.prepare(cfg, repair=False)
+        if partial:
+            echo(partial)
+        samples, predictions, _ = load_sound_tables(run.store, names)
+        grid = grids(cfg, samples, predictions, names)
+        failing = sum(int(g["low"].notna().sum()) for g in grid.values())
         outer = run.start_on_committed("refine")
-        # 2. the refinement store: its own run (lease, committed points, the classifier added to them)
-        sub = refinement_config(cfg, classifier)
+        # 2. the refinement store: its own run (lease, committed points, the classifiers added to them)
+        sub = refinement_config(cfg, names)
         with OutputRun.claim(refine_uri(output), "refine", echo, runner=runner, address=address) as claimed:
-            inner = claimed.prepare(sub).start(len(failing) * rounds, 0, what="refine points")
+            inner = claimed.prepare(sub).start(failing * rounds, 0, what="refine points")
             before = committed_points(inner)
             inner.add_classifiers()
-            # 3. the rounds: each one point per unfinished trajectory, all through one chain
+            # 3. the rounds: each one point per unfinished (trajectory, classifier), a point
+            #    several classifiers need made once, all through one chain
             tried: set[str] = set()
             for r in range(rounds):
-                table, todo, _ = refined_rows(grid, judged(inner, classifier), classifier, rounds)
+                todo = points_to_make(grid, judged(inner, names), rounds)
                 # A point tried before and still missing failed (the writer recorded why): not again.
                 todo = [(g, sc) for g, sc in todo if point_key(g["shift"], g["class_id"], g["seed"], sc) not in tried]
                 if not todo:
                     break
                 tried |= {point_key(g["shift"], g["class_id"], g["seed"], sc) for g, sc in todo}
-                echo(f"[cnsbench] refine {classifier}: round {r + 1}/{rounds}, {len(todo)} point(s) to make")
+                echo(f"[cnsbench] refine {label}: round {r + 1}/{rounds}, {len(todo)} point(s) to make")
                 units = unit_rows(todo, samples, run.store)
                 inner.run_chain(units, refinement_chain(sub, inner.commit_kwargs()), num_blocks=len(units),
                                 first_schema=REFINE_UNIT)
-            table, todo, used = refined_rows(grid, judged(inner, classifier), classifier, rounds)
-            # 4. the table, this classifier's rows replacing its earlier ones (a trajectory whose
+            marks = judged(inner, names)
+            results = {c: refined_rows(grid[c], marks.get(c, {}), c, rounds) for c in names}
+            # 4. the table, these classifiers' rows replacing their earlier ones (a trajectory whose
             #    point failed keeps the rounds it reached)
+            table = pd.concat([t for t, _, _ in results.values()], ignore_index=True)
             inner.ensure_held()
-            write_table(inner.store, table, classifier)
+            write_table(inner.store, table, names)
             inner.finish(aggregate=False)
         summary = outer.finish(aggregate=aggregate, run_name="-refine")
+    used = {k for _, _, u in results.values() for k in u}
+    left = {point_key(g["shift"], g["class_id"], g["seed"], sc) for _, t, _ in results.values() for g, sc in t}
     n = int((table["status"] == "refined").sum())
     reused = sum(1 for k in used if k in before)
     made = len(used) - reused
-    echo(f"[cnsbench] refined {n} trajectories of {classifier} ({rounds} rounds): {made} point(s) made, "
+    echo(f"[cnsbench] refined {n} (trajectory, classifier) pairs of {label} ({rounds} rounds): {made} point(s) made, "
          f"{reused} reused; {refine_uri(output)}/failure_points_refined.csv")
-    if todo:
-        echo(f"[cnsbench] {len(todo)} point(s) failed (see {refine_uri(output)}/failures/): "
+    if left:
+        echo(f"[cnsbench] {len(left)} point(s) failed (see {refine_uri(output)}/failures/): "
              "their trajectories stop short of the rounds; the same command tries them again")
-    return RefineSummary(classifier, rounds, n, made, reused, run.store.url(REFINED_CSV), summary, len(todo))
+    return RefineSummary(label, rounds, n, made, reused, run.store.url(REFINED_CSV), summary, len(left), names,
+                         {c: len(set(u)) for c, (_, _, u) in results.items()})
 
 
-def refinement_config(cfg: BuildConfig, classifier: str) -> BuildConfig:
-    """The refinement store's config: the build's, with the one classifier and its own shard size."""
+def points_to_make(grid: dict[str, pd.DataFrame], marks: dict[str, dict[str, dict[int, bool | None]]],
+                   rounds: int) -> list[tuple[dict, float]]:
+    """The next point of every unfinished (trajectory, classifier) bisection, each point once."""
+    out: dict[str, tuple[dict, float]] = {}
+    for c, g in grid.items():
+        _, todo, _ = refined_rows(g, marks.get(c, {}), c, rounds)
+        for row, scale in todo:
+            out.setdefault(point_key(row["shift"], row["class_id"], row["seed"], scale), (row, scale))
+    return [out[k] for k in sorted(out)]
+
+
+def refinement_config(cfg: BuildConfig, classifiers: list[str]) -> BuildConfig:
+    """The refinement store's config: the build's, with the classifiers refined and its own shard size."""
     output = cfg.output.model_copy(update={"trajectories_per_shard": POINTS_PER_SHARD})
-    return cfg.model_copy(update={"classifiers": [c for c in cfg.classifiers if c.name == classifier], "output": output})
+    return cfg.model_copy(update={"classifiers": [c for c in cfg.classifiers if c.name in classifiers], "output": output})
 
 
 def refinement_chain(cfg: BuildConfig, commit: dict[str, str]) -> Chain:
@@ -289,10 +391,12 @@ def refinement_chain(cfg: BuildConfig, commit: dict[str, str]) -> Chain:
     return Chain(cfg, [StageSpec(own.get(s.stage.name, s.stage), s.kwargs, s.resources, s.batch_size) for s in chain])
 
 
-def judged(run: Running, classifier: str) -> dict[str, dict[int, bool | None]]:
+def judged(run: Running, classifiers: list[str]) -> dict[str, dict[str, dict[int, bool | None]]]:
+    """Per classifier, its judged refinement points (:func:`judged_points`), the tables read once."""
     from pipeline.io.tables import load_predictions, load_samples
 
-    return judged_points(load_samples(run.store), load_predictions(run.store, [classifier]), classifier)
+    samples, predictions = load_samples(run.store), load_predictions(run.store, classifiers)
+    return {c: judged_points(samples, predictions, c) for c in classifiers}
 
 
 def committed_points(run: Running) -> set[str]:
@@ -321,11 +425,11 @@ def unit_rows(todo: list[tuple[dict, float]], samples: pd.DataFrame, store) -> l
     return [units[k] for k in sorted(units)]
 
 
-def write_table(store, table: pd.DataFrame, classifier: str) -> None:
-    """``failure_points_refined.csv`` with ``classifier``'s rows replaced (the store: the refinement's)."""
+def write_table(store, table: pd.DataFrame, classifiers: list[str]) -> None:
+    """``failure_points_refined.csv`` with ``classifiers``' rows replaced (the store: the refinement's)."""
     rel = REFINED_CSV.split("/", 1)[1]
     old = read_refined(store, rel)
     if old is not None:
-        table = pd.concat([old[old["classifier"] != classifier], table], ignore_index=True)
+        table = pd.concat([old[~old["classifier"].isin(classifiers)], table], ignore_index=True)
     table = table.sort_values(["classifier", "shift", "trajectory_id"], kind="stable").reset_index(drop=True)
     store.write_bytes(rel, table.to_csv(index=False).encode("utf-8"))

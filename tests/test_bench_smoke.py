@@ -159,3 +159,5 @@ def test_refine(capsys, tmp_path):
         assert key in out
     assert out["images_dense"] == 3 * 41 and 0 <= out["images_ratio"] < 1
     assert 0 < out["prefix"]["prefix_unet_s"] < out["prefix"]["call_cold_s"] and out["prefix"]["cache_hits"] == 5
+    assert out["together"]["same_rows"] is True
+    assert out["together"]["points_made"] == sum(r["points_made"] for r in out["runs"])

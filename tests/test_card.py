@@ -519,3 +519,41 @@ def test_rank_association_is_exact_at_nine_models():
         assert (p_rho * math.factorial(9)) == pytest.approx(round(p_rho * math.factorial(9)))  # a count of pairings
         if len(set(x)) == len(set(y)) == 9:
             assert p_tau == pytest.approx(stats.kendalltau(x, y, method="exact").pvalue)
+
+
+def test_leaderboard_carries_clean_accuracy_and_ranks_failure_points_refined_where_every_card_has_one(tmp_path):
+    from pipeline.cli import main
+
+    def details(clean: float, grid: float, refined: float | None) -> list[dict]:
+        out = [{"metric": "accuracy_clean", "value": clean, "key": {"scale": 0.0}},
+               {"metric": "fp_avg", "value": grid, "ci_low": grid - 0.1, "ci_high": grid + 0.1, "key": {}}]
+        if refined is not None:
+            out.append({"metric": "fp_avg_refined", "value": refined, "ci_low": refined - 0.05,
+                        "ci_high": refined + 0.05, "key": {"rounds": 3, "interval_width": 0.0625}})
+        return out
+
+    # x: every card refined (ranked by refined: b fails latest); y: c lacks one (ranked by grid).
+    spec = {"a": {"x": (0.9, 1.0, 1.3), "y": (0.8, 1.5, 1.2)}, "b": {"x": (0.7, 1.5, 1.9), "y": (0.6, 1.0, 1.9)},
+            "c": {"x": (0.95, 2.0, 1.1), "y": (0.5, 2.0, None)}}
+    cards = []
+    for model, per in spec.items():
+        folder = _card(tmp_path, model, {b: (0.1, 0.05, 0.15) for b in per})
+        card = json.loads((folder / "card.json").read_text())
+        for b in card["benchmarks"]:
+            b["details"] = details(*per[b["benchmark"]])
+        (folder / "card.json").write_text(json.dumps(card))
+        cards.append(folder)
+    out = tmp_path / "lb"
+    assert main(["leaderboard", *map(str, cards), "--output", str(out)]) == 0
+    table = pd.read_csv(out / "leaderboard.csv")
+    x = table[table["benchmark"] == "x"].set_index("model")
+    y = table[table["benchmark"] == "y"].set_index("model")
+    assert x["clean_accuracy"].to_dict() == {"a": 0.9, "b": 0.7, "c": 0.95}
+    assert set(x["failure_point_basis"]) == {"refined"} and set(y["failure_point_basis"]) == {"grid"}
+    assert x["failure_point"].to_dict() == {"a": 1.3, "b": 1.9, "c": 1.1}
+    assert x["failure_point_rank"].to_dict() == {"b": 1, "a": 2, "c": 3}
+    assert y["failure_point"].to_dict() == {"a": 1.5, "b": 1.0, "c": 2.0}
+    assert y["failure_point_rank"].to_dict() == {"c": 1, "a": 2, "b": 3}
+    page = (out / "index.html").read_text()
+    assert "failure points: refined (every card of this benchmark has one)" in page
+    assert "not every card of this benchmark has a refined one" in page and "clean_accuracy" in page

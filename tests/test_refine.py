@@ -93,7 +93,7 @@ def world(tmp_path_factory):
             if gap > 0 and (best is None or gap > best[0]):
                 best = (gap, (b0 + far) / 2, sign)
     assert best is not None, "no goldfish trajectory changes brightness along its scales"
-    _, threshold, sign = best
+    gap, threshold, sign = best
     bright_model(root / "bright.pt", threshold, sign)
 
     def add(raw):
@@ -103,7 +103,7 @@ def world(tmp_path_factory):
 
     cfg = tiny_config(root, mutate=add, name="tiny-bright.yaml")
     assert build_here(cfg, out) == 0  # only the new classifier runs, on the committed images
-    return {"root": root, "out": out, "threshold": threshold, "sign": sign, "config": cfg}
+    return {"root": root, "out": out, "threshold": threshold, "sign": sign, "gap": gap, "config": cfg}
 
 
 def refine_cli(*argv: str) -> int:
@@ -360,3 +360,173 @@ def test_a_point_that_fails_is_reported_and_made_by_the_next_run(world, tmp_path
     assert refine_cli(str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local") == 0
     table = read_refined(OutputStore(str(out)))
     assert (table.loc[table["status"] == "refined", "rounds"] == 1).all()
+
+
+# --------------------------------------------------------------------------- all classifiers at once
+def test_classifiers_refined_together_equal_each_alone_with_fewer_points(world, tmp_path):
+    """``--classifier all`` refines every classifier in one run, round by round, a point that
+    several need made once: each classifier's rows are those it gets refined alone (in an
+    output of its own), and the run makes fewer points than the lone runs together."""
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine
+
+    base = tmp_path / "base"
+    shutil.copytree(world["out"], base)
+    shutil.rmtree(base / "refine", ignore_errors=True)
+    # A second threshold a quarter of the gap over: the same trajectory fails, at other points.
+    bright_model(tmp_path / "dim.pt", world["threshold"] + world["sign"] * world["gap"] / 4, world["sign"])
+
+    def three(raw):
+        custom(raw)
+        for name, path in (("bright", world["root"] / "bright.pt"), ("bright-twin", world["root"] / "bright.pt"),
+                           ("bright-dim", tmp_path / "dim.pt")):
+            raw["classifiers"].append({"name": name, "kind": "torchscript", "model": "brightness", "checkpoint": str(path)})
+
+    assert build_here(tiny_config(tmp_path, mutate=three, name="three.yaml"), base) == 0
+    names = ["bright", "bright-twin", "bright-dim"]
+    alone = {}
+    for name in names:
+        out = tmp_path / f"alone-{name}"
+        shutil.copytree(base, out)
+        s = refine(str(out), name, rounds=2, runner="local", echo=lambda m: None)
+        assert s.points_reused == 0
+        alone[name] = (s, read_refined(OutputStore(str(out))))
+    together = tmp_path / "together"
+    shutil.copytree(base, together)
+    assert refine_cli(str(together), "--classifier", "all", "--rounds", "2", "--runner", "local") == 0
+    table = read_refined(OutputStore(str(together)))
+    assert set(table["classifier"]) >= set(names)
+    for name in names:
+        mine = table[table["classifier"] == name].reset_index(drop=True)
+        assert (mine["status"] == "refined").any(), name
+        pd.testing.assert_frame_equal(mine, alone[name][1].reset_index(drop=True))
+    made = len(list(OutputStore(str(together / "refine")).manifests()))
+    assert made >= 1
+    points = sum(len(m.trajectories) for m in OutputStore(str(together / "refine")).manifests())
+    assert points < sum(s.points_made for s, _ in alone.values())  # the twin's points are the same points
+    assert points >= max(s.points_made for s, _ in alone.values())
+
+    # A comma list is the same run for those classifiers; an unknown name in it is refused.
+    assert refine_cli(str(together), "--classifier", "bright,nope", "--runner", "local") == 2
+
+
+# --------------------------------------------------------------------------- damaged, partial, not a build
+def _unrefined_copy(world, tmp_path, name: str) -> Path:
+    out = tmp_path / name
+    shutil.copytree(world["out"], out)
+    shutil.rmtree(out / "refine", ignore_errors=True)
+    return out
+
+
+def test_a_damaged_build_shard_is_refused_naming_it_and_left_for_the_build(world, tmp_path, capsys):
+    out = _unrefined_copy(world, tmp_path, "damaged")
+    manifest = json.loads(sorted((out / "manifest").glob("*.json"))[0].read_text())
+    tar = out / next(f for f in manifest["files"] if f.endswith(".tar"))
+    tar.write_bytes(tar.read_bytes()[:100])  # truncated
+    assert refine_cli(str(out), "--classifier", "bright", "--runner", "local") == 2
+    captured = capsys.readouterr()
+    assert manifest["shard"] in captured.err and "run `cnsbench build` on it first" in captured.err
+    assert "regenerating" not in captured.out + captured.err
+    assert tar.is_file() and len(tar.read_bytes()) == 100  # nothing moved: the build regenerates it
+    assert not (out / "refine").exists()
+
+
+def test_a_partial_build_is_refined_with_a_line_and_marked_stale_once_completed(world, tmp_path, capsys):
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+
+    out = _unrefined_copy(world, tmp_path, "partial")
+    manifests = sorted((out / "manifest").glob("*.json"))
+    gone = json.loads(manifests[-1].read_text())  # a build killed before its last shard committed
+    manifests[-1].unlink()
+    for rel in gone["files"]:
+        (out / rel).unlink()
+    missing = len(gone["trajectories"])
+    assert refine_cli(str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local") == 0
+    text = capsys.readouterr().out
+    assert f"partial build: {missing} of its 8 planned trajectories are missing" in text
+    table = read_refined(OutputStore(str(out)))
+    assert table["trajectory_id"].nunique() == 8 - missing
+    metrics = json.loads((out / "report" / "metrics.json").read_text())
+    assert "refined_failure_points" in json.dumps(metrics) and '"stale": []' in json.dumps(metrics)
+
+    # The build completed: the refined section is marked stale, the card leaves it out.
+    assert build_here(world["config"], out) == 0
+    section = (out / "report" / "index.html").read_text()
+    assert "Stale for bright" in section and f"{missing} not refined" in section
+    metrics = json.loads((out / "report" / "metrics.json").read_text())
+    assert '"stale": ["bright"]' in json.dumps(metrics)
+    # Refined again: whole, not stale.
+    assert refine_cli(str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local") == 0
+    assert "partial build" not in capsys.readouterr().out
+    assert read_refined(OutputStore(str(out)))["trajectory_id"].nunique() == 8
+    assert "Stale for" not in (out / "report" / "index.html").read_text()
+
+    # The refinement store, or any folder that is not a build output, is no target.
+    assert refine_cli(str(out / "refine"), "--classifier", "bright", "--runner", "local") == 2
+    err = capsys.readouterr().err
+    assert "refinement store" in err and f"refine {out}" in err
+    assert not (out / "refine" / "refine").exists()
+    assert build_here(world["config"], out / "refine") == 2
+    err = capsys.readouterr().err
+    assert "lies inside the cnsbench output" in err and "--new-version" not in err
+    assert not (out / "refine" / "previous").exists()
+    (tmp_path / "empty").mkdir()
+    assert refine_cli(str(tmp_path / "empty"), "--classifier", "bright", "--runner", "local") == 2
+    assert "config.json not found" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- cards
+def test_card_refine_puts_refined_points_beside_the_grids(world, tmp_path, capsys):
+    """``cnsbench card MODEL --refine R`` refines the model on the suite's CNS output; its
+    entry carries the refined mean failure point beside the grid's, with intervals and the
+    bisection intervals' width, as the refinement table gives them."""
+    from pipeline.analyses.refined import read_refined
+    from pipeline.cli import main
+    from pipeline.io.store import OutputStore
+
+    out = _unrefined_copy(world, tmp_path, "carded")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"suite: one\nbenchmarks:\n  - {{name: cns, family: cns, output: {out}, protocol: custom}}\n")
+    assert main(["card", "bright", "--suite", str(suite), "--output", str(tmp_path / "card"), "--refine", "1",
+                 "--runner", "local"]) == 0
+    printed = capsys.readouterr().out
+    card = json.loads((tmp_path / "card" / "card.json").read_text())
+    (entry,) = card["benchmarks"]
+    fp = entry["failure_point"]
+    table = read_refined(OutputStore(str(out)))
+    mine = table[table["classifier"] == "bright"]
+    assert fp["refined"] == pytest.approx(mine["refined_fp"].dropna().mean())
+    assert fp["grid"] == pytest.approx(mine["grid_fp"].dropna().mean())
+    assert fp["refined_ci_low"] <= fp["refined"] <= fp["refined_ci_high"] and fp["rounds"] == 1
+    bisected = mine[mine["status"] == "refined"]
+    assert fp["refined_interval_width"] == pytest.approx((bisected["interval_high"] - bisected["interval_low"]).mean())
+    assert f"refined {fp['refined']:.4f}" in printed
+    assert main(["card", "bright", "--suite", str(suite), "--output", str(tmp_path / "card2"), "--refine", "9",
+                 "--runner", "local"]) == 2
+    assert "--refine must be 1..8" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- families
+def test_each_family_declares_whether_its_scale_is_continuous():
+    from pipeline.registry import FAMILIES
+
+    declared = {k: FAMILIES.get(k).continuous_scale for k in FAMILIES.keys()}
+    assert declared == {"slider": True, "prompt": False, "corruption": True, "object_edit": True,
+                        "prompt_nuisance": False, "masked_scenario": True}
+
+
+def test_a_build_of_a_family_without_a_continuous_scale_is_refused_naming_it(tmp_path, capsys):
+    from pipeline.config import load_config
+    from pipeline.io.store import OutputStore
+    from pipeline.output_run import write_config
+    from pipeline.runtime.checkout import REPO_ROOT
+
+    out = tmp_path / "imagenet_d"
+    out.mkdir()
+    write_config(OutputStore(str(out)), load_config(str(REPO_ROOT / "configs" / "world_imagenet_d.yaml")))
+    assert refine_cli(str(out), "--classifier", "all", "--runner", "local") == 2
+    err = capsys.readouterr().err
+    assert "family prompt_nuisance" in err and "no continuous scale" in err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml"]  # nothing written

@@ -15,6 +15,11 @@ when an output has not been refined.  Otherwise, per shift and classifier:
   trajectories (as the grid's ``fp_avg``: every trajectory with a failure point, 0
   included), how many were refined, and the rounds.
 
+When the build's trajectories change after a refinement (a partial build completed, a
+damaged shard regenerated), a classifier whose refined rows cover other trajectories than
+the build's is marked stale (``stale`` in its JSON, a line on the page) until it is refined
+again.
+
 Refinement never changes a grid metric: the grid numbers here are read from the same
 table, never written back.
 """
@@ -151,6 +156,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     dist = distribution(table, bin_width, top, sorted({s for g in ctx.groups for s in g.scales}))
     plots = ctx.config.aggregate.plots
 
+    stale = stale_classifiers(table, ctx.samples, ctx.predictions, ctx.config)
     summary: dict[str, Any] = {}
     for clf in classifiers:
         mine = table[table["classifier"] == clf]
@@ -162,13 +168,17 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
             "n_failed": int(len(values)),
             "n_refined": int((mine["status"] == "refined").sum()),
             "rounds": int(mine["rounds"].max()) if len(mine) else 0,
+            **({"stale": stale[clf]} if clf in stale else {}),
         }
     rows = "".join(
         f"<tr><td>{html.escape(c)}</td><td>{_num(s['fp_avg_grid'])}</td><td>{_num(s['fp_avg_refined'])}</td>"
         f"<td>{s['n_refined']}</td><td>{s['rounds']}</td></tr>"
         for c, s in summary.items()
     )
-    body = (
+    warning = "".join(
+        f"<p class='warn'><b>Stale for {html.escape(c)}</b>: {html.escape(why)}; run <code>cnsbench refine OUTPUT "
+        f"--classifier {html.escape(c)}</code> again.</p>" for c, why in stale.items())
+    body = warning + (
         "<p>Each failing trajectory's first failing grid interval bisected with images made at its midpoints "
         "(<code>cnsbench refine</code>, docs/refine.md); dashed: the grid's cumulative failure-point ratio, solid: "
         f"the refined one in bins of {bin_width:g}. The grid metrics above are unchanged.</p>"
@@ -179,10 +189,40 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     return AnalysisResult(
         tables={"failure_points_refined": table, "fp_refined_distribution": dist},
         figures={"fp_refined": _figure(dist, classifiers, shifts)} if plots else {},
-        json={"bin": bin_width, "classifiers": summary},
+        json={"bin": bin_width, "classifiers": summary, "stale": sorted(stale)},
         html=body,
         title="Refined failure points",
     )
+
+
+def continuous_groups(cfg: Any) -> list:
+    """The build's family groups whose family declares a continuous scale (the family
+    contract's ``continuous_scale``): those ``cnsbench refine`` bisects."""
+    from pipeline.registry import FAMILIES
+
+    return [g for g in cfg.family_groups() if FAMILIES.get(g.kind).continuous_scale]
+
+
+def stale_classifiers(table: pd.DataFrame, samples: pd.DataFrame, predictions: pd.DataFrame,
+                      config: Any = None) -> dict[str, str]:
+    """Classifier -> why its refined rows are stale: refined on other trajectories than the
+    build now holds (a partial build completed or shards regenerated since; a build's
+    trajectories that changed), counting the trajectories of ``config``'s continuous
+    families only (the others are never refined).  The table is then left as it was and
+    its section says so."""
+    out = {}
+    if config is not None:
+        shifts = {s for g in continuous_groups(config) for s in g.shifts}
+        samples = samples[samples["shift"].isin(shifts)]
+    traj = samples.set_index("sample_id")["trajectory_id"]
+    for clf in pd.unique(table["classifier"]):
+        ids = predictions.loc[predictions["classifier"] == clf, "sample_id"]
+        now = set(traj.reindex(ids).dropna())
+        then = set(table.loc[table["classifier"] == clf, "trajectory_id"])
+        if now != then:
+            out[str(clf)] = (f"refined on {len(then)} trajectories; the build now has {len(now)} "
+                             f"({len(now - then)} not refined, {len(then - now)} gone)")
+    return out
 
 
 def _num(x: float | None) -> str:

@@ -168,17 +168,41 @@ def cns(t: Tables) -> Headline:
 
 def refined_values(t: Tables) -> list[Value]:
     """The mean refined failure point (``cnsbench refine``, docs/refine.md) with its bootstrap
-    interval, when the output's model was refined; nothing otherwise."""
+    interval, when the output's model was refined on the build's trajectories as they are;
+    nothing otherwise (never refined, or stale: the build changed since)."""
     from pipeline.aggregate.images import ImageReader
-    from pipeline.analyses.refined import mean_refined_interval, read_refined
+    from pipeline.analyses.refined import mean_refined_interval, read_refined, stale_classifiers
 
     table = read_refined(t.read_image.store) if isinstance(t.read_image, ImageReader) else None
     if table is None or t.model not in set(table["classifier"]):
         return []
+    if t.model in stale_classifiers(table[table["classifier"] == t.model], t.samples, t.predictions, t.config):
+        return []
     spec = t.spec
     value, low, high = mean_refined_interval(table, t.model, spec.resamples, spec.level, spec.seed)
+    mine = table[table["classifier"] == t.model]
+    bisected = mine[mine["status"] == "refined"]
+    # How finely the refined points are known: the mean width of their bisection intervals.
+    width = float((bisected["interval_high"] - bisected["interval_low"]).mean()) if len(bisected) else None
     return [Value("fp_avg_refined", num(value), num(low), num(high),
-                  {"rounds": int(table.loc[table["classifier"] == t.model, "rounds"].max())})]
+                  {"rounds": int(mine["rounds"].max()), "interval_width": num(width)})]
+
+
+def failure_point_block(details: list[Value]) -> dict[str, Any] | None:
+    """A card entry's ``failure_point``: the grid's mean failure point and, where the output's
+    model was refined, the refined one beside it, each with its interval, and the refined
+    points' mean bisection interval width; None for a family without failure points."""
+    found = {d.metric: d for d in details if d.metric in ("fp_avg", "fp_avg_refined")}
+    grid, refined = found.get("fp_avg"), found.get("fp_avg_refined")
+    if grid is None:
+        return None
+    out = {"grid": grid.value, "grid_ci_low": grid.ci_low, "grid_ci_high": grid.ci_high,
+           "refined": None, "refined_ci_low": None, "refined_ci_high": None, "refined_interval_width": None,
+           "rounds": 0}
+    if refined is not None:
+        out.update(refined=refined.value, refined_ci_low=refined.ci_low, refined_ci_high=refined.ci_high,
+                   refined_interval_width=refined.key.get("interval_width"), rounds=int(refined.key.get("rounds", 0)))
+    return out
 
 
 # --------------------------------------------------------------------------- corruptions

@@ -10,6 +10,11 @@ digest of its images must agree.  Otherwise the cards are refused
 code 2) naming each differing key and its value on every card.  The outputs' config
 hashes may differ: each card adds its model to the outputs, which changes their config.
 
+Beside the headline, each row carries the model's clean accuracy (scale 0, the originals)
+and its mean failure point, ranked on its own (``failure_point_rank``, higher is more
+robust): the refined one (``cnsbench refine``, ``cnsbench card --refine R``) where every
+card of the benchmark has one, the grid's otherwise; ``failure_point_basis`` says which.
+
 Per benchmark the models are ranked by the headline metric in the direction of its
 definition (:data:`pipeline.card.schema.METRICS`, never the card's say; 1 = most robust;
 ties share the smaller rank), and each gets a *tier*: 1 plus the number of models whose interval lies
@@ -40,7 +45,10 @@ from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
 COLUMNS = ["model", "benchmark", "family", "metric", "value", "ci_low", "ci_high", "higher_is_better", "rank", "tier",
-           "protocol", "weights_sha256", "card"]
+           "protocol", "weights_sha256", "card", "clean_accuracy", "failure_point", "failure_point_ci_low",
+           "failure_point_ci_high", "failure_point_basis", "failure_point_rank"]
+# A benchmark's clean accuracy, as each family's card details state it (RobustBench's "clean" column).
+CLEAN = {"accuracy_clean": False, "accuracy_original": False, "error_clean": True}  # metric -> is an error rate
 CORRELATION_COLUMNS = ["benchmark_a", "benchmark_b", "n_models", "spearman_rho", "spearman_p", "kendall_tau", "kendall_p"]
 TABLE = "leaderboard.csv"
 
@@ -118,8 +126,30 @@ def _short(v: Any) -> str:
     return text[:16] + "…" if isinstance(v, str) and len(v) == 64 else text[:200]
 
 
+def clean_accuracy(entry: dict[str, Any]) -> float:
+    """The entry's accuracy on the unshifted images (scale 0, the originals), NaN where its
+    family's details state none."""
+    for d in entry.get("details") or []:
+        if d.get("metric") in CLEAN and not {k for k in (d.get("key") or {}) if k != "scale"} and d.get("value") is not None:
+            return 1.0 - float(d["value"]) if CLEAN[d["metric"]] else float(d["value"])
+    return math.nan
+
+
+def failure_points(entry: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
+    """``grid`` and ``refined`` mean failure points of an entry (value, ci_low, ci_high), as
+    its details state them (``fp_avg``, ``fp_avg_refined``); absent ones are left out."""
+    out = {}
+    for d in entry.get("details") or []:
+        kind = {"fp_avg": "grid", "fp_avg_refined": "refined"}.get(d.get("metric"))
+        if kind and d.get("value") is not None:
+            out[kind] = (_f(d["value"]), _f(d.get("ci_low")), _f(d.get("ci_high")))
+    return out
+
+
 def rank_table(cards: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per (model, benchmark) with its rank and tier (see the module doc)."""
+    """One row per (model, benchmark) with its rank and tier (see the module doc), its clean
+    accuracy, and its mean failure point ranked (higher: fails later): the refined one where
+    every card of the benchmark has one, else the grid's (``failure_point_basis`` says which)."""
     rows = []
     for c in cards:
         for b in c["benchmarks"]:
@@ -128,11 +158,19 @@ def rank_table(cards: list[dict[str, Any]]) -> pd.DataFrame:
                 "value": _f(b["value"]), "ci_low": _f(b["ci_low"]), "ci_high": _f(b["ci_high"]),
                 "higher_is_better": higher_is_better(b["family"], b["metric"]), "protocol": b["protocol"],
                 "weights_sha256": c["model"].get("weights_sha256"), "card": c["_location"],
+                "clean_accuracy": clean_accuracy(b), "_fp": failure_points(b),
             })
     table = pd.DataFrame(rows)
     out = []
     for bench in dict.fromkeys(table["benchmark"]):
         part = table[table["benchmark"] == bench].copy()
+        fps = list(part["_fp"])
+        basis = "refined" if all("refined" in f for f in fps) else "grid" if any("grid" in f for f in fps) else None
+        picked = [f.get(basis, (math.nan,) * 3) if basis else (math.nan,) * 3 for f in fps]
+        part["failure_point"], part["failure_point_ci_low"], part["failure_point_ci_high"] = (
+            [p[i] for p in picked] for i in range(3))
+        part["failure_point_basis"] = basis
+        part["failure_point_rank"] = part["failure_point"].rank(ascending=False, method="min").astype("Int64")
         up = bool(part["higher_is_better"].iloc[0])
         score = part["value"] if up else -part["value"]
         part["rank"] = score.rank(ascending=False, method="min").astype("Int64")  # whole numbers; <NA> without a value

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from pipeline import __version__
 from pipeline.card.exports import EXPORTS, accuracy_rows, card_exports
-from pipeline.card.headline import Tables, headline
+from pipeline.card.headline import Tables, failure_point_block, headline
 from pipeline.card.model import identity
 from pipeline.card.outputs import Prepared, prepare
 from pipeline.card.schema import (
@@ -125,7 +125,31 @@ def entry_key(p: Prepared, model: dict[str, Any], suite: Suite, images: str) -> 
         "model": {"entry": p.model.model_dump(mode="json"), "weights_sha256": model["weights_sha256"]},
         "config_hash": p.config_hash,
         "images": images,
+        "refined": refined_digest(OutputStore(p.uri), p.model.name),
     }
+
+
+def refined_digest(store: OutputStore, model: str) -> str | None:
+    """SHA-256 of the model's refined failure points on an output (None when never refined):
+    a kept entry is computed again once they change."""
+    from pipeline.analyses.refined import read_refined
+
+    table = read_refined(store)
+    if table is None or model not in set(table["classifier"]):
+        return None
+    return hashlib.sha256(table[table["classifier"] == model].to_csv(index=False).encode()).hexdigest()
+
+
+def refine_entry(p: Prepared, rounds: int, *, runner: str, report: bool, echo: Echo) -> None:
+    """``--refine R``: refine the model's failure points on a CNS build entry's output (the
+    images it needs are made by the build's generator); other entries keep their grid points."""
+    from pipeline.aggregate.run import evaluated_source
+    from pipeline.refine import refine
+
+    if p.benchmark.family != "cns" or evaluated_source(OutputStore(p.uri)) is not None:
+        echo(f"[cnsbench] card: {p.benchmark.name}: --refine applies to CNS build outputs; grid failure points kept")
+        return
+    refine(p.uri, p.model.name, rounds=rounds, runner=runner, aggregate=report, echo=echo)
 
 
 def compute_entry(p: Prepared, suite: Suite, echo: Echo) -> dict[str, Any]:
@@ -144,6 +168,7 @@ def compute_entry(p: Prepared, suite: Suite, echo: Echo) -> dict[str, Any]:
                     ImageReader(store, samples))
     h = headline(p.benchmark.family, tables)
     spec = tables.spec
+    fp = failure_point_block(h.details)
     return {
         "benchmark": p.benchmark.name,
         "family": p.benchmark.family,
@@ -163,6 +188,7 @@ def compute_entry(p: Prepared, suite: Suite, echo: Echo) -> dict[str, Any]:
         "left_out_shards": sorted(left_out),
         "details": h.to_json()["details"],
         "accuracy": accuracy_rows(p.config, samples, predictions, p.model.name),  # unaggregated.csv
+        **({"failure_point": fp} if fp is not None else {}),
     }
 
 
@@ -176,12 +202,14 @@ def make_card(
     ready: Callable[[BuildConfig], None] = lambda cfg: None,
     report: bool = True,
     force: bool = False,
+    refine: int | None = None,
 ) -> dict[str, Any]:
     """Make (or resume, or confirm) the card of ``model`` over ``suite`` in ``dest``; returns card.json's content.
 
     ``report``: aggregate an output's report again after adding the model to it (as a
     build that adds a classifier does).  ``force``: replace another model's card in ``dest``
-    (:func:`claim_card_folder`)."""
+    (:func:`claim_card_folder`).  ``refine``: bisect the model's failure points for that many
+    rounds on each CNS build entry (:func:`refine_entry`), so its entry carries them."""
     from pipeline.io.ownership import OwnershipError
     from pipeline.output_run import IncompatibleOutput
     from pipeline.card.page import card_html
@@ -201,6 +229,8 @@ def make_card(
             text = str(err)
             text = "its output " + text.removeprefix("--output ") if text.startswith("--output ") else text
             raise OwnershipError(_card_hint(b.where, text, "Choose a new or empty directory")) from None
+        if refine:
+            refine_entry(p, refine, runner=runner, report=report, echo=echo)
         out_store = OutputStore(p.uri)
         key = entry_key(p, ident, suite, images_digest(out_store))
         kept = _kept(store, b.name)

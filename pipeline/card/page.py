@@ -93,8 +93,13 @@ def leaderboard_html(table: pd.DataFrame, correlations: pd.DataFrame, info: dict
     )]
     for bench, part in table.groupby("benchmark", sort=False):
         show = part.sort_values("rank")[["rank", "tier", "model", "metric", "value", "value_ci_low", "value_ci_high",
-                                         "better", "protocol"]]
-        sections.append((f"{bench}", ci_table(show.reset_index(drop=True), sortable=True)))
+                                         "better", "clean_accuracy", "failure_point", "failure_point_rank", "protocol"]]
+        basis = part["failure_point_basis"].iloc[0]
+        said = {"refined": "failure points: refined (every card of this benchmark has one), ranked higher first",
+                "grid": "failure points: the grid's (not every card of this benchmark has a refined one), ranked "
+                        "higher first"}.get(basis, "no failure points on these cards")
+        sections.append((f"{bench}", ci_table(show.reset_index(drop=True), sortable=True)
+                         + f"<p>Clean accuracy: at scale 0 (the originals). {e(said)}.</p>"))
     wide = table.pivot_table(index="model", columns="benchmark", values="rank", sort=False)
     sections.append(("Ranks per benchmark", wide.to_html(float_format=lambda v: f"{v:g}")))
     if correlations.empty:

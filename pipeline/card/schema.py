@@ -167,6 +167,11 @@ def check_entry(e: Any, where: str, path: str) -> dict[str, Any]:
     shards = _get(e, "left_out_shards", where, f"{path}.left_out_shards", (list,), required=False) or []
     if not all(isinstance(s, str) for s in shards):
         raise _bad(where, f"{path}.left_out_shards", "must list strings", shards)
+    fp = _get(e, "failure_point", where, f"{path}.failure_point", (dict,), required=False)
+    if fp is not None:
+        for k in ("grid", "grid_ci_low", "grid_ci_high", "refined", "refined_ci_low", "refined_ci_high",
+                  "refined_interval_width"):
+            number(fp, k, where, f"{path}.failure_point.{k}", required=k == "grid")
     for i, d in enumerate(_get(e, "details", where, f"{path}.details", (list,), required=False) or []):
         at = f"{path}.details[{i}]"
         if not isinstance(d, dict):

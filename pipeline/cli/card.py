@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.config import ConfigError
+from pipeline.config.refine import MAX_ROUNDS
 
 
 def validate_suite(path: str, outputs: str | None = None) -> int:
@@ -58,14 +59,25 @@ def run(args: argparse.Namespace) -> int:
         model, kind=args.model_kind, checkpoint=args.checkpoint, model_config_file=args.model_config_file,
         name=args.name, configs=config_loaders(suite),
     )
+    if args.refine is not None and not 1 <= args.refine <= MAX_ROUNDS:
+        raise ConfigError(f"card: --refine must be 1..{MAX_ROUNDS} rounds, got {args.refine}")
     card = make_card(spec, suite, args.output, runner=args.runner, ready=ensure_config_assets, report=not args.no_report,
-                     force=args.force)
+                     force=args.force, refine=args.refine)
     for b in card["benchmarks"]:
         value = "n/a" if b["value"] is None else f"{b['value']:.4f}"
         ci = "" if b["ci_low"] is None else f" [{b['ci_low']:.4f}, {b['ci_high']:.4f}]"
         print(f"[cnsbench] {b['benchmark']:<14} {b['metric']:<20} {value}{ci}")
+        fp = b.get("failure_point")
+        if fp and fp.get("refined") is not None:
+            print(f"[cnsbench] {'':<14} {'failure point':<20} grid {_num(fp['grid'])}, refined {_num(fp['refined'])} "
+                  f"[{_num(fp['refined_ci_low'])}, {_num(fp['refined_ci_high'])}] (intervals "
+                  f"{_num(fp['refined_interval_width'])} wide, {fp['rounds']} rounds)")
     print(f"[cnsbench] card: {args.output.rstrip('/')}/card.html")
     return 0
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
 
 
 def register(sub) -> None:
@@ -89,6 +101,9 @@ def register(sub) -> None:
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--force", action="store_true",
                    help="replace the card of another model in --output (without it, such a folder is refused)")
+    s.add_argument("--refine", type=int, metavar="R",
+                   help="refine the model's failure points for R rounds (1..8) on each CNS build entry "
+                        "(`cnsbench refine`): its entry carries them beside the grid's")
     s.add_argument("--no-report", action="store_true",
                    help="leave an output's report as it was after adding the model (`cnsbench aggregate` updates it)")
     s.set_defaults(func=run)

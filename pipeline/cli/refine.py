@@ -1,4 +1,4 @@
-"""``cnsbench refine``: bisect a classifier's failure points below a build's grid (docs/refine.md)."""
+"""``cnsbench refine``: bisect classifiers' failure points below a build's grid (docs/refine.md)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    s = sub.add_parser("refine", help="bisect a classifier's failure points below the build's grid")
+    s = sub.add_parser("refine", help="bisect classifiers' failure points below the build's grid")
     s.add_argument("output", help="a build output (directory or URI)")
-    s.add_argument("--classifier", required=True, metavar="NAME", help="one of the output's classifiers")
+    s.add_argument("--classifier", required=True, metavar="NAME",
+                   help="one of the output's classifiers, a comma list of them, or 'all': refined together, "
+                        "each point made once")
     s.add_argument("--rounds", type=int, default=None,
                    help="bisection rounds, 1..8 (default: refine.rounds of the output's config, 3)")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")

@@ -120,6 +120,10 @@ class Family:
     # family (``generator.kind``) this is: the seed source and the families that regenerate a
     # base image share it, so their scale 0 is this family's.
     sampler_kind: ClassVar[str] = "slider"
+    # True: the family makes an image at any scale of its range (``generate`` takes any float
+    # between its grid's scales), so failure points can be refined below the grid
+    # (``cnsbench refine``); False: only its grid's scales mean something (ImageNet-D's 0/1).
+    continuous_scale: ClassVar[bool] = False
 
     @classmethod
     def source_classes(cls, config: "BuildConfig", group: "FamilyGroup") -> list[int]:

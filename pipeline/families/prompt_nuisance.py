@@ -160,6 +160,7 @@ def nuisance_kinds(options: PromptNuisanceOptions, shifts: list[str]) -> dict[st
 
 class PromptNuisanceFamily(Family):
     kind = "prompt_nuisance"
+    continuous_scale = False  # scale 0 the plain prompt, 1 the nuisance: nothing between
     Options = PromptNuisanceOptions
     scale_meaning = "binary: 0 the plain prompt, > 0 the nuisance prompt of the shift's kind (same seed)"
     default_scales: ClassVar[list[float]] = [0.0, 1.0]

@@ -27,6 +27,7 @@ def shared_sampler(config: Any, kind: str, device: str, dtype: Any):
 
 class SliderFamily(Family):
     kind = "slider"
+    continuous_scale = True  # the slider's multiplier
     scale_meaning = "slider multiplier (LoRA on while t <= generator.lora_timestep_threshold)"
     generates_base = True
     sampler_kind = "slider"
@@ -83,6 +84,7 @@ class SliderFamily(Family):
 
 class PromptFamily(SliderFamily):
     kind = "prompt"
+    continuous_scale = False  # every scale > 0 is the same prompt
     scale_meaning = "binary: 0 plain prompt, > 0 the shift prompt over all steps"
     sampler_kind = "prompt"
 

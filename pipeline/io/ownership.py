@@ -19,6 +19,7 @@ vouches for (:func:`pipeline.io.manifest.is_own_file`); everything else is left 
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -118,6 +119,38 @@ def claim_output(store: Any) -> dict[str, Any] | None:
             raise _foreign(store, found, f"a cnsbench output (no {MARKER})")
     _make_local_root(store)
     return marker
+
+
+def enclosing_output(uri: str) -> str | None:
+    """The cnsbench output that ``uri`` lies directly inside (its parent, holding our marker),
+    or None.  A folder inside an output is that output's own (its refinement store
+    ``refine/``, its archive ``previous/``, its report): never a build's or a refinement's
+    output of its own."""
+    from pipeline.io.store import OutputStore
+
+    path = uri.rstrip("/")
+    if "://" in path:
+        scheme, rest = path.split("://", 1)
+        if "/" not in rest:
+            return None  # a bucket: nothing above it
+        parent = f"{scheme}://{rest.rsplit('/', 1)[0]}"
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        if parent == os.path.abspath(path):
+            return None
+    try:
+        return parent if read_marker(OutputStore(parent)) is not None else None
+    except Exception:  # noqa: BLE001 - a parent this user cannot read is no output of theirs; the output's own claim says what is wrong with it
+        return None
+
+
+def refuse_inside_output(uri: str, flag: str = "--output") -> None:
+    """Raise :class:`OwnershipError` (exit 2) when ``uri`` lies inside a cnsbench output."""
+    parent = enclosing_output(uri)
+    if parent is not None:
+        raise OwnershipError(f"{flag} {uri} lies inside the cnsbench output {parent} (a folder of that output's "
+                             "own, such as its refinement store refine/): choose a directory outside any output; "
+                             "nothing was changed.")
 
 
 def claim_compare_output(store: Any) -> None:

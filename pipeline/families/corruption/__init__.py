@@ -119,6 +119,7 @@ def describe(name: str, severity: float) -> dict[str, Any]:
 
 class CorruptionFamily(Family):
     kind = "corruption"
+    continuous_scale = True  # severity s in [0, 5], interpolated between ImageNet-C's levels
     Options = CorruptionOptions
     scale_meaning = "ImageNet-C severity in [0, 5] (integers: the published table; between: linear)"
     default_scales: ClassVar[list[float] | None] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]

@@ -83,6 +83,7 @@ def scenario_seed(class_id: int, seed: int, scenario: str) -> list[int]:
 
 class MaskedScenarioFamily(Family):
     kind = "masked_scenario"
+    continuous_scale = True  # the scenario's strength in [0, 1]
     Options = MaskedScenarioOptions
     scale_meaning = "strength: 0 original image, 1 the published XIMAGENET-12 transform"
     default_scales: ClassVar[list[float] | None] = [0.0, 0.25, 0.5, 0.75, 1.0]

@@ -166,6 +166,7 @@ def direction(class_id: int, seed: int) -> float:
 
 class ObjectEditFamily(Family):
     kind = "object_edit"
+    continuous_scale = True  # the attribute's strength (size, offset, angle, background level)
     Options = ObjectEditOptions
     scale_meaning = (
         "attribute level in [0, 1] mapped to the edit's physical parameter (size: object pixel rate, "
