@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from pipeline.perf import data, efficiency, latency, startup
 from pipeline.perf.device import ALLOCATOR_RESERVE, MIN_RESERVE_BYTES, Device, gpu_device
