@@ -139,7 +139,7 @@ def evaluate(model: Any, output: str, *, name: str, preprocess: Any, label_map: 
     of the output's label space (identity when K is its size).  ``runner``: ``local`` (this
     process) or ``ray`` (the model travels to the actors by ``ray.put``).  The same name with
     other weights is refused, naming both digests; nothing committed is touched."""
-    from pipeline.executors.ray_data import check_picklable
+    from pipeline.executors import executor_class
     from pipeline.output_run import OutputRun
 
     spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
@@ -147,16 +147,14 @@ def evaluate(model: Any, output: str, *, name: str, preprocess: Any, label_map: 
     labels = cfg.benchmark.label_space
     _check_label_map(spec, labels)
     _probe(spec, labels)
-    if runner == "ray":
-        check_picklable(spec)  # it travels to the actors pickled, by value from __main__
+    executor_class(runner).check_held(spec)
     _check_weights(output, spec)
     cfg = with_entry(cfg, spec, batch_size)
     try:
         with OutputRun.claim(output, "evaluate", echo, runner=runner) as run:
-            run.prepare(cfg, repair=False)
-            run.start(len(run.done), len(run.done), what="evaluate")
-            run.add_classifiers()
-            run.finish(aggregate=True, run_name="-evaluate")
+            running = run.prepare(cfg, repair=False).start_on_committed("evaluate")
+            running.add_classifiers()
+            running.finish(aggregate=True, run_name="-evaluate")
     except ValueError as err:  # the output's refusals, the model's own on a later batch
         raise CnsbenchError(str(err) if name in str(err) else f"classifiers[{name}]: {err}") from None
     return classifier_metrics(output, name)
@@ -169,7 +167,7 @@ def card(model: Any, suite: str, *, name: str, output: str, preprocess: Any, lab
     its identity is the model's class, its ``state_dict`` digest and the transform as numbers."""
     from pipeline.card.make import make_card
     from pipeline.card.suite import load_suite, shared_output_problems
-    from pipeline.executors.ray_data import check_picklable
+    from pipeline.executors import executor_class
 
     spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
     try:
@@ -183,8 +181,7 @@ def card(model: Any, suite: str, *, name: str, output: str, preprocess: Any, lab
         cfg = b.load_config() if b.kind != "output" else _output_config(b.output)
         _check_label_map(spec, cfg.benchmark.label_space)
         _probe(spec, cfg.benchmark.label_space)
-    if runner == "ray":
-        check_picklable(spec)  # it travels to the actors pickled, by value from __main__
+    executor_class(runner).check_held(spec)
     try:
         return make_card(spec, s, output, runner=runner, echo=echo)
     except ValueError as err:

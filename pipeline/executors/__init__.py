@@ -7,7 +7,7 @@ executor chosen by ``--runner`` (registry :data:`pipeline.registry.EXECUTORS`) r
 and nothing else, and yields one row per committed shard.  This is the only place that knows how work is executed.
 """
 
-from pipeline.executors.base import Executor, get_executor
+from pipeline.executors.base import Executor, executor_class, get_executor
 from pipeline.executors.chain import Chain, StageSpec
 
-__all__ = ["Chain", "Executor", "StageSpec", "get_executor"]
+__all__ = ["Chain", "Executor", "StageSpec", "executor_class", "get_executor"]

@@ -35,6 +35,11 @@ class Executor:
 
     name = ""
 
+    @classmethod
+    def check_held(cls, spec: Any) -> None:
+        """Refuse a classifier entry holding a model in memory (kind ``module``) that this
+        executor cannot hand to its stages; in one process every object can be."""
+
     def __init__(self, cfg: "BuildConfig", address: str | None = None, notice=None) -> None:
         self.cfg = cfg
         self.address = address
@@ -67,12 +72,16 @@ class Executor:
         raise NotImplementedError
 
 
-def get_executor(runner: str, cfg: "BuildConfig", address: str | None = None, notice=None) -> Executor:
-    """The executor registered as ``runner`` (``ray``/``local`` are accepted aliases)."""
+def executor_class(runner: str) -> type[Executor]:
+    """The executor class registered as ``runner`` (``ray``/``local`` are accepted aliases)."""
     from pipeline.registry import EXECUTOR_ALIASES, EXECUTORS
 
     try:
-        cls = EXECUTORS.get(EXECUTOR_ALIASES.get(runner, runner))
+        return EXECUTORS.get(EXECUTOR_ALIASES.get(runner, runner))
     except KeyError as err:
         raise ValueError(f"--runner: {err.args[0]} (or one of {', '.join(EXECUTOR_ALIASES)})") from None
-    return cls(cfg, address, notice)
+
+
+def get_executor(runner: str, cfg: "BuildConfig", address: str | None = None, notice=None) -> Executor:
+    """The executor registered as ``runner`` (``ray``/``local`` are accepted aliases)."""
+    return executor_class(runner)(cfg, address, notice)

@@ -142,6 +142,10 @@ def user_errors_unwrapped() -> Iterator[None]:
 class RayDataExecutor(Executor):
     name = "ray_data"
 
+    @classmethod
+    def check_held(cls, spec: Any) -> None:
+        check_picklable(spec)  # it travels to the actors pickled, by value from __main__
+
     def _local_gpu_scale(self, chain: Chain) -> float:
         """The factor that fits every pool's GPU request into a local cluster's GPUs at once.
 
