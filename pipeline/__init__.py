@@ -16,6 +16,8 @@ no model library; a name's module is imported when the name is first used.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -46,3 +48,18 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
+
+
+class _Package(types.ModuleType):
+    """``pipeline.card`` names the API's function although ``pipeline/card/`` is a package: the
+    import system's binding of such a subpackage to the package's attribute is skipped, so the
+    name keeps meaning the function once the subpackage is imported (which stays reachable as
+    ``from pipeline.card import ...`` and ``sys.modules["pipeline.card"]``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _API and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
