@@ -20,7 +20,7 @@ metrics stay as they are; ``refine/failure_points_refined.csv`` and the report's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -288,7 +288,8 @@ def grids(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame, cl
 
 
 def refine(output: str, classifier: str | list[str], *, rounds: int | None = None, runner: str = "ray",
-           address: str | None = None, aggregate: bool = True, echo: Callable[[str], None] = print) -> RefineSummary:
+           address: str | None = None, aggregate: bool = True, echo: Callable[[str], None] = print,
+           models: dict[str, Any] | None = None) -> RefineSummary:
     """Refine the failure points of ``classifier`` (a name, a comma list, a list, or ``all``) on
     the build output ``output`` (docs/refine.md).
 
@@ -296,12 +297,13 @@ def refine(output: str, classifier: str | list[str], *, rounds: int | None = Non
     their unfinished bisections needs once, and every one of them classifies it, so each
     classifier's rows are those it gets refined alone.  Holds the output's lease throughout (a
     build of it is refused meanwhile, and this waits for none); ``rounds`` defaults to the
-    output's ``refine.rounds``."""
+    output's ``refine.rounds``.  ``models``: the objects of classifiers held in memory (kind
+    ``module``, by name), checked against the weights that made their predictions."""
     from pipeline.aggregate.run import load_output_config, load_sound_tables
     from pipeline.io.store import OutputStore
 
     store = OutputStore(output)
-    cfg = load_output_config(store)
+    cfg = with_models(load_output_config(store), models or {}, store)
     check_families(cfg, output, echo)
     check_target(store)
     rounds = cfg.refine.rounds if rounds is None else rounds
@@ -309,7 +311,8 @@ def refine(output: str, classifier: str | list[str], *, rounds: int | None = Non
     samples, predictions, _ = load_sound_tables(store, names)
     partial = missing_line(cfg, samples, output)
     failing = pd.concat([g.dropna(subset=["low"]) for g in grids(cfg, samples, predictions, names).values()])
-    check_output(store, cfg, names, {(int(c), s) for c, s in zip(failing["class_id"], failing["shift"])})
+    check_output(store, refinement_config(cfg, names), names,
+                 {(int(c), s) for c, s in zip(failing["class_id"], failing["shift"])})
     label = ",".join(names)
     with OutputRun.claim(output, "refine", echo, runner=runner, address=address) as run:
         # 1. the output as built: compatible with itself, its committed shards, the weights (a
@@ -362,6 +365,27 @@ def refine(output: str, classifier: str | list[str], *, rounds: int | None = Non
              "their trajectories stop short of the rounds; the same command tries them again")
     return RefineSummary(label, rounds, n, made, reused, run.store.url(REFINED_CSV), summary, len(left), names,
                          {c: len(set(u)) for c, (_, _, u) in results.items()})
+
+
+def with_models(cfg: BuildConfig, models: dict[str, Any], store: Any) -> BuildConfig:
+    """``cfg`` whose entries of kind ``module`` named in ``models`` hold their objects, each
+    refused unless its weights are those that made the output's predictions of that name."""
+    from pipeline.assets.weights import WeightsChanged, check_weights, weights_digest
+    from pipeline.io.ownership import read_marker
+
+    names = {c.name for c in cfg.classifiers}
+    unknown = sorted(set(models) - names)
+    if unknown:
+        raise RefineError(f"models: {', '.join(map(repr, unknown))} not among the output's classifiers "
+                          f"({', '.join(sorted(names))})")
+    held = [c.holding(models[c.name]) if c.name in models else c for c in cfg.classifiers]
+    cfg = cfg.model_copy(update={"classifiers": held})
+    digests = {c.name: weights_digest(c) for c in held if c.name in models}
+    try:
+        check_weights(store.uri, read_marker(store), digests, "pass the model whose predictions the output holds")
+    except WeightsChanged as err:
+        raise RefineError(str(err)) from None
+    return cfg
 
 
 def points_to_make(grid: dict[str, pd.DataFrame], marks: dict[str, dict[str, dict[int, bool | None]]],

@@ -9,7 +9,6 @@ failure points and headline values as the Python calls, to 1e-6.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -42,8 +41,6 @@ def test_the_page_has_its_walk_and_every_block_compiles():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (REPO / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
-@pytest.mark.skipif(importlib.util.find_spec("pipeline.api.models") is None,
-                    reason="pipeline.evaluate and pipeline.card (pipeline/api/models.py) are not in this checkout")
 def test_the_page_runs_and_the_exported_model_scores_the_same(demo_world, tmp_path, monkeypatch):
     import pipeline
     from pipeline.cli import main
@@ -52,15 +49,10 @@ def test_the_page_runs_and_the_exported_model_scores_the_same(demo_world, tmp_pa
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))  # load_dataset's cache, not the home folder's
     shutil.copytree(demo_world, tmp_path / "runs" / "demo")  # the page writes to runs/demo
     namespace: dict = {"__name__": "python_doc"}
-    refine_gap = None
     for i, block in enumerate(python_blocks()):
-        try:
-            exec(compile(block, f"{DOC}: python block {i + 1}", "exec"), namespace)  # noqa: S102 (our own docs)
-        except pipeline.CnsbenchError as err:
-            # pipeline.refine of an output that holds a model in memory (kind module): not yet possible
-            if "pipeline.refine(" not in block or "kind module" not in str(err):
-                raise
-            refine_gap = str(err)
+        exec(compile(block, f"{DOC}: python block {i + 1}", "exec"), namespace)  # noqa: S102 (our own docs)
+    refined = pd.read_csv(tmp_path / "runs" / "demo" / "refine" / "failure_points_refined.csv")
+    assert set(refined["classifier"]) == {"small-cnn"} and (refined["status"] == "refined").any()
 
     assert main(["card", "--model-kind", "exported", "--model", "small-cnn", "--checkpoint", "runs/small-cnn.pt2",
                  "--name", "small-cnn-pt2", "--suite", "runs/demo", "--output", "runs/cards/small-cnn-pt2", "--runner", "local"]) == 0
@@ -76,5 +68,3 @@ def test_the_page_runs_and_the_exported_model_scores_the_same(demo_world, tmp_pa
     cards = {n: json.loads((tmp_path / "runs" / "cards" / n / "card.json").read_text()) for n in ("small-cnn", "small-cnn-pt2")}
     (a,), (b,) = cards["small-cnn"]["benchmarks"], cards["small-cnn-pt2"]["benchmarks"]
     assert a["metric"] == b["metric"] and a["value"] == pytest.approx(b["value"], abs=1e-6)
-    if refine_gap is not None:  # everything else of the page held; this step is the one left
-        pytest.xfail(f"pipeline.refine cannot refine an output holding a model in memory yet: {refine_gap}")

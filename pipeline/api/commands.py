@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pipeline.api.common import load_config_file, user_errors
 from pipeline.errors import CnsbenchError
@@ -62,13 +62,16 @@ def refine(
     *,
     address: str | None = None,
     echo: Echo = print,
+    models: dict[str, Any] | None = None,
 ) -> "RefineSummary":
     """Bisect ``classifier``'s failure points below the grid of the build ``output``
-    (docs/refine.md); the refined points are in ``summary.table`` and the report."""
+    (docs/refine.md); the refined points are in ``summary.table`` and the report.  A classifier
+    held in memory (``pipeline.evaluate``) is refined with its object: ``models={name: model}``."""
     from pipeline.refine import refine as run_refine
 
     with user_errors():
-        return run_refine(os.fspath(output), classifier, rounds=rounds, runner=runner, address=address, echo=echo)
+        return run_refine(os.fspath(output), classifier, rounds=rounds, runner=runner, address=address, echo=echo,
+                          models=models)
 
 
 @dataclass(frozen=True)
