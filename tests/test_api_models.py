@@ -63,7 +63,7 @@ def test_evaluate_adds_the_model_to_every_committed_image_and_returns_the_report
     assert [r for r in report["summary"] if r["classifier"] == "mine"] == metrics["summary"]
     marker = json.loads(_marker(output))
     entry = next(c for c in marker["config"]["classifiers"] if c["name"] == "mine")
-    assert entry["kind"] == "module" and entry["preprocess"] == PRE  # what a later command reads
+    assert entry["kind"] == "module" and entry["preprocess"] == {**PRE, "shifted_crop_only": False}  # read later
     assert entry["model"] == f"{__name__}.SmallCNN" and marker["weights"]["mine"] == state_digest(model)
 
     # Same name, same weights: nothing to add, the same numbers.
