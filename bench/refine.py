@@ -28,6 +28,20 @@ It also measures what the generation of a refinement point spends before the LoR
 (``prefix``): a one-point call with the unit's prefix computed and cached, the UNet time
 at timesteps above the threshold, against writing and reading that latent through the
 output store (what a cache kept in the output would cost).
+With ``--family corruptions|ximagenet|imagenet_e`` it measures that family's world build
+instead (``configs/world_corruptions.yaml``, ``world_ximagenet.yaml``, ``world_imagenet_e.yaml``):
+the build on its grid and on a dense grid of 16 steps per grid interval (1/16 of its grid
+step, at the probes' exact scales) as the truth, the world's classifiers
+refined together (``--classifier all``) with R rounds, and every refined trajectory of the
+family compared with the dense build's first failure (``agree_interval`` within one dense
+step of its interval, ``mean_abs_error``, ``images_ratio``: the family's refinement images
+over its dense images).  The corruption world's slider part is cut to one shift at scales
+0 and 0.5 (it only supplies the scale-0 image the corruptions start from); its refined
+slider points are counted apart.  ``--subset`` restricts the world to fewer classes, seeds
+and shifts (named in the JSON's ``subset``), so the measurement fits a 2-core machine.
+
+    python bench/refine.py --family corruptions --json [--subset] [--smoke]
+
 Prints one JSON object (``--json``).
 """
 
@@ -51,13 +65,54 @@ def quiet(_: str) -> None:
     pass
 
 
-def build(out: Path, sets: list[str]) -> float:
+# The families with a world build of their own: config, the key of the family's scales, the
+# index of its group, sets every build of the bench gets, and the subset of ``--subset`` and
+# of ``--smoke`` (sets, and words for the JSON).
+FAMILIES = {
+    "corruptions": {
+        "config": "world_corruptions.yaml", "scales_key": "families[0].scales", "group": 1,
+        "sets": ["benchmark.shifts=[thick_strokes]", "benchmark.scales=[0,0.5]"],
+        "subset": ["benchmark.classes=[zero,seven]", "benchmark.seeds=[1,2]",
+                   "families[0].shifts=[gaussian_noise,defocus_blur,fog,contrast,pixelate,jpeg_compression]"],
+        "subset_words": "classes zero, seven; seeds 1, 2; corruptions gaussian_noise, defocus_blur, fog, contrast, "
+                        "pixelate, jpeg_compression (6 of 19)",
+        "smoke": ["benchmark.classes=[seven]", "benchmark.seeds=[1]", "families[0].shifts=[gaussian_noise,contrast]"],
+    },
+    "ximagenet": {
+        "config": "world_ximagenet.yaml", "scales_key": "benchmark.scales", "group": 0, "sets": [],
+        "subset": ["benchmark.classes=[zero,three,seven]", "benchmark.seeds=[1,2]"],
+        "subset_words": "classes zero, three, seven (3 of 9); seeds 1, 2 (2 of 6); all 12 scenarios",
+        "smoke": ["benchmark.classes=[seven]", "benchmark.seeds=[1]", "benchmark.shifts=[image_grey,blur_object]"],
+    },
+    "imagenet_e": {
+        "config": "world_imagenet_e.yaml", "scales_key": "benchmark.scales", "group": 0, "sets": [],
+        "subset": ["benchmark.classes=[zero,seven]", "benchmark.seeds=[1,2]"],
+        "subset_words": "classes zero, seven (2 of 5); seeds 1, 2 (2 of 4); all 5 attributes",
+        "smoke": ["benchmark.classes=[seven]", "benchmark.seeds=[1]", "benchmark.shifts=[size,rotation]"],
+    },
+}
+
+
+def dense_scales(grid: list[float], per_step: int = 16) -> list[float]:
+    """``per_step`` steps in every grid interval, exact (the bisection's probes are exact
+    midpoints, 2.9375 and not 2.938: a pixelation can differ between the two); distinct in
+    thousandths, the outputs' scale resolution, for the grids of the worlds."""
+    grid = sorted(grid)
+    out = {round(grid[-1], 9)}
+    for a, b in zip(grid, grid[1:]):
+        out.update(round(a + (b - a) * j / per_step, 9) for j in range(per_step))
+    if len({round(x * 1000) for x in out}) != len(out):
+        raise SystemExit(f"bench/refine.py: the dense grid of {grid} repeats a scale in thousandths")
+    return sorted(out)
+
+
+def build(out: Path, sets: list[str], config: str = "demo.yaml") -> float:
     from pipeline.cli import main
 
     import contextlib
 
     t0 = time.perf_counter()
-    args = ["build", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--runner", "local"]
+    args = ["build", str(ROOT / "configs" / config), "--output", str(out), "--runner", "local"]
     for s in sets:
         args += ["--set", s]
     with contextlib.redirect_stdout(sys.stderr):  # the build's progress; stdout is the JSON
@@ -84,7 +139,9 @@ def dense_truth(out: Path, classifiers: list[str]):
     return truth, len(samples)
 
 
-def compare(table, truth, step: float, grid_step: float = 0.5) -> dict:
+def compare(table, truth, step: float, grid_step: float = 0.5, grid: list[float] | None = None) -> dict:
+    """``grid``: the build's scales; each row's grid step is then its own grid interval's and
+    ``step`` its 1/16 (a dense step)."""
     refined = table[table["status"] == "refined"]
     n = agree = recover = nonmono = 0
     errors = []
@@ -92,6 +149,9 @@ def compare(table, truth, step: float, grid_step: float = 0.5) -> dict:
         first, g = truth.get((r.trajectory_id, r.classifier), (None, None))
         if first is None:
             continue  # the dense build kept none of its wrong images
+        if grid is not None:
+            grid_step = r.grid_fp - max(x for x in grid if x < r.grid_fp - 1e-9)
+            step = grid_step / 16
         n += 1
         errors.append(abs(r.refined_fp - first))
         agree += abs(r.refined_fp - first) <= step + 1e-9
@@ -168,10 +228,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=10, help="generator.steps of both builds (the world's: 50)")
     p.add_argument("--classifiers", default=",".join(WORLD_MODELS))
     p.add_argument("--smoke", action="store_true", help="the smallest size: one class and seed, one round")
+    p.add_argument("--family", choices=["cns", *FAMILIES], default="cns",
+                   help="cns: the demo world's CNS benchmark (default); else that family's world build")
+    p.add_argument("--subset", action="store_true", help="a family's world cut to fewer classes, seeds, shifts")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if args.family != "cns":
+        return family_main(args)
     from pipeline.analyses.refined import read_refined
     from pipeline.io.store import OutputStore
     from pipeline.refine import refine
@@ -221,6 +286,61 @@ def main(argv: list[str] | None = None) -> dict:
                          r["points_made"] + r["points_reused"] for r in runs)) else None,
                      "wall_vs_one_after_another": together_s / sum(r["wall_s"] for r in runs) if runs else None},
         "prefix": prefix_cost(ROOT / "configs" / "demo.yaml", sets),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    })
+    print(json.dumps(result, indent=None if args.json else 1))
+    return result
+
+
+def family_main(args) -> dict:
+    """A family's world build against its dense grid (``--family``)."""
+    from pipeline.aggregate.run import load_sound_tables
+    from pipeline.analyses.refined import read_refined
+    from pipeline.config import load_config
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine, refine_uri
+
+    fam = FAMILIES[args.family]
+    classifiers = args.classifiers.split(",")
+    sets = [f"generator.steps={args.steps}", "aggregate.plots=false", "aggregate.strips.count=0", *fam["sets"]]
+    rounds, subset = args.rounds, "the whole world"
+    if args.smoke:
+        sets += fam["smoke"]
+        rounds, subset = 1, "smoke: " + ", ".join(fam["smoke"])
+    elif args.subset:
+        sets += fam["subset"]
+        subset = fam["subset_words"]
+    group = load_config(str(ROOT / "configs" / fam["config"]), sets=sets).family_groups()[fam["group"]]
+    grid, shifts = list(group.scales), set(group.shifts)
+    dense = dense_scales(grid)
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    grid_s = build(work / "grid", sets, fam["config"])
+    dense_s = build(work / "dense", sets + [f"{fam['scales_key']}={dense}"], fam["config"])
+    t1 = time.perf_counter()
+    summary = refine(str(work / "grid"), classifiers, rounds=rounds, runner="local", echo=quiet)
+    refine_s = time.perf_counter() - t1
+    table = read_refined(OutputStore(str(work / "grid")))
+    table = table[table["shift"].isin(shifts)]
+    truth, _ = dense_truth(work / "dense", classifiers)
+    dense_samples, _, _ = load_sound_tables(OutputStore(str(work / "dense")), classifiers)
+    images_dense = int(dense_samples["shift"].isin(shifts).sum())
+    made, _, _ = load_sound_tables(OutputStore(refine_uri(str(work / "grid"))), classifiers)
+    images_family = int(made["shift"].isin(shifts).sum())
+    result = compare(table, truth, 0.0, grid=grid)
+    result.update({
+        "family": args.family, "kind": group.kind, "config": f"configs/{fam['config']}", "subset": subset,
+        "extra_sets": sets, "grid": grid, "dense_scales": len(dense), "shifts": sorted(shifts),
+        "rounds": rounds, "steps": args.steps, "classifiers": classifiers, "smoke": args.smoke,
+        "failing_pairs": int((table["status"] == "refined").sum()),
+        "images_refinement": images_family, "images_dense": images_dense,
+        "images_ratio": images_family / images_dense if images_dense else None,
+        "images_refinement_other_families": int(len(made) - images_family),
+        "points_made": summary.points_made, "refine_rejected": int(table["rejected"].sum()),
+        "build_grid_s": round(grid_s, 1), "build_dense_s": round(dense_s, 1), "refine_s": round(refine_s, 1),
         "wall_s": round(time.perf_counter() - t0, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     })

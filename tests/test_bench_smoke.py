@@ -161,3 +161,17 @@ def test_refine(capsys, tmp_path):
     assert 0 < out["prefix"]["prefix_unet_s"] < out["prefix"]["call_cold_s"] and out["prefix"]["cache_hits"] == 5
     assert out["together"]["same_rows"] is True
     assert out["together"]["points_made"] == sum(r["points_made"] for r in out["runs"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (BENCH.parent / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
+def test_refine_family(capsys, tmp_path):
+    # A family's world build against its dense grid (`--family`), for the cheapest of the
+    # three (about 45 s here): one class and seed, two corruptions, one round.
+    out = _load("refine").main(["--family", "corruptions", "--smoke", "--work", str(tmp_path / "work"), "--json"])
+    assert _printed(capsys) == out
+    for key in ("agree_interval", "mean_abs_error", "images_ratio", "subset", "recover_before_grid"):
+        assert key in out
+    assert out["kind"] == "corruption" and out["dense_scales"] == 161
+    assert out["images_dense"] == 2 * 161 and 0 < out["images_refinement"] <= out["failing_pairs"]
+    assert out["images_ratio"] == out["images_refinement"] / out["images_dense"]

@@ -530,3 +530,36 @@ def test_a_build_of_a_family_without_a_continuous_scale_is_refused_naming_it(tmp
     err = capsys.readouterr().err
     assert "family prompt_nuisance" in err and "no continuous scale" in err
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml"]  # nothing written
+
+
+def test_a_family_point_is_made_in_a_call_with_the_grids_top_scale():
+    # A family may set a trajectory up for the farthest level of its call (ImageNet-E's
+    # position picks the direction in which the top level's offset fits): a point is made in
+    # a call at [0, scale, top], as every build's call has the top, and only [0, scale] is kept.
+    from types import SimpleNamespace
+
+    from pipeline.plan import schema
+    from pipeline.stages.refine import RefineGenerateStage
+
+    stage = RefineGenerateStage.__new__(RefineGenerateStage)
+    group = SimpleNamespace(shifts=("position", "size"), scales=(0.0, 0.25, 0.5, 0.7, 1.0))
+    stage.families = [(group, object())]
+    calls = []
+
+    def family_rows(unit, ctx, family, shifts, scales):
+        calls.append((tuple(shifts), tuple(scales)))
+        top = max(scales)
+        return [schema.trajectory_row(class_id=unit.class_id, class_name=unit.class_name, seed=unit.seed, shift=sh,
+                                      scales=scales, images=[f"{sh}@{s}|top {top}".encode() for s in scales],
+                                      params=[{"level": s} for s in scales]) for sh in shifts]
+
+    stage.family_rows = family_rows
+    row = {"unit_id": "007_0001", "class_id": 7, "class_name": "seven", "seed": 1, "shifts": ["position", "size", "size"],
+           "scales": [0.3125, 0.3125, 1.0], "references": [b"ref-p", b"ref-s", b"ref-s"]}
+    out = stage.process([row])
+    assert calls == [(("position", "size"), (0.0, 0.3125, 1.0)), (("size",), (0.0, 1.0))]
+    assert [(r["shift"], r["scales"], r["images"]) for r in out] == [
+        ("position", [0.0, 0.3125], [b"ref-p", b"position@0.3125|top 1.0"]),
+        ("size", [0.0, 0.3125], [b"ref-s", b"size@0.3125|top 1.0"]),
+        ("size", [0.0, 1.0], [b"ref-s", b"size@1.0|top 1.0"])]
+    assert all(len(r["sample_ids"]) == len(r["params"]) == 2 for r in out)

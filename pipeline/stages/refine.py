@@ -49,6 +49,14 @@ _PER_IMAGE = ("scales", "sample_ids", "images", "params", *schema.SCORE_COLUMNS,
               *schema.REALISATION_COLUMNS)
 
 
+def _first_two(row: dict[str, Any]) -> dict[str, Any]:
+    """A GENERATED row cut to its first two images (scale 0 and the point's scale)."""
+    for key in ("scales", "sample_ids", "images", "params"):
+        if row.get(key) is not None:
+            row[key] = row[key][:2]
+    return row
+
+
 def point_key(shift: str, class_id: int, seed: int, scale: float) -> str:
     """The refinement key of the image of trajectory (shift, class, seed) at ``scale``: its sample id."""
     return plan.sample_id(shift, class_id, seed, scale)
@@ -75,14 +83,19 @@ class RefineGenerateStage(GenerateStage):
                     out.extend(self.slider_rows(row, unit, family, [
                         (sh, float(sc)) for sh, sc in zip(row["shifts"], row["scales"]) if sh in group.shifts]))
                     continue
-                # Any other family: one family call per distinct scale, at [0, scale].
+                # Any other family: one family call per distinct scale, at [0, scale, top]: the
+                # grid's top scale is in every build's call, and a family may set a trajectory up
+                # for its farthest level (ImageNet-E's position picks the direction in which
+                # the top level's offset fits), so the call has it too and its image is dropped.
                 by_scale: dict[float, list[str]] = {}
                 for shift, scale in zip(row["shifts"], row["scales"]):
                     if shift in group.shifts:
                         by_scale.setdefault(float(scale), []).append(shift)
+                top = float(max(group.scales))
                 for scale, shifts in sorted(by_scale.items()):
                     try:
-                        made = self.family_rows(unit, ctx, family, shifts, [0.0, scale])
+                        made = [_first_two(r) for r in self.family_rows(
+                            unit, ctx, family, shifts, [0.0, scale] + ([top] if top > scale else []))]
                     except Exception as err:  # recorded per point; the round goes on
                         log.exception("refinement generation failed for %s at %s", unit.id, scale)
                         message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
