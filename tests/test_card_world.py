@@ -11,6 +11,7 @@ the leaderboard of the cards.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -168,7 +169,7 @@ def test_a_second_identical_card_loads_no_model(cnn_card, world, monkeypatch):
 
     monkeypatch.setattr("pipeline.models.classifiers.Classifier.__init__", refuse)
     monkeypatch.setattr("pipeline.stages.classify.ClassifyStage.setup", refuse)
-    monkeypatch.setattr("pipeline.build.build", refuse)
+    monkeypatch.setattr(importlib.import_module("pipeline.build"), "build", refuse)  # the module (pipeline.build is the API's function)
     before = (cnn_card / "card.json").read_bytes()
     assert main(["card", "cnn", "--suite", str(world["suite"]), "--output", str(cnn_card), "--runner", "local"]) == 0
     assert (cnn_card / "card.json").read_bytes() == before

@@ -142,13 +142,16 @@ def test_output_written_before_the_protocol_counts_as_custom():
 
 
 # --------------------------------------------------------------------------- prompts
-class _PromptRecorder:
+from pipeline.models.filter_base import Filter  # noqa: E402 (the recorder's base; imports no torch)
+
+
+class _PromptRecorder(Filter):
     """A filter that records the prompts the OOC filter would encode, and keeps everything."""
 
     def __init__(self, spec, device):
         from pipeline.models.detectors import OOCFilter
 
-        self.spec = spec
+        super().__init__(spec, device)
         self.ooc = OOCFilter.__new__(OOCFilter)  # prompts() needs only the spec: no model loads
         self.ooc.spec = spec
         self.seen: list[tuple[str, str]] = []

@@ -529,7 +529,7 @@ def test_a_build_of_a_family_without_a_continuous_scale_is_refused_naming_it(tmp
     assert refine_cli(str(out), "--classifier", "all", "--runner", "local") == 2
     err = capsys.readouterr().err
     assert "family prompt_nuisance" in err and "no continuous scale" in err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml"]  # nothing written
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "config.yaml"]  # nothing written
 
 
 def test_a_family_point_is_made_in_a_call_with_the_grids_top_scale():

@@ -102,4 +102,4 @@ def test_a_list_that_lacks_a_key_is_found():
              ("c.py:3", {"float32", "bfloat16"})]  # no registry's
     assert drift(regs, lists) == [
         "a.py:1 lists ['open_clip_zeroshot', 'timm', 'torch_hub', 'torchscript', 'vlm']; CLASSIFIERS holds "
-        "['exported', 'open_clip_zeroshot', 'timm', 'torch_hub', 'torchscript', 'vlm']"]
+        "['exported', 'module', 'open_clip_zeroshot', 'timm', 'torch_hub', 'torchscript', 'vlm']"]

@@ -48,7 +48,8 @@ def test_the_in_process_runner_gives_each_stage_its_own_threads(tmp_path):
     from buildproc import tiny_config
 
     from pipeline.config import load_config
-    from pipeline.executors.base import StageSpec, stage_threads
+    from pipeline.executors import Chain, StageSpec
+    from pipeline.executors.base import stage_threads
     from pipeline.executors.in_process import InProcessExecutor
 
     def mutate(raw):
@@ -59,7 +60,7 @@ def test_the_in_process_runner_gives_each_stage_its_own_threads(tmp_path):
     before = torch.get_num_threads()
     torch.set_num_threads(3)  # what a process starts with on a bigger machine
     try:
-        chain = [StageSpec(_Generate), StageSpec(_Classify), StageSpec(_Write, batch_size=2)]
+        chain = Chain(cfg, [StageSpec(_Generate), StageSpec(_Classify), StageSpec(_Write, batch_size=2)])
         rows = [{"trajectory_id": f"t{i}", "threads": []} for i in range(4)]
         done = list(InProcessExecutor(cfg).run(rows, str(tmp_path / "out"), chain, first_schema=SCHEMA))
     finally:

@@ -389,7 +389,7 @@ class _Generate:
 
 
 def _generate_chain(cfg, gpus: float, memory: int):
-    from pipeline.executors.base import StageSpec
+    from pipeline.executors import StageSpec
     from pipeline.executors.chain import Chain
 
     res = cfg.resources.generate.model_copy(update={"num_gpus": gpus, "num_cpus": 1.0})
@@ -442,7 +442,8 @@ def test_a_full_disk_on_the_ray_runner_is_the_stages_own_error(ray_session, tmp_
     a bug keeps Ray's error, with the actor's traceback."""
     import errno
 
-    from pipeline.executors.base import RunOptions, StageSpec
+    from pipeline.executors import StageSpec
+    from pipeline.executors.base import RunOptions
     from pipeline.executors.chain import Chain
     from pipeline.executors.ray_data import RayDataExecutor
     from pipeline.io.retry import StorageError

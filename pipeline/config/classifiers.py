@@ -30,7 +30,7 @@ class ClassifierSpec(Strict):
     folder_keys: ClassVar[frozenset[str]] = frozenset()
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.\-]+$", description="unique display name")
-    kind: str = Field("timm", description="registry key: timm | open_clip_zeroshot | torchscript | exported | torch_hub | vlm")
+    kind: str = Field("timm", description="registry key: timm | open_clip_zeroshot | torchscript | exported | torch_hub | vlm | module (a model held in memory: pipeline.evaluate, pipeline.card)")
     model: str = Field(..., description="timm model name (arch.tag) or open_clip architecture")
     checkpoint: str | None = Field(None, description="local weights file (timm) or pretrained tag/file (open_clip)")
     model_config_file: str | None = Field(None, description="open_clip: JSON architecture of a custom model")
