@@ -183,27 +183,3 @@ def test_a_model_that_cannot_travel_to_ray_is_refused_before_any_write(output):
     with pytest.raises(CnsbenchError, match=r"classifiers\[locked\]: its model cannot be sent to the Ray workers .*lock"):
         evaluate(_Locked(), output, name="locked", preprocess=PRE, runner="ray", echo=lambda m: None)
     assert _marker(output) == before
-
-
-@pytest.mark.slow
-def test_on_ray_a_model_defined_in_main_travels_by_value_and_scores_as_in_process(output, ray_session):
-    """A notebook's (``__main__``'s) class is pickled by value: Ray's actors need not import it."""
-    from pipeline.api.models import evaluate
-
-    ns = {"__name__": "__main__"}
-    exec(  # as a notebook cell defines it: class and methods in __main__, importable by no worker
-        "import torch\n"
-        "class Net(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        torch.manual_seed(0)\n"
-        "        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2)\n"
-        "        self.head = torch.nn.Linear(4 * 15 * 15, 10)\n"
-        "    def forward(self, x):\n"
-        "        return self.head(torch.relu(self.conv(x)).flatten(1))\n", ns)
-    Net = ns["Net"]
-    assert Net.__module__ == "__main__"
-    local = evaluate(SmallCNN(), output, name="here", preprocess=PRE, runner="local", echo=lambda m: None)
-    ray_run = evaluate(Net(), output, name="there", preprocess=PRE, runner="ray", echo=lambda m: None)
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "classifier"} for r in rows]  # noqa: E731
-    assert strip(ray_run["summary"]) == strip(local["summary"]) and ray_run["summary"]
