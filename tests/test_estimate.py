@@ -3,6 +3,7 @@ the UNet evaluations the build makes, the table and its assumptions, bad options
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -190,6 +191,14 @@ def test_a_stage_is_projected_at_its_precisions_utilisation_where_measured(monke
 
 
 # --------------------------------------------------------------------------- a family prices its own UNet work
+# Shifts of the transforming families that run the UNet beside one that does not, with the
+# options that make every loop of theirs run (object_edit: conditional, so with CFG).
+MASKED_SHIFTS = {
+    "object_edit": (["position", "background_complexity"], {"condition": "class"}),
+    "masked_scenario": (["generated_background", "blur_background"], {}),
+}
+
+
 def _family_config(tmp_path, kind: str):
     """The tests' tiny config with ``kind`` as its primary family: 1 class, 1 seed, 2 shifts, 3 scales."""
     from buildproc import tiny_config
@@ -201,19 +210,31 @@ def _family_config(tmp_path, kind: str):
             raw["generator"]["options"] = {"vocabulary": {"background": ["painting style", "heavy snow"]}}
         if kind == "corruption":
             raw["benchmark"]["shifts"] = ["gaussian_noise", "contrast"]
+        if kind in MASKED_SHIFTS:  # levels / strengths in [0, 1]
+            shifts, options = MASKED_SHIFTS[kind]
+            raw["benchmark"].update(shifts=shifts, scales=[0, 0.5, 1.0])
+            raw["generator"]["options"] = options
 
     return load_config(tiny_config(tmp_path, mutate))
 
 
 def _gray(ctx):
+    """A grey base image with a usable object mask: a square in the middle, a quarter of the image,
+    so a moved object always uncovers part of its old place."""
+    import numpy as np
     from PIL import Image
 
     from pipeline.families.base import BaseImage
 
-    return BaseImage(image=Image.new("RGB", (64, 64), (128, 128, 128)))
+    arr = np.full((64, 64, 3), 128, np.uint8)
+    mask = np.zeros((64, 64), bool)
+    mask[16:48, 16:48] = True
+    arr[mask] = (200, 90, 40)
+    return BaseImage(image=Image.fromarray(arr), mask=mask)
 
 
-@pytest.mark.parametrize("kind", ["slider", "prompt", "prompt_nuisance", "corruption"])
+@pytest.mark.parametrize("kind", ["slider", "prompt", "prompt_nuisance", "corruption", "object_edit",
+                                  "masked_scenario"])
 def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, kind, one_torch_thread):
     """What the estimate prices is what the family's own counter (``ShiftImages.unet_evals``,
     summed into a shard's ``stats.unet_evals``) records when it makes the images."""
@@ -232,9 +253,31 @@ def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, 
             for seed in cfg.benchmark.seeds:
                 ctx = UnitContext(class_id, cfg.benchmark.class_name(class_id), seed, _gray)
                 made = family.generate(ctx, list(group.shifts), list(group.scales))
+                assert all(m.unusable is None for m in made.values())
                 recorded += sum(m.unet_evals for m in made.values())
     assert unet_evaluations(cfg) == recorded
     assert (recorded > 0) == (kind != "corruption")
+
+
+def test_the_masked_families_count_their_rows_steps_and_guidance(tmp_path):
+    """The counts by hand, 10 steps, levels 0.5 and 1: object_edit's position fills run 6 steps
+    (strength 0.6) and its background edits 5 (strength 0.5), each of 2 levels with CFG;
+    masked_scenario's generated background runs strengths 0.5 and 1 from step 0, guided."""
+    from pipeline.registry import FAMILIES
+
+    for kind, evals in (("object_edit", 2 * (2 * 6 + 2 * 5)), ("masked_scenario", 2 * 2 * 10)):
+        cfg = _family_config(tmp_path, kind)
+        group = cfg.family_groups()[0]
+        cost = FAMILIES.get(kind).unet_cost(cfg, group)
+        assert cost.evals["evals"] == evals and cost.evals["prefix_steps"] == 0
+        assert "upper bound" in cost.note and "unusable" in cost.note
+        if kind == "masked_scenario":
+            other = dataclasses.replace(group, shifts=("blur_background",))
+        else:
+            classical = group.options.fill.model_copy(update={"kind": "classical"})
+            other = dataclasses.replace(group, shifts=("size",),
+                                        options=group.options.model_copy(update={"fill": classical}))
+        assert FAMILIES.get(kind).unet_cost(cfg, other) is None  # no scenario / edit that runs the UNet
 
 
 def test_the_estimate_of_the_tiny_build_equals_its_manifests_count(tiny_reference):

@@ -430,6 +430,9 @@ def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, st
             assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts) {what}; no GPU time counted",
                                 f"the family's unet_cost (registry: {group.kind})"))
             continue
+        if cost.note:
+            assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts): {cost.note}",
+                                f"the family's unet_cost (registry: {group.kind})"))
         n = summary.n_classes * summary.n_seeds
         units = max(units, n)
         seconds, e = latency.unit_seconds(cfg, spec, len(group.shifts), list(group.scales), cost.evals, cost.hooked)
