@@ -245,6 +245,9 @@ def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, 
     from pipeline.registry import FAMILIES
 
     cfg = _family_config(tmp_path, kind)
+    # The base images come from ``_gray``, as from a collection: no UNet work of the seed source's
+    # (that is the next test's).
+    cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"kind": "folders"})})
     recorded = 0.0
     for group in cfg.family_groups():
         family = FAMILIES.get(group.kind)(cfg, group, "cpu", torch.float32)
@@ -257,6 +260,42 @@ def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, 
                 recorded += sum(m.unet_evals for m in made.values())
     assert unet_evaluations(cfg) == recorded
     assert (recorded > 0) == (kind != "corruption")
+
+
+@pytest.mark.parametrize("kinds", [("corruption",), ("slider", "corruption")])
+def test_the_seed_sources_base_images_are_priced_as_the_generate_stage_records_them(tmp_path, kinds,
+                                                                                  one_torch_thread):
+    """A build whose families make no scale 0 of their own generates each unit's base image with
+    the seed source: its evaluations go on the unit's first row (a shard's ``stats.unet_evals``)
+    and the estimate prices them; beside a slider family the base is its scale 0, made once."""
+    from buildproc import tiny_config
+
+    from pipeline import plan
+    from pipeline.perf.estimate import base_cost, unet_evaluations
+    from pipeline.stages.generate import GenerateStage
+
+    def mutate(raw):
+        raw["benchmark"].update(classes=["goldfish"], seeds=[1], scales=[0, 1.0, 2.0])
+        raw["generator"]["kind"] = kinds[0]
+        if kinds == ("corruption",):
+            raw["benchmark"]["shifts"] = ["gaussian_noise", "contrast"]
+        else:
+            raw["families"] = [{"kind": "corruption", "shifts": ["gaussian_noise"], "scales": [0, 1.0]}]
+
+    cfg = load_config(tiny_config(tmp_path, mutate))
+    assert cfg.source.kind == "seed"
+    stage = GenerateStage(cfg, device="cpu")
+    stage.ensure_setup()
+    rows = stage.process([u.to_row() for u in plan.plan_units(cfg)])
+    assert rows and all(r["error"] is None for r in rows)
+    recorded = sum(r["unet_evals"] for r in rows)
+    per_unit = cfg.generator.steps * 2  # the plain prompt over every step, with guidance
+    if kinds == ("corruption",):
+        assert base_cost(cfg).evals["evals"] == per_unit
+        assert [r["unet_evals"] for r in rows] == [per_unit, 0.0]  # on the unit's first row
+    else:
+        assert base_cost(cfg) is None  # the slider family's scale 0 is the base
+    assert recorded > 0 and unet_evaluations(cfg) == recorded
 
 
 def test_the_masked_families_count_their_rows_steps_and_guidance(tmp_path):

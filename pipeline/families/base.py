@@ -47,6 +47,7 @@ class BaseImage:
     mask: "np.ndarray | None" = None
     info: dict[str, Any] = field(default_factory=dict)  # recorded in params (e.g. mask area, source file)
     unusable: str | None = None  # set when e.g. the mask fails its quality check: images are filtered out
+    unet_evals: float = 0.0  # UNet sample-evaluations that making it cost (the seed source's generation)
 
 
 @dataclass

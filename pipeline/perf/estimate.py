@@ -110,9 +110,20 @@ def unet_costs(cfg: "BuildConfig") -> list[tuple["FamilyGroup", "UnetCost | None
     return [(g, FAMILIES.get(g.kind).unet_cost(cfg, g)) for g in cfg.family_groups()]
 
 
+def base_cost(cfg: "BuildConfig") -> "UnetCost | None":
+    """What the build's image source costs the UNet per unit (``ImageSource.unet_cost``): it is
+    asked for each unit's base image when no family of the build makes its own scale 0."""
+    from pipeline.registry import FAMILIES, SOURCES
+
+    if any(FAMILIES.get(g.kind).generates_base for g in cfg.family_groups()):
+        return None
+    return SOURCES.get(cfg.source.kind).unet_cost(cfg)
+
+
 def generates(cfg: "BuildConfig") -> bool:
-    """Whether a family of ``cfg`` runs the UNet (the generate actor then holds the diffusion model)."""
-    return any(cost is not None for _, cost in unet_costs(cfg))
+    """Whether a family of ``cfg`` or its image source runs the UNet (the generate actor then holds the
+    diffusion model)."""
+    return any(cost is not None for _, cost in unet_costs(cfg)) or base_cost(cfg) is not None
 
 
 def generate_bytes(cfg: "BuildConfig", branch_batch_size: int | None = None) -> tuple[int, str]:
@@ -424,18 +435,23 @@ def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, st
     assumptions = assumptions if assumptions is not None else []
     summary = plan.summarize(cfg)
     units, evals, unshared, decodes, gen_s = 0, 0, 0, 0, 0.0
-    for group, cost in unet_costs(cfg):
+    source = cfg.source.kind
+    priced = [(f"family {g.kind} ({len(g.shifts)} shifts)", f"the family's unet_cost (registry: {g.kind})",
+               len(g.shifts), list(g.scales), cost) for g, cost in unet_costs(cfg)]
+    base = base_cost(cfg)
+    if base is not None:
+        priced.append((f"source {source}'s base images (one per unit)", f"the source's unet_cost (registry: {source})",
+                       0, [0.0], base))
+    for what, where, n_shifts, scales, cost in priced:
         if cost is None or cost.evals is None:
-            what = "runs no UNet" if cost is None else f"runs the UNet, not counted: {cost.unknown}"
-            assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts) {what}; no GPU time counted",
-                                f"the family's unet_cost (registry: {group.kind})"))
+            how = "runs no UNet" if cost is None else f"runs the UNet, not counted: {cost.unknown}"
+            assumptions.append((f"{what} {how}; no GPU time counted", where))
             continue
         if cost.note:
-            assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts): {cost.note}",
-                                f"the family's unet_cost (registry: {group.kind})"))
+            assumptions.append((f"{what}: {cost.note}", where))
         n = summary.n_classes * summary.n_seeds
         units = max(units, n)
-        seconds, e = latency.unit_seconds(cfg, spec, len(group.shifts), list(group.scales), cost.evals, cost.hooked)
+        seconds, e = latency.unit_seconds(cfg, spec, n_shifts, scales, cost.evals, cost.hooked)
         gen_s += n * seconds
         evals += n * e["evals"]
         unshared += n * e["evals_unshared"]
@@ -453,8 +469,9 @@ def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, st
 
 
 def unet_evaluations(cfg: "BuildConfig") -> int:
-    """The UNet sample-evaluations a build of ``cfg`` makes, as its families count them (the
-    sum of the build's ``ShiftImages.unet_evals``, i.e. its manifests' ``stats.unet_evals``)."""
+    """The UNet sample-evaluations a build of ``cfg`` makes, as its families and image source count
+    them (the sum of the build's ``ShiftImages.unet_evals`` and of the base images' ``BaseImage.unet_evals``,
+    i.e. its manifests' ``stats.unet_evals``)."""
     return _stage_times(cfg, data.gpu_spec(REFERENCE_GPU))[0][1]
 
 

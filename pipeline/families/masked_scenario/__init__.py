@@ -131,17 +131,25 @@ class MaskedScenarioFamily(Family):
     def unet_cost(cls, config, group) -> UnetCost | None:
         """The count of :meth:`.generated.BackgroundPainter.paint` for a unit whose mask is usable:
         the strengths that start before the last step are rows of one batch, run from the
-        earliest start step to the end (x2 with guidance); the other scenarios run no UNet."""
-        if GENERATED not in group.shifts:
+        earliest start step to the end (x2 with guidance); the other scenarios run no UNet.
+        ``random_background`` reads other units' base images: from a source that generates them
+        (the seed source), one its worker has not kept is generated again, which is not priced."""
+        from pipeline.registry import SOURCES
+
+        rereads = "random_background" in group.shifts and SOURCES.get(config.source.kind).unet_cost(config) is not None
+        if GENERATED not in group.shifts and not rereads:
             return None
         from pipeline.families.masked_scenario.generated import painted_rows
 
         gen = config.generator
-        rows, steps = painted_rows(list(group.scales), gen.steps)
+        rows, steps = painted_rows(list(group.scales), gen.steps) if GENERATED in group.shifts else ([], 0)
         e = evals.denoise_evals_per_unit([(len(rows), steps)], gen.guidance_scale > 1.0,
                                          len(group.shifts) * len(group.scales))
-        return UnetCost(e, note=f"{GENERATED}: an upper bound, every unit's object mask counted usable (a unit "
-                                "with an unusable mask runs no UNet)")
+        notes = [f"{GENERATED}: an upper bound, every unit's object mask counted usable (a unit with an unusable "
+                 "mask runs no UNet)"] * (GENERATED in group.shifts)
+        notes += [f"random_background: the other units' base images it reads are generated again by source "
+                  f"{config.source.kind} where a worker has not kept them, not priced"] * rereads
+        return UnetCost(e, note="; ".join(notes))
 
     @classmethod
     def source_classes(cls, config, group) -> list[int]:
