@@ -204,16 +204,8 @@ def _filter_actor(cfg: "BuildConfig", device: Device) -> Actor | None:
                  startup.actor_seconds("filter", int(params * 1e6 * STORED_BYTES)))
 
 
-def _asks(kind: str) -> bool:
-    from pipeline import registry
-
-    try:
-        return bool(registry.CLASSIFIERS.get(kind).asks)  # a Classifier's class attribute
-    except (KeyError, ImportError):
-        return False
-
-
 def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
+    from pipeline.config.vqa import asks
     from pipeline.perf.memory import classifier_footprints, classifier_groups, group_bytes
 
     res = cfg.resources.classify
@@ -226,7 +218,7 @@ def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
         members = [feet[i] for i in group]
         projected = group_bytes(members)
         specs = [cfg.classifiers[i] for i in group]
-        kind = "vlm " if all(_asks(s.kind) for s in specs) else ""
+        kind = "vlm " if all(asks(s.kind) for s in specs) else ""
         names = ", ".join(s.name for s in specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
         remedy = ""
         if allowed is not None and projected > allowed:
