@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.families.base import Family, ShiftImages, UnitContext
+from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.families.masked_scenario.scenarios import ALL_NAMES, GENERATED, SCENARIOS
 from pipeline.perf import evals
 from pipeline.perf.evals import UnetCost
@@ -84,6 +84,7 @@ def scenario_seed(class_id: int, seed: int, scenario: str) -> list[int]:
 
 class MaskedScenarioFamily(Family):
     kind = "masked_scenario"
+    headline = CardHeadline("ximagenet", "pipeline.card.headline:ximagenet", {"robustness_score": True})
     continuous_scale = True  # the scenario's strength in [0, 1]
     Options = MaskedScenarioOptions
     scale_meaning = "strength: 0 original image, 1 the published XIMAGENET-12 transform"

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.families.base import Family, ShiftImages, UnitContext
+from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.perf import evals
 from pipeline.perf.evals import UnetCost
 
@@ -173,6 +173,8 @@ def direction(class_id: int, seed: int) -> float:
 
 class ObjectEditFamily(Family):
     kind = "object_edit"
+    headline = CardHeadline("imagenet_e", "pipeline.card.headline:imagenet_e",
+                            {"mean_drop_published": False, "mean_drop_all_levels": False, "mean_drop": False})
     continuous_scale = True  # the attribute's strength (size, offset, angle, background level)
     Options = ObjectEditOptions
     scale_meaning = (
