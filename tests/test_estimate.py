@@ -214,6 +214,7 @@ def _family_config(tmp_path, kind: str):
             shifts, options = MASKED_SHIFTS[kind]
             raw["benchmark"].update(shifts=shifts, scales=[0, 0.5, 1.0])
             raw["generator"]["options"] = options
+            raw["generator"]["branch_batch_size"] = 1  # object_edit's rows in chunks of one: the same count
 
     return load_config(tiny_config(tmp_path, mutate))
 

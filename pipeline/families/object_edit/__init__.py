@@ -212,7 +212,8 @@ class ObjectEditFamily(Family):
     def unet_cost(cls, config, group) -> UnetCost | None:
         """The count of :class:`.guidance.MaskedDenoiser` over a unit: every background edit's
         level a row of the guided loop, and (``fill.kind: diffusion``) every geometry edit's
-        level a row of the fill loop, each loop ``denoise_steps`` steps per row, x2 when
+        level a row of the fill loop, each loop ``denoise_steps`` steps per row (whatever
+        chunks of ``generator.branch_batch_size`` rows it runs in: none is padded), x2 when
         conditional with guidance.  A fill row runs only when the moved object leaves some of
         its hole uncovered (or ``rerender_background``), and a unit with an unusable mask runs
         none: the count is an upper bound, said in its note."""
