@@ -4,6 +4,7 @@ the headline metrics on synthetic tables against the report's functions, the lea
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -557,3 +558,40 @@ def test_leaderboard_carries_clean_accuracy_and_ranks_failure_points_refined_whe
     page = (out / "index.html").read_text()
     assert "failure points: refined (every card of this benchmark has one)" in page
     assert "not every card of this benchmark has a refined one" in page and "clean_accuracy" in page
+
+
+def _toy_headline(t):
+    """Stands for a new family's headline function, named by its ``CardHeadline``."""
+    return ("toy headline of", t)
+
+
+def test_the_card_benchmarks_and_their_headlines_come_from_the_families(monkeypatch):
+    """The shipped families give the five benchmarks, each dispatched to its function; a family
+    registered alone adds its own benchmark to suites, cards and the dispatch."""
+    from pipeline import registry
+    from pipeline.card import headline as H
+    from pipeline.card.schema import higher_is_better, metrics
+    from pipeline.card.suite import BenchmarkEntry, card_benchmarks
+    from pipeline.families.base import CardHeadline, Family
+
+    assert metrics() == {"cns": {"accuracy_drop": False}, "corruptions": {"mce": False},
+                         "imagenet_d": {"accuracy": True}, "ximagenet": {"robustness_score": True},
+                         "imagenet_e": {"mean_drop_published": False, "mean_drop_all_levels": False,
+                                        "mean_drop": False}}
+    assert {b: h.function for b, h in card_benchmarks().items()} == {
+        b: f"pipeline.card.headline:{b}" for b in ("cns", "corruptions", "imagenet_d", "ximagenet", "imagenet_e")}
+
+    toy = type("ToyFamily", (Family,), {"kind": "toy", "headline": CardHeadline(
+        "toy", f"{__name__}:_toy_headline", {"toy_score": True})})
+    monkeypatch.setattr(sys.modules[__name__], "ToyFamily", toy, raising=False)
+    monkeypatch.setitem(registry.FAMILIES._entries, "toy", (f"{__name__}:ToyFamily", "test"))
+    assert BenchmarkEntry(name="t", family="toy", output="/o").family == "toy"
+    assert H.headline("toy", "tables") == ("toy headline of", "tables") and higher_is_better("toy", "toy_score")
+    with pytest.raises(ValueError, match="unknown card benchmark 'cnss'"):
+        BenchmarkEntry(name="t", family="cnss", output="/o")
+    # A second family declaring the same benchmark differently is refused, naming both.
+    other = type("OtherToy", (Family,), {"kind": "toy2", "headline": CardHeadline("toy", f"{__name__}:_toy_headline")})
+    monkeypatch.setattr(sys.modules[__name__], "OtherToy", other, raising=False)
+    monkeypatch.setitem(registry.FAMILIES._entries, "toy2", (f"{__name__}:OtherToy", "test"))
+    with pytest.raises(registry.PluginError, match="'toy' and 'toy2'"):
+        card_benchmarks()

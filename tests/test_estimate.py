@@ -3,6 +3,7 @@ the UNet evaluations the build makes, the table and its assumptions, bad options
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -190,6 +191,14 @@ def test_a_stage_is_projected_at_its_precisions_utilisation_where_measured(monke
 
 
 # --------------------------------------------------------------------------- a family prices its own UNet work
+# Shifts of the transforming families that run the UNet beside one that does not, with the
+# options that make every loop of theirs run (object_edit: conditional, so with CFG).
+MASKED_SHIFTS = {
+    "object_edit": (["position", "background_complexity"], {"condition": "class"}),
+    "masked_scenario": (["generated_background", "blur_background"], {}),
+}
+
+
 def _family_config(tmp_path, kind: str):
     """The tests' tiny config with ``kind`` as its primary family: 1 class, 1 seed, 2 shifts, 3 scales."""
     from buildproc import tiny_config
@@ -201,19 +210,32 @@ def _family_config(tmp_path, kind: str):
             raw["generator"]["options"] = {"vocabulary": {"background": ["painting style", "heavy snow"]}}
         if kind == "corruption":
             raw["benchmark"]["shifts"] = ["gaussian_noise", "contrast"]
+        if kind in MASKED_SHIFTS:  # levels / strengths in [0, 1]
+            shifts, options = MASKED_SHIFTS[kind]
+            raw["benchmark"].update(shifts=shifts, scales=[0, 0.5, 1.0])
+            raw["generator"]["options"] = options
+            raw["generator"]["branch_batch_size"] = 1  # object_edit's rows in chunks of one: the same count
 
     return load_config(tiny_config(tmp_path, mutate))
 
 
 def _gray(ctx):
+    """A grey base image with a usable object mask: a square in the middle, a quarter of the image,
+    so a moved object always uncovers part of its old place."""
+    import numpy as np
     from PIL import Image
 
     from pipeline.families.base import BaseImage
 
-    return BaseImage(image=Image.new("RGB", (64, 64), (128, 128, 128)))
+    arr = np.full((64, 64, 3), 128, np.uint8)
+    mask = np.zeros((64, 64), bool)
+    mask[16:48, 16:48] = True
+    arr[mask] = (200, 90, 40)
+    return BaseImage(image=Image.fromarray(arr), mask=mask)
 
 
-@pytest.mark.parametrize("kind", ["slider", "prompt", "prompt_nuisance", "corruption"])
+@pytest.mark.parametrize("kind", ["slider", "prompt", "prompt_nuisance", "corruption", "object_edit",
+                                  "masked_scenario"])
 def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, kind, one_torch_thread):
     """What the estimate prices is what the family's own counter (``ShiftImages.unet_evals``,
     summed into a shard's ``stats.unet_evals``) records when it makes the images."""
@@ -224,6 +246,9 @@ def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, 
     from pipeline.registry import FAMILIES
 
     cfg = _family_config(tmp_path, kind)
+    # The base images come from ``_gray``, as from a collection: no UNet work of the seed source's
+    # (that is the next test's).
+    cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"kind": "folders"})})
     recorded = 0.0
     for group in cfg.family_groups():
         family = FAMILIES.get(group.kind)(cfg, group, "cpu", torch.float32)
@@ -232,9 +257,67 @@ def test_the_estimate_counts_the_unet_evaluations_each_family_records(tmp_path, 
             for seed in cfg.benchmark.seeds:
                 ctx = UnitContext(class_id, cfg.benchmark.class_name(class_id), seed, _gray)
                 made = family.generate(ctx, list(group.shifts), list(group.scales))
+                assert all(m.unusable is None for m in made.values())
                 recorded += sum(m.unet_evals for m in made.values())
     assert unet_evaluations(cfg) == recorded
     assert (recorded > 0) == (kind != "corruption")
+
+
+@pytest.mark.parametrize("kinds", [("corruption",), ("slider", "corruption")])
+def test_the_seed_sources_base_images_are_priced_as_the_generate_stage_records_them(tmp_path, kinds,
+                                                                                  one_torch_thread):
+    """A build whose families make no scale 0 of their own generates each unit's base image with
+    the seed source: its evaluations go on the unit's first row (a shard's ``stats.unet_evals``)
+    and the estimate prices them; beside a slider family the base is its scale 0, made once."""
+    from buildproc import tiny_config
+
+    from pipeline import plan
+    from pipeline.perf.estimate import base_cost, unet_evaluations
+    from pipeline.stages.generate import GenerateStage
+
+    def mutate(raw):
+        raw["benchmark"].update(classes=["goldfish"], seeds=[1], scales=[0, 1.0, 2.0])
+        raw["generator"]["kind"] = kinds[0]
+        if kinds == ("corruption",):
+            raw["benchmark"]["shifts"] = ["gaussian_noise", "contrast"]
+        else:
+            raw["families"] = [{"kind": "corruption", "shifts": ["gaussian_noise"], "scales": [0, 1.0]}]
+
+    cfg = load_config(tiny_config(tmp_path, mutate))
+    assert cfg.source.kind == "seed"
+    stage = GenerateStage(cfg, device="cpu")
+    stage.ensure_setup()
+    rows = stage.process([u.to_row() for u in plan.plan_units(cfg)])
+    assert rows and all(r["error"] is None for r in rows)
+    recorded = sum(r["unet_evals"] for r in rows)
+    per_unit = cfg.generator.steps * 2  # the plain prompt over every step, with guidance
+    if kinds == ("corruption",):
+        assert base_cost(cfg).evals["evals"] == per_unit
+        assert [r["unet_evals"] for r in rows] == [per_unit, 0.0]  # on the unit's first row
+    else:
+        assert base_cost(cfg) is None  # the slider family's scale 0 is the base
+    assert recorded > 0 and unet_evaluations(cfg) == recorded
+
+
+def test_the_masked_families_count_their_rows_steps_and_guidance(tmp_path):
+    """The counts by hand, 10 steps, levels 0.5 and 1: object_edit's position fills run 6 steps
+    (strength 0.6) and its background edits 5 (strength 0.5), each of 2 levels with CFG;
+    masked_scenario's generated background runs strengths 0.5 and 1 from step 0, guided."""
+    from pipeline.registry import FAMILIES
+
+    for kind, evals in (("object_edit", 2 * (2 * 6 + 2 * 5)), ("masked_scenario", 2 * 2 * 10)):
+        cfg = _family_config(tmp_path, kind)
+        group = cfg.family_groups()[0]
+        cost = FAMILIES.get(kind).unet_cost(cfg, group)
+        assert cost.evals["evals"] == evals and cost.evals["prefix_steps"] == 0
+        assert "upper bound" in cost.note and "unusable" in cost.note
+        if kind == "masked_scenario":
+            other = dataclasses.replace(group, shifts=("blur_background",))
+        else:
+            classical = group.options.fill.model_copy(update={"kind": "classical"})
+            other = dataclasses.replace(group, shifts=("size",),
+                                        options=group.options.model_copy(update={"fill": classical}))
+        assert FAMILIES.get(kind).unet_cost(cfg, other) is None  # no scenario / edit that runs the UNet
 
 
 def test_the_estimate_of_the_tiny_build_equals_its_manifests_count(tiny_reference):

@@ -173,3 +173,16 @@ def test_ls_lists_the_vlm_kind_and_its_protocols(capsys):
     out = capsys.readouterr().out
     assert "\n  vlm " in out and "VQA protocols" in out
     assert all(f"\n  {p} " in out for p in ("two_choice", "multiple_choice", "open"))
+
+
+def test_a_classifier_asks_by_its_kinds_role_and_a_protocol_is_read_from_its_options():
+    """Who asks questions is the kind's class-level role (``AskingClassifier.asks``) through the
+    registry; an entry's protocol is read from its options model alone (no kind's class loaded)."""
+    from pipeline.config.classifiers import ClassifierSpec
+    from pipeline.config.vqa import asks, protocol_of
+
+    assert asks("vlm") and not asks("timm") and not asks("module") and not asks("no-such-kind")
+    vlm = ClassifierSpec.model_validate({"name": "v", "kind": "vlm", "model": "llava-hf/llava-1.5-7b-hf",
+                                         "protocol": {"kind": "two_choice", "distractors": "questions"}})
+    timm = ClassifierSpec.model_validate({"name": "r", "kind": "timm", "model": "resnet18"})
+    assert protocol_of(vlm)["distractors"] == "questions" and protocol_of(timm) is None

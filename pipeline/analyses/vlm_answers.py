@@ -20,6 +20,7 @@ import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 from pipeline.aggregate.page import NA, float_format
+from pipeline.config.vqa import asks
 
 COLUMNS = ["classifier", "shift", "scale", "n", "n_true", "n_false", "n_excluded", "n_unasked", "accuracy"]
 
@@ -51,7 +52,8 @@ def answer_table(samples: pd.DataFrame, predictions: pd.DataFrame, vlms: list[st
 
 
 def run(ctx: AnalysisContext) -> AnalysisResult:
-    vlms = [c.name for c in ctx.config.classifiers if c.kind == "vlm"]
+    askers = [c for c in ctx.config.classifiers if asks(c.kind)]
+    vlms = [c.name for c in askers]
     if not vlms:
         return AnalysisResult()
     table = answer_table(ctx.samples, ctx.predictions, vlms)
@@ -60,7 +62,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     per_clf = {}
     lines = [("<p>Accuracy = TRUE / (TRUE + FALSE); answers naming several options or none are excluded "
               "(counted, not scored), as ImageNet-D's VQA evaluation.</p>")]
-    for spec in (c for c in ctx.config.classifiers if c.kind == "vlm"):
+    for spec in askers:
         t = table[table["classifier"] == spec.name]
         n_true, n_false, n_x = int(t["n_true"].sum()), int(t["n_false"].sum()), int(t["n_excluded"].sum())
         acc = n_true / (n_true + n_false) if n_true + n_false else None

@@ -1,5 +1,7 @@
 """The headline metrics of each benchmark family, for one model, with bootstrap intervals.
 
+A shift family names its card benchmark and the function here that computes its headline
+(``Family.headline``, :func:`pipeline.card.suite.card_benchmarks`); :func:`headline` calls it.
 Each family's numbers are those of its paper, computed by the functions its report uses,
 on the output's committed tables restricted to the card's model (and, for corruptions,
 the suite's baseline), so each equals the same number in the benchmark's own report:
@@ -41,7 +43,7 @@ import pandas as pd
 from pipeline.aggregate import bootstrap
 from pipeline.aggregate.analysis import AnalysisContext
 from pipeline.card.schema import higher_is_better
-from pipeline.card.suite import ALEXNET
+from pipeline.card.suite import ALEXNET, headline_function
 from pipeline.config import BuildConfig
 from pipeline.config.output import BootstrapSpec
 
@@ -498,15 +500,7 @@ def _attribute_draws(t: Tables, ctx: AnalysisContext) -> dict[tuple[str, float],
     return out
 
 
-FAMILY_METRICS: dict[str, Callable[[Tables], Headline]] = {
-    "cns": cns,
-    "corruptions": corruptions,
-    "imagenet_d": imagenet_d,
-    "ximagenet": ximagenet,
-    "imagenet_e": imagenet_e,
-}
-
-
 def headline(family: str, t: Tables) -> Headline:
-    """The card entry's numbers of a benchmark of ``family`` (see the module doc)."""
-    return FAMILY_METRICS[family](t)
+    """The card entry's numbers of a benchmark of ``family`` (see the module doc): the function
+    that the shift family declaring that card benchmark names (``Family.headline``)."""
+    return headline_function(family)(t)

@@ -16,7 +16,7 @@ robust): the refined one (``cnsbench refine``, ``cnsbench card --refine R``) whe
 card of the benchmark has one, the grid's otherwise; ``failure_point_basis`` says which.
 
 Per benchmark the models are ranked by the headline metric in the direction of its
-definition (:data:`pipeline.card.schema.METRICS`, never the card's say; 1 = most robust;
+definition (:func:`pipeline.card.schema.metrics`, never the card's say; 1 = most robust;
 ties share the smaller rank), and each gets a *tier*: 1 plus the number of models whose interval lies
 entirely on the better side of its own, so models that the intervals cannot tell apart
 share a tier.  Between every two benchmarks the ranks are compared by Spearman's rho and

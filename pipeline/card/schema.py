@@ -10,7 +10,7 @@ the file and the key.
 
 The numbers are finite numbers or ``null`` (a metric undefined on the data), never
 strings or booleans; a benchmark is listed once; the direction of a metric
-(``higher_is_better``) is the metric's definition (:data:`METRICS`), never the card's say:
+(``higher_is_better``) is the metric's definition (:func:`metrics`), never the card's say:
 a card that states the other direction is refused.  Keys the schema does not name are
 left alone (a later version may add some).
 
@@ -25,7 +25,7 @@ import math
 import re
 from typing import Any
 
-from pipeline.card.suite import NAME
+from pipeline.card.suite import NAME, card_benchmarks
 from pipeline.io.regular import read_bounded
 from pipeline.io.safejson import loads as safe_loads
 from pipeline.io.store import OutputStore
@@ -33,14 +33,14 @@ from pipeline.io.store import OutputStore
 CARD_VERSION = 1
 CARD_LIMIT = 16 << 20  # bytes of one card file (a card of five benchmarks is ~100 KB)
 CARD_MARKER = "cnsbench-card.json"
-# family -> headline metric -> higher is better: the metrics' own definitions (pipeline.card.headline)
-METRICS: dict[str, dict[str, bool]] = {
-    "cns": {"accuracy_drop": False},
-    "corruptions": {"mce": False},
-    "imagenet_d": {"accuracy": True},
-    "ximagenet": {"robustness_score": True},
-    "imagenet_e": {"mean_drop_published": False, "mean_drop_all_levels": False, "mean_drop": False},
-}
+
+
+def metrics() -> dict[str, dict[str, bool]]:
+    """Card benchmark (a card entry's ``family``) -> headline metric -> higher is better: the
+    metrics' own definitions, as the shift families declare them (``CardHeadline.metrics``)."""
+    return {name: dict(h.metrics) for name, h in card_benchmarks().items()}
+
+
 _NAME = re.compile(NAME)
 # the tail of a local atomic write interrupted before its rename (pipeline.io.store.OutputStore.write_bytes)
 TMP = re.compile(r"\.tmp-[0-9a-f]{32}-.+")
@@ -52,7 +52,7 @@ class CardError(ValueError):
 
 def higher_is_better(family: str, metric: str) -> bool:
     """The direction of a family's headline metric (KeyError for one the family does not have)."""
-    return METRICS[family][metric]
+    return card_benchmarks()[family].metrics[metric]
 
 
 # --------------------------------------------------------------------------- reading
@@ -143,15 +143,16 @@ def check_entry(e: Any, where: str, path: str) -> dict[str, Any]:
     if not _NAME.match(name):
         raise _bad(where, f"{path}.benchmark", "must be a benchmark name (letters, digits, _ and -)", name)
     family = _get(e, "family", where, f"{path}.family", (str,))
-    if family not in METRICS:
-        raise _bad(where, f"{path}.family", f"must be one of {', '.join(METRICS)}", family)
+    known = metrics()
+    if family not in known:
+        raise _bad(where, f"{path}.family", f"must be one of {', '.join(known)}", family)
     metric = _get(e, "metric", where, f"{path}.metric", (str,))
-    if metric not in METRICS[family]:
-        raise _bad(where, f"{path}.metric", f"family {family} has the metric {' or '.join(METRICS[family])}", metric)
+    if metric not in known[family]:
+        raise _bad(where, f"{path}.metric", f"family {family} has the metric {' or '.join(known[family])}", metric)
     _value_in_interval(e, where, path, required=True)
     stated = _get(e, "higher_is_better", where, f"{path}.higher_is_better", (bool,), required=False)
-    if stated is not None and stated != METRICS[family][metric]:
-        better = "higher" if METRICS[family][metric] else "lower"
+    if stated is not None and stated != known[family][metric]:
+        better = "higher" if known[family][metric] else "lower"
         raise _bad(where, f"{path}.higher_is_better", f"{metric} of {family} is better when {better}, by its definition", stated)
     _get(e, "protocol", where, f"{path}.protocol", (str,))
     for key in ("benchmark_hash", "images_digest"):

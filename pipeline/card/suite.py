@@ -12,8 +12,11 @@
       - {name: imagenet-c, family: corruptions, release: /data/ImageNet-C,   # a released tree,
          source_kind: imagenet_c, protocol: imagenet_c, config: cns_bench.yaml}  # evaluated once
 
-Each entry names its ``family``, which decides the headline metrics of its card entry
-(:mod:`pipeline.card.headline`), and exactly one of three kinds:
+Each entry names its ``family``, which decides the headline metrics of its card entry: a
+card benchmark that a registered shift family declares (``Family.headline``, a
+:class:`~pipeline.families.base.CardHeadline`: ``cns`` from slider and prompt, ``corruptions``,
+``imagenet_d``, ``ximagenet``, ``imagenet_e``; :func:`card_benchmarks`), whose function
+computes them (:mod:`pipeline.card.headline`), and exactly one of three kinds:
 
 * ``config`` (no ``release``): a build config, built into ``output`` when that is missing or
   incomplete (``cnsbench build``), then reused;
@@ -31,30 +34,58 @@ outputs or releases lie: a card records each output's own identity beside it.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Callable
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.config import BuildConfig, ConfigError, resolved_dict
 from pipeline.config.base import Strict
 from pipeline.io import bounds
 
-# A suite entry's ``family`` names whose headline metrics its card entry shows (one paper's
-# benchmark), not a shift family of the registry (pipeline.registry.FAMILIES, generator.kind):
-# the CNS entry's output may hold slider, prompt or corruption families alike.
-HEADLINE_FAMILIES = ("cns", "corruptions", "imagenet_d", "ximagenet", "imagenet_e")
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.families.base import CardHeadline
+
 ALEXNET = "alexnet"  # the corruption baseline of ImageNet-C: AlexNet's published errors
 NAME = r"^[A-Za-z0-9_\-]+$"
 
 
+def card_benchmarks() -> dict[str, "CardHeadline"]:
+    """The card benchmarks, by name, that the registered shift families declare
+    (``Family.headline``; pipeline.registry.FAMILIES).  A suite entry's ``family`` is one of
+    them: one paper's benchmark, not a shift family (the CNS entry's output may hold slider,
+    prompt or corruption families alike).  Families sharing a benchmark declare the same;
+    :class:`~pipeline.registry.PluginError` naming both otherwise.  Loading the families imports
+    no torch."""
+    from pipeline.registry import FAMILIES, PluginError
+
+    found: dict[str, tuple[str, CardHeadline]] = {}
+    for kind in FAMILIES.keys():
+        declared = FAMILIES.get(kind).headline
+        if declared is None:
+            continue
+        first, known = found.setdefault(declared.benchmark, (kind, declared))
+        if known != declared:
+            raise PluginError(f"families {first!r} and {kind!r} declare card benchmark {declared.benchmark!r} "
+                              f"differently: {known} and {declared}")
+    return {name: h for name, (_, h) in found.items()}
+
+
+def headline_function(benchmark: str) -> Callable[[Any], Any]:
+    """The function computing ``benchmark``'s headline metrics (its family's ``CardHeadline.function``)."""
+    module, _, attr = card_benchmarks()[benchmark].function.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 class BenchmarkEntry(Strict):
     name: str = Field(..., pattern=NAME, description="the benchmark's name on the card")
-    family: Literal["cns", "corruptions", "imagenet_d", "ximagenet", "imagenet_e"] = Field(
-        ..., description="whose headline metrics the card shows"
+    family: str = Field(
+        ..., description="whose headline metrics the card shows: a card benchmark of a registered family "
+        "(cns, corruptions, imagenet_d, ximagenet, imagenet_e; card_benchmarks)"
     )
     config: str | None = Field(None, min_length=1, description="build config; with release: the evaluate config")
     output: str | None = Field(None, min_length=1, description="the benchmark's output (default: <outputs>/<name>)")
@@ -68,6 +99,15 @@ class BenchmarkEntry(Strict):
         description="build entry: existing outputs used instead of building when `output` holds none yet, the first "
         "whose benchmark equals the config's (config without classifiers, resources and location)",
     )
+
+    @field_validator("family")
+    @classmethod
+    def _family(cls, value: str) -> str:
+        known = card_benchmarks()
+        if value not in known:
+            raise ValueError(f"unknown card benchmark {value!r}; one of {', '.join(known)} (the registered "
+                             "families' headlines)")
+        return value
 
     @model_validator(mode="after")
     def _kind(self) -> "BenchmarkEntry":

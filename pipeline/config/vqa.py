@@ -96,11 +96,34 @@ def distractor_classifier(params: dict[str, Any]) -> str | None:
     return d[len(CLASSIFIER):] if d.startswith(CLASSIFIER) else d
 
 
+def asks(kind: str) -> bool:
+    """Whether classifiers of ``kind`` answer questions (their class's role,
+    ``pipeline.models.classifier_kind.AskingClassifier``: ``asks``), looked up in the registry
+    (which imports the kind's module); False for a kind the registry does not know or cannot
+    load (the asset check names it)."""
+    from pipeline.registry import CLASSIFIERS
+
+    try:
+        return bool(CLASSIFIERS.get(kind).asks)
+    except (KeyError, ImportError):
+        return False
+
+
+def protocol_of(entry: Any) -> dict[str, Any] | None:
+    """The VQA protocol of a classifier entry; None where its options model has none (a ranking
+    kind's).  Read from the options alone, no kind's class loaded."""
+    return entry.protocol if "protocol" in type(entry).model_fields else None
+
+
 def check_distractor_sources(classifiers: Sequence[Any], describe: Callable[[int, Any], str] | None = None) -> None:
-    """Every vlm classifier's distractor classifier is a non-vlm classifier of the pool."""
+    """Every vlm classifier's distractor classifier is a non-vlm classifier of the pool.
+
+    Run when the config is parsed, so it reads the entries' options models (:func:`protocol_of`)
+    rather than the kinds' classes, whose lookup would import torch."""
+    specs = {c.name: c for c in classifiers}
     kinds = {c.name: c.kind for c in classifiers}
     for i, c in enumerate(classifiers):
-        if c.kind != "vlm" or not c.protocol:
+        if not protocol_of(c):
             continue
         src = distractor_classifier(c.protocol)
         if src is None:
@@ -111,7 +134,7 @@ def check_distractor_sources(classifiers: Sequence[Any], describe: Callable[[int
                 f"{where}.protocol.distractors: {src!r} is not a classifier of the pool ({', '.join(kinds)}); "
                 f"the sources are {DISTRACTOR_FILE!r}, '{CLASSIFIER}NAME' and {RANDOM!r}"
             )
-        if kinds[src] == "vlm":
+        if protocol_of(specs[src]) is not None:
             raise ProtocolError(f"{where}.protocol.distractors: {src!r} is a vlm; the distractors need a ranking classifier")
 
 
@@ -125,5 +148,5 @@ def questions_in_a_build(classifiers: Sequence[Any]) -> list[str]:
         f"questions/*.csv, which a build has not (no image could be asked); set '{CLASSIFIER}NAME' or {RANDOM!r}, "
         "or evaluate the release with cnsbench evaluate"
         for i, c in enumerate(classifiers)
-        if c.kind == "vlm" and (c.protocol or {}).get("distractors") == DISTRACTOR_FILE
+        if asks(c.kind) and (protocol_of(c) or {}).get("distractors") == DISTRACTOR_FILE
     ]

@@ -33,6 +33,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from pipeline.perf.evals import UnetCost
 
 
+@dataclass(frozen=True)
+class CardHeadline:
+    """The card benchmark a family's outputs are scored as (``cnsbench card``).
+
+    ``benchmark``: its name, the ``family`` of a suite entry (one paper's benchmark; families
+    that share one, as slider and prompt share ``cns``, declare the same); ``function``: its
+    headline metrics, ``"module:function"`` taking the card's tables
+    (``pipeline.card.headline.Tables``) and returning a ``Headline`` (named, not imported: the
+    card sits above the families); ``metrics``: each headline metric with its direction (True:
+    higher is better), the metric's definition that a card may not contradict."""
+
+    benchmark: str
+    function: str
+    metrics: dict[str, bool] = field(default_factory=dict)
+
+
 class NoOptions(BaseModel):
     """Options of a family that has none."""
 
@@ -47,6 +63,7 @@ class BaseImage:
     mask: "np.ndarray | None" = None
     info: dict[str, Any] = field(default_factory=dict)  # recorded in params (e.g. mask area, source file)
     unusable: str | None = None  # set when e.g. the mask fails its quality check: images are filtered out
+    unet_evals: float = 0.0  # UNet sample-evaluations that making it cost (the seed source's generation)
 
 
 @dataclass
@@ -124,6 +141,9 @@ class Family:
     # between its grid's scales), so failure points can be refined below the grid
     # (``cnsbench refine``); False: only its grid's scales mean something (ImageNet-D's 0/1).
     continuous_scale: ClassVar[bool] = False
+    # The card benchmark whose headline metrics score this family's outputs (``cnsbench card``);
+    # None: the family gives none of its own.
+    headline: ClassVar[CardHeadline | None] = None
 
     @classmethod
     def source_classes(cls, config: "BuildConfig", group: "FamilyGroup") -> list[int]:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pipeline.families.base import BaseImage, Family, ShiftImages, UnitContext
+from pipeline.families.base import BaseImage, CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.families.slider import prompt_evals
 from pipeline.perf.evals import UnetCost
 
@@ -160,6 +160,7 @@ def nuisance_kinds(options: PromptNuisanceOptions, shifts: list[str]) -> dict[st
 
 class PromptNuisanceFamily(Family):
     kind = "prompt_nuisance"
+    headline = CardHeadline("imagenet_d", "pipeline.card.headline:imagenet_d", {"accuracy": True})
     continuous_scale = False  # scale 0 the plain prompt, 1 the nuisance: nothing between
     Options = PromptNuisanceOptions
     scale_meaning = "binary: 0 the plain prompt, > 0 the nuisance prompt of the shift's kind (same seed)"

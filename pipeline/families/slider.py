@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.families.base import BaseImage, Family, ShiftImages, UnitContext
+from pipeline.families.base import BaseImage, CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.perf import evals
 from pipeline.perf.evals import UnetCost
 
@@ -31,6 +31,7 @@ class SliderFamily(Family):
     scale_meaning = "slider multiplier (LoRA on while t <= generator.lora_timestep_threshold)"
     generates_base = True
     sampler_kind = "slider"
+    headline = CardHeadline("cns", "pipeline.card.headline:cns", {"accuracy_drop": False})
 
     @classmethod
     def unet_cost(cls, config, group) -> UnetCost:

@@ -110,9 +110,20 @@ def unet_costs(cfg: "BuildConfig") -> list[tuple["FamilyGroup", "UnetCost | None
     return [(g, FAMILIES.get(g.kind).unet_cost(cfg, g)) for g in cfg.family_groups()]
 
 
+def base_cost(cfg: "BuildConfig") -> "UnetCost | None":
+    """What the build's image source costs the UNet per unit (``ImageSource.unet_cost``): it is
+    asked for each unit's base image when no family of the build makes its own scale 0."""
+    from pipeline.registry import FAMILIES, SOURCES
+
+    if any(FAMILIES.get(g.kind).generates_base for g in cfg.family_groups()):
+        return None
+    return SOURCES.get(cfg.source.kind).unet_cost(cfg)
+
+
 def generates(cfg: "BuildConfig") -> bool:
-    """Whether a family of ``cfg`` runs the UNet (the generate actor then holds the diffusion model)."""
-    return any(cost is not None for _, cost in unet_costs(cfg))
+    """Whether a family of ``cfg`` or its image source runs the UNet (the generate actor then holds the
+    diffusion model)."""
+    return any(cost is not None for _, cost in unet_costs(cfg)) or base_cost(cfg) is not None
 
 
 def generate_bytes(cfg: "BuildConfig", branch_batch_size: int | None = None) -> tuple[int, str]:
@@ -193,16 +204,8 @@ def _filter_actor(cfg: "BuildConfig", device: Device) -> Actor | None:
                  startup.actor_seconds("filter", int(params * 1e6 * STORED_BYTES)))
 
 
-def _asks(kind: str) -> bool:
-    from pipeline import registry
-
-    try:
-        return bool(registry.CLASSIFIERS.get(kind).asks)  # a Classifier's class attribute
-    except (KeyError, ImportError):
-        return False
-
-
 def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
+    from pipeline.config.vqa import asks
     from pipeline.perf.memory import classifier_footprints, classifier_groups, group_bytes
 
     res = cfg.resources.classify
@@ -215,7 +218,7 @@ def _classify_actors(cfg: "BuildConfig", device: Device) -> list[Actor]:
         members = [feet[i] for i in group]
         projected = group_bytes(members)
         specs = [cfg.classifiers[i] for i in group]
-        kind = "vlm " if all(_asks(s.kind) for s in specs) else ""
+        kind = "vlm " if all(asks(s.kind) for s in specs) else ""
         names = ", ".join(s.name for s in specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
         remedy = ""
         if allowed is not None and projected > allowed:
@@ -424,15 +427,23 @@ def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, st
     assumptions = assumptions if assumptions is not None else []
     summary = plan.summarize(cfg)
     units, evals, unshared, decodes, gen_s = 0, 0, 0, 0, 0.0
-    for group, cost in unet_costs(cfg):
+    source = cfg.source.kind
+    priced = [(f"family {g.kind} ({len(g.shifts)} shifts)", f"the family's unet_cost (registry: {g.kind})",
+               len(g.shifts), list(g.scales), cost) for g, cost in unet_costs(cfg)]
+    base = base_cost(cfg)
+    if base is not None:
+        priced.append((f"source {source}'s base images (one per unit)", f"the source's unet_cost (registry: {source})",
+                       0, [0.0], base))
+    for what, where, n_shifts, scales, cost in priced:
         if cost is None or cost.evals is None:
-            what = "runs no UNet" if cost is None else f"runs the UNet, not counted: {cost.unknown}"
-            assumptions.append((f"family {group.kind} ({len(group.shifts)} shifts) {what}; no GPU time counted",
-                                f"the family's unet_cost (registry: {group.kind})"))
+            how = "runs no UNet" if cost is None else f"runs the UNet, not counted: {cost.unknown}"
+            assumptions.append((f"{what} {how}; no GPU time counted", where))
             continue
+        if cost.note:
+            assumptions.append((f"{what}: {cost.note}", where))
         n = summary.n_classes * summary.n_seeds
         units = max(units, n)
-        seconds, e = latency.unit_seconds(cfg, spec, len(group.shifts), list(group.scales), cost.evals, cost.hooked)
+        seconds, e = latency.unit_seconds(cfg, spec, n_shifts, scales, cost.evals, cost.hooked)
         gen_s += n * seconds
         evals += n * e["evals"]
         unshared += n * e["evals_unshared"]
@@ -450,8 +461,9 @@ def _stage_times(cfg: "BuildConfig", spec: dict, assumptions: list[tuple[str, st
 
 
 def unet_evaluations(cfg: "BuildConfig") -> int:
-    """The UNet sample-evaluations a build of ``cfg`` makes, as its families count them (the
-    sum of the build's ``ShiftImages.unet_evals``, i.e. its manifests' ``stats.unet_evals``)."""
+    """The UNet sample-evaluations a build of ``cfg`` makes, as its families and image source count
+    them (the sum of the build's ``ShiftImages.unet_evals`` and of the base images' ``BaseImage.unet_evals``,
+    i.e. its manifests' ``stats.unet_evals``)."""
     return _stage_times(cfg, data.gpu_spec(REFERENCE_GPU))[0][1]
 
 

@@ -4,7 +4,10 @@
 DDIM steps above the LoRA window's threshold run once, shared by every shift and scale;
 then the scale-0 image and every (shift, non-zero scale) branch run the window's steps.
 ``PromptSampler.generate_group`` (:func:`prompt_evals_per_unit`): the plain prompt and one
-branch per shift run every step (a shift's non-zero scales share its one image).  With
+branch per shift run every step (a shift's non-zero scales share its one image).  The
+mask-blended loops of the transforming families (:func:`denoise_evals_per_unit`: the
+generated background of ``masked_scenario``, the fills and background edits of
+``object_edit``) run each of their rows over its own steps, nothing shared.  With
 classifier-free guidance a step is 2 sample-evaluations.
 
 A family states its own count (:class:`UnetCost`, ``Family.unet_cost``); the estimate asks
@@ -67,17 +70,36 @@ def prompt_evals_per_unit(steps: int, n_shifts: int, scales: list[float], cfg_sc
     }
 
 
+def denoise_evals_per_unit(runs: list[tuple[int, int]], cfg: bool, images: int) -> dict:
+    """UNet sample-evaluations of one unit whose loops each run ``rows`` rows over ``steps``
+    steps (``runs``: one ``(rows, steps)`` per loop), in the keys of :func:`unet_evals_per_unit`:
+    no prefix, one decode per row, nothing shared.  ``cfg``: a step is 2 sample-evaluations."""
+    per_step = 2 if cfg else 1
+    evals = per_step * sum(rows * steps for rows, steps in runs)
+    return {
+        "prefix_steps": 0,
+        "window_steps": max((steps for rows, steps in runs if rows), default=0),
+        "branches": sum(rows for rows, _ in runs),
+        "evals": evals,
+        "evals_unshared": evals,
+        "images": images,
+    }
+
+
 @dataclass(frozen=True)
 class UnetCost:
     """What one (class, seed) unit of a family costs the UNet.
 
     ``evals``: the counts of :func:`unet_evals_per_unit` (same keys), or None when they are
     not known before the build (``unknown`` says why); ``hooked``: the window's forwards
-    carry per-row slider hooks (measured slower than the bare UNet)."""
+    carry per-row slider hooks (measured slower than the bare UNet); ``note``: what the
+    count assumes, printed among the estimate's assumptions (e.g. that it is an upper bound
+    because a unit with an unusable mask runs none)."""
 
     evals: dict | None
     hooked: bool = False
     unknown: str = ""
+    note: str = ""
 
 
 def unit_evals(cfg: "BuildConfig", n_shifts: int | None = None, scales: list[float] | None = None) -> dict:

@@ -283,13 +283,6 @@ def _warn_alone(name: str, needs_gb: float, budget_gb: float, source: str) -> No
                 name, needs_gb, budget_gb, source)
 
 
-def _asks(kind: str) -> bool:
-    """Whether classifiers of ``kind`` answer questions drawn from the other classifiers' rankings (vlms)."""
-    from pipeline import registry
-
-    return registry.CLASSIFIERS.get(kind).asks
-
-
 def classifier_groups(cfg: "BuildConfig", device: "Device | None" = None) -> list[list[int]]:
     """The classifier indices of each classify actor pool: one group when no budget is set.
 
@@ -308,7 +301,9 @@ def classifier_groups(cfg: "BuildConfig", device: "Device | None" = None) -> lis
     for f in footprints:
         if group_bytes([f]) > budget:
             _warn_alone(f.name, round(group_bytes([f]) / GB, 1), round(budget / GB, 1), source)
-    asks = [_asks(spec.kind) for spec in cfg.classifiers]
+    from pipeline.config.vqa import asks as answers
+
+    asks = [answers(spec.kind) for spec in cfg.classifiers]
     groups = []
     for last in (False, True):
         members = [i for i in range(n) if asks[i] == last]

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from pipeline.config import BuildConfig
     from pipeline.families.base import BaseImage, UnitContext
+    from pipeline.perf.evals import UnetCost
 
 
 class SourcePart:
@@ -40,6 +41,12 @@ class SourcePart:
 
 class ImageSource(SourcePart):
     """Base class: ``load(ctx)`` returns the unit's :class:`~pipeline.families.base.BaseImage`."""
+
+    @classmethod
+    def unet_cost(cls, config: "BuildConfig") -> "UnetCost | None":
+        """What loading one unit's base image costs the UNet, as its ``BaseImage.unet_evals``
+        records it (:mod:`pipeline.perf.evals`); None: it runs none (a collection's file)."""
+        return None
 
     def load(self, ctx: "UnitContext") -> "BaseImage":
         raise NotImplementedError

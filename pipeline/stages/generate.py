@@ -68,7 +68,15 @@ class GenerateStage(Stage):
         out: list[dict[str, Any]] = []
         for row in rows:
             unit = plan.WorkUnit.from_row(row)
-            ctx = UnitContext(unit.class_id, unit.class_name, unit.seed, self._load_base)
+            spent: list[float] = []  # the UNet work of the base images the unit's families read
+
+            def load(ctx: UnitContext) -> BaseImage:
+                base = self._load_base(ctx)
+                spent.append(base.unet_evals)
+                return base
+
+            ctx = UnitContext(unit.class_id, unit.class_name, unit.seed, load)
+            first = len(out)
             encoded: dict[int, tuple[Any, bytes]] = {}  # a scale-0 image shared by several shifts is encoded once
             for group, family in self.families:
                 shifts = [s for s in unit.shifts if s in group.shifts]
@@ -80,6 +88,7 @@ class GenerateStage(Stage):
                     log.exception("generation failed for %s (%s)", unit.id, group.kind)
                     message = f"[generate] {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
                     out.extend(failed_rows(plan.WorkUnit(unit.class_id, unit.seed, tuple(shifts)), unit.class_name, message))
+            charge_base(out[first:], sum(spent))
         return out
 
     def trajectory(self, class_id: int, seed: int, shift: str, scales: list[float]) -> dict[str, Any]:
@@ -137,6 +146,14 @@ class GenerateStage(Stage):
                 )
             )
         return rows
+
+
+def charge_base(rows: list[dict[str, Any]], unet_evals: float) -> None:
+    """Add the UNet work of a unit's base images (the seed source's generation) to the unit's
+    first row that did not fail: a shard's ``stats.unet_evals`` sums those rows only."""
+    target = next((r for r in rows if r["error"] is None), None)
+    if unet_evals and target is not None:
+        target["unet_evals"] += unet_evals
 
 
 def failed_rows(unit: plan.WorkUnit, class_name: str, message: str) -> list[dict[str, Any]]:

@@ -145,12 +145,12 @@ class ReclassifyStage(Stage):
     def _sources(self, names: tuple[str, ...], have: list[str]) -> tuple[str, ...]:
         """The classifiers of ``have`` (not re-run) that new vlms of ``names`` draw distractors
         from, in config order."""
-        from pipeline.config.vqa import distractor_classifier
+        from pipeline.config.vqa import asks, distractor_classifier
 
         wanted = {
             distractor_classifier(c.protocol or {})
             for c in self.config.classifiers
-            if c.name in names and c.kind == "vlm"
+            if c.name in names and asks(c.kind)
         }
         return tuple(c.name for c in self.config.classifiers if c.name in wanted and c.name in have and c.name not in names)
 

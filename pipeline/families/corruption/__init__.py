@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.families.base import Family, ShiftImages, UnitContext
+from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.families.corruption import params as P
 
 
@@ -119,6 +119,7 @@ def describe(name: str, severity: float) -> dict[str, Any]:
 
 class CorruptionFamily(Family):
     kind = "corruption"
+    headline = CardHeadline("corruptions", "pipeline.card.headline:corruptions", {"mce": False})
     continuous_scale = True  # severity s in [0, 5], interpolated between ImageNet-C's levels
     Options = CorruptionOptions
     scale_meaning = "ImageNet-C severity in [0, 5] (integers: the published table; between: linear)"

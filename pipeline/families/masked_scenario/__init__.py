@@ -30,8 +30,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.families.base import Family, ShiftImages, UnitContext
+from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.families.masked_scenario.scenarios import ALL_NAMES, GENERATED, SCENARIOS
+from pipeline.perf import evals
 from pipeline.perf.evals import UnetCost
 
 MAX_BACKGROUND_BYTES = 256 * 2**20  # originals kept per worker for random backgrounds
@@ -83,6 +84,7 @@ def scenario_seed(class_id: int, seed: int, scenario: str) -> list[int]:
 
 class MaskedScenarioFamily(Family):
     kind = "masked_scenario"
+    headline = CardHeadline("ximagenet", "pipeline.card.headline:ximagenet", {"robustness_score": True})
     continuous_scale = True  # the scenario's strength in [0, 1]
     Options = MaskedScenarioOptions
     scale_meaning = "strength: 0 original image, 1 the published XIMAGENET-12 transform"
@@ -128,10 +130,27 @@ class MaskedScenarioFamily(Family):
 
     @classmethod
     def unet_cost(cls, config, group) -> UnetCost | None:
-        if GENERATED not in group.shifts:
+        """The count of :meth:`.generated.BackgroundPainter.paint` for a unit whose mask is usable:
+        the strengths that start before the last step are rows of one batch, run from the
+        earliest start step to the end (x2 with guidance); the other scenarios run no UNet.
+        ``random_background`` reads other units' base images: from a source that generates them
+        (the seed source), one its worker has not kept is generated again, which is not priced."""
+        from pipeline.registry import SOURCES
+
+        rereads = "random_background" in group.shifts and SOURCES.get(config.source.kind).unet_cost(config) is not None
+        if GENERATED not in group.shifts and not rereads:
             return None
-        return UnetCost(None, unknown=f"{GENERATED} repaints each unit's background from a strength's start step "
-                                      "on; a unit with an unusable mask runs none")
+        from pipeline.families.masked_scenario.generated import painted_rows
+
+        gen = config.generator
+        rows, steps = painted_rows(list(group.scales), gen.steps) if GENERATED in group.shifts else ([], 0)
+        e = evals.denoise_evals_per_unit([(len(rows), steps)], gen.guidance_scale > 1.0,
+                                         len(group.shifts) * len(group.scales))
+        notes = [f"{GENERATED}: an upper bound, every unit's object mask counted usable (a unit with an unusable "
+                 "mask runs no UNet)"] * (GENERATED in group.shifts)
+        notes += [f"random_background: the other units' base images it reads are generated again by source "
+                  f"{config.source.kind} where a worker has not kept them, not priced"] * rereads
+        return UnetCost(e, note="; ".join(notes))
 
     @classmethod
     def source_classes(cls, config, group) -> list[int]:
@@ -208,12 +227,12 @@ class MaskedScenarioFamily(Family):
             rng = np.random.default_rng(scenario_seed(ctx.class_id, ctx.seed, shift))
             draws = scenarios.draws_for(shift, rng) if shift in SCENARIOS else {}
             recorded: dict[str, Any] = dict(draws)
-            seconds = 0.0
+            seconds, unet_evals = 0.0, 0.0
             if unusable:
                 images = [base.image for _ in scales]  # filtered out anyway; no work on a bad mask
             elif shift == GENERATED:
                 painted = self._paint().paint(ctx, base.image, mask, scales)
-                images, seconds = painted.images, painted.seconds
+                images, seconds, unet_evals = painted.images, painted.seconds, painted.unet_evals
                 recorded.update(painted.params)
             else:
                 fg, fg_mask = img, mask
@@ -230,5 +249,6 @@ class MaskedScenarioFamily(Family):
                     for s in scales
                 ]
             params = [{"scenario": shift, "strength": s, **recorded, **mask_info} for s in scales]
-            out[shift] = ShiftImages(images=images, params=params, seconds=seconds, unusable=unusable)
+            out[shift] = ShiftImages(images=images, params=params, unet_evals=unet_evals, seconds=seconds,
+                                     unusable=unusable)
         return out

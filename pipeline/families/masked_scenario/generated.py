@@ -29,6 +29,20 @@ class Painted:
     images: list[Any]
     seconds: float = 0.0
     params: dict[str, Any] = field(default_factory=dict)
+    unet_evals: int = 0  # UNet sample-evaluations (a CFG step on one row counts 2)
+
+
+def start_step(strength: float, steps: int) -> int:
+    """The step a strength's row joins the denoising at (``steps``: none; 0: from pure noise)."""
+    return int(round((1 - strength) * steps))
+
+
+def painted_rows(scales: list[float], steps: int) -> tuple[list[int], int]:
+    """The rows :meth:`BackgroundPainter.paint` denoises for ``scales`` (the strengths > 0 that
+    start before the last step) and the steps the batch runs (from the earliest start on)."""
+    firsts = [start_step(v, steps) for v in scales]
+    rows = [r for r, v in enumerate(scales) if v > 0 and firsts[r] < steps]
+    return rows, (steps - min(firsts[r] for r in rows)) if rows else 0
 
 
 class BackgroundPainter:
@@ -73,13 +87,13 @@ class BackgroundPainter:
             timesteps = sched.timesteps
             n = len(timesteps)
             orig = np.asarray(rgb)
-            firsts = [int(round((1 - v) * n)) for v in scales]
-            rows = [r for r, v in enumerate(scales) if v > 0 and firsts[r] < n]
+            firsts = [start_step(v, n) for v in scales]
+            rows, run = painted_rows(scales, n)
             painted: dict[int, Any] = {}
             if rows:
                 # All strengths in one batch: a row joins at its start step; before that it
                 # is held at the original latents noised to the current step.
-                j0 = min(firsts[r] for r in rows)
+                j0 = n - run
                 started_at = torch.tensor([firsts[r] for r in rows]).view(-1, 1, 1, 1)
                 csched = copy.deepcopy(sched)
                 lat = sched.add_noise(lat0, noise, timesteps[j0 : j0 + 1]).expand(len(rows), -1, -1, -1).clone()
@@ -100,4 +114,4 @@ class BackgroundPainter:
                     arr[mask] = orig[mask]  # the object stays byte-identical
                     painted[r] = Image.fromarray(arr)
             images = [painted.get(r, image) for r in range(len(scales))]
-        return Painted(images, time.perf_counter() - start, {"steps": n})
+        return Painted(images, time.perf_counter() - start, {"steps": n}, s._evals)

@@ -39,7 +39,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.families.base import Family, ShiftImages, UnitContext
+from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
+from pipeline.perf import evals
 from pipeline.perf.evals import UnetCost
 
 GEOMETRY = ("size", "position", "rotation")
@@ -159,6 +160,12 @@ def level_of(attribute: str, value: float, opts: ObjectEditOptions) -> float:
     raise ValueError(f"unknown attribute {attribute!r}; one of {', '.join(ATTRIBUTES)}")
 
 
+def denoise_steps(steps: int, strength: float) -> int:
+    """The steps :class:`.guidance.MaskedDenoiser` runs per row: ``strength`` of a ``steps``-step
+    schedule, at least one."""
+    return max(1, round(steps * strength))
+
+
 def direction(class_id: int, seed: int) -> float:
     """The unit's direction of movement (radians), a pure function of (class, seed)."""
     return float(np.random.default_rng([int(class_id), int(seed), 0x1E]).uniform(0.0, 2 * math.pi))
@@ -166,6 +173,8 @@ def direction(class_id: int, seed: int) -> float:
 
 class ObjectEditFamily(Family):
     kind = "object_edit"
+    headline = CardHeadline("imagenet_e", "pipeline.card.headline:imagenet_e",
+                            {"mean_drop_published": False, "mean_drop_all_levels": False, "mean_drop": False})
     continuous_scale = True  # the attribute's strength (size, offset, angle, background level)
     Options = ObjectEditOptions
     scale_meaning = (
@@ -201,10 +210,32 @@ class ObjectEditFamily(Family):
 
     @classmethod
     def unet_cost(cls, config, group) -> UnetCost | None:
-        if not cls._uses_model(group.options, group.shifts):
+        """The count of :class:`.guidance.MaskedDenoiser` over a unit: every background edit's
+        level a row of the guided loop, and (``fill.kind: diffusion``) every geometry edit's
+        level a row of the fill loop, each loop ``denoise_steps`` steps per row (whatever
+        chunks of ``generator.branch_batch_size`` rows it runs in: none is padded), x2 when
+        conditional with guidance.  A fill row runs only when the moved object leaves some of
+        its hole uncovered (or ``rerender_background``), and a unit with an unusable mask runs
+        none: the count is an upper bound, said in its note."""
+        opts: ObjectEditOptions = group.options
+        if not cls._uses_model(opts, group.shifts):
             return None
-        return UnetCost(None, unknown="its guided denoising (background edits, diffusion fills) runs on each "
-                                      "unit's mask: the steps depend on the mask")
+        gen = config.generator
+        levels = sum(1 for s in group.scales if s != 0)
+        on = set(group.shifts)
+        fills = len(on & set(GEOMETRY)) * levels if opts.fill.kind == "diffusion" else 0
+        guided = len(on & set(BACKGROUND)) * levels
+        runs = [(fills, denoise_steps(opts.fill.steps or gen.steps, opts.fill.strength)),
+                (guided, denoise_steps(opts.background.steps or gen.steps, opts.background.strength))]
+        cfg = opts.condition == "class" and gen.guidance_scale > 1.0
+        e = evals.denoise_evals_per_unit(runs, cfg, len(group.shifts) * len(group.scales))
+        note = ("an upper bound, every unit's object mask counted usable (a unit with an unusable mask runs no "
+                "UNet)" +
+                (" and a diffusion fill for every geometry edit (an edit whose object covers its old hole runs none)"
+                 if fills else "") +
+                ("; a background edit's steps also back-propagate through the UNet and the VAE decoder, time the "
+                 "forwards counted here do not include" if guided else ""))
+        return UnetCost(e, note=note)
 
     # ---------------------------------------------------------------- setup
     @staticmethod

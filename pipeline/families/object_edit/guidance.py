@@ -44,6 +44,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.families.object_edit import denoise_steps
+
 
 @dataclass
 class DenoiseSettings:
@@ -151,7 +153,7 @@ class MaskedDenoiser:
         dev, dtype = pipe.unet.device, pipe.unet.dtype
         sched = copy.deepcopy(pipe.scheduler)
         sched.set_timesteps(self.settings.steps, device=dev)
-        n_run = max(1, round(self.settings.steps * self.settings.strength))
+        n_run = denoise_steps(self.settings.steps, self.settings.strength)
         timesteps = sched.timesteps[len(sched.timesteps) - n_run :]
         abars = sched.alphas_cumprod.to(dev, torch.float32)
         final_abar = torch.as_tensor(float(sched.final_alpha_cumprod), device=dev)
