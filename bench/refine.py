@@ -42,6 +42,19 @@ and shifts (named in the JSON's ``subset``), so the measurement fits a 2-core ma
 
     python bench/refine.py --family corruptions --json [--subset] [--smoke]
 
+With ``--together`` it measures only the classifiers refined together against one after
+another, on the world's grid build (no dense build): ``cnsbench refine OUT --classifier
+a,b,... --rounds R --runner local`` (as ``--classifier all``) on one copy of the unrefined
+build, and the same command once per classifier, one after another, on another copy (later
+ones reuse the earlier ones' points), each command a process of its own as when typed one
+after another (no model or prefix cache carries over).  It reports per command the points
+it made (read from the refinement store's manifests), its wall and CPU seconds and the load
+average before and after; the images each classifier refined alone would make (the rounds of
+its rows: one probe each); whether the two ways give equal rows; and the ratios of the two
+ways, measured in the same run.
+
+    python bench/refine.py --together --json [--steps 50] [--smoke]
+
 Prints one JSON object (``--json``).
 """
 
@@ -50,7 +63,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,6 +119,15 @@ def dense_scales(grid: list[float], per_step: int = 16) -> list[float]:
     if len({round(x * 1000) for x in out}) != len(out):
         raise SystemExit(f"bench/refine.py: the dense grid of {grid} repeats a scale in thousandths")
     return sorted(out)
+
+
+def cns_settings(args) -> tuple[list[str], int]:
+    """The ``--set``s of the demo world's builds and the rounds: ``--smoke`` cuts the world to
+    one class and seed and one round."""
+    sets = [f"generator.steps={args.steps}", "aggregate.plots=false", "aggregate.strips.count=0"]
+    if args.smoke:
+        return sets + ["benchmark.classes=[seven]", "benchmark.seeds=[1]"], 1
+    return sets, args.rounds
 
 
 def build(out: Path, sets: list[str], config: str = "demo.yaml") -> float:
@@ -231,22 +255,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--family", choices=["cns", *FAMILIES], default="cns",
                    help="cns: the demo world's CNS benchmark (default); else that family's world build")
     p.add_argument("--subset", action="store_true", help="a family's world cut to fewer classes, seeds, shifts")
+    p.add_argument("--together", action="store_true",
+                   help="only the classifiers refined together against one after another, a process per command")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if args.family != "cns":
         return family_main(args)
+    if args.together:
+        return together_main(args)
     from pipeline.analyses.refined import read_refined
     from pipeline.io.store import OutputStore
     from pipeline.refine import refine
 
     classifiers = args.classifiers.split(",")
-    sets = [f"generator.steps={args.steps}", "aggregate.plots=false", "aggregate.strips.count=0"]
-    rounds = args.rounds
-    if args.smoke:
-        sets += ["benchmark.classes=[seven]", "benchmark.seeds=[1]"]
-        rounds = 1
+    sets, rounds = cns_settings(args)
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -289,6 +313,74 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": round(time.perf_counter() - t0, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     })
+    print(json.dumps(result, indent=None if args.json else 1))
+    return result
+
+
+def command(out: Path, classifier: str, rounds: int) -> dict:
+    """``cnsbench refine OUT --classifier CLASSIFIER`` in a process of its own: its wall and CPU
+    seconds, the points it committed and the load average around it."""
+    from pipeline.io.store import OutputStore
+    from pipeline.refine import refine_uri
+
+    def committed() -> int:
+        store = refine_uri(str(out))
+        return sum(len(m.trajectories) for m in OutputStore(store).manifests()) if Path(store).is_dir() else 0
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    argv = [sys.executable, "-m", "pipeline.cli", "refine", str(out), "--classifier", classifier,
+            "--rounds", str(rounds), "--runner", "local"]
+    before, load = committed(), os.getloadavg()[0]
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sys.stderr.write(proc.stdout + proc.stderr)  # the command's progress; stdout is the JSON
+    if proc.returncode != 0:
+        raise SystemExit(f"bench/refine.py: {' '.join(argv[2:])} exited {proc.returncode}")
+    return {"classifier": classifier, "points_made": committed() - before, "wall_s": round(wall, 2),
+            "cpu_s": round(used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime, 2),
+            "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)}
+
+
+def together_main(args) -> dict:
+    """The classifiers refined together against one after another (``--together``)."""
+    from pipeline.analyses.refined import read_refined
+    from pipeline.io.store import OutputStore
+
+    classifiers = args.classifiers.split(",")
+    sets, rounds = cns_settings(args)
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    load_start, t0 = [round(x, 2) for x in os.getloadavg()], time.perf_counter()
+    grid_s = build(work / "grid", sets)
+    seq, together = work / "one_after_another", work / "together"
+    shutil.copytree(work / "grid", seq)
+    shutil.copytree(work / "grid", together)
+    runs = [command(seq, clf, rounds) for clf in classifiers]
+    both = command(together, ",".join(classifiers), rounds)
+    key = ["classifier", "trajectory_id"]
+    tables = [read_refined(OutputStore(str(out))).sort_values(key).reset_index(drop=True) for out in (seq, together)]
+    for run in runs:  # alone, a classifier makes every probe of its bisection: one per round of its rows
+        run["points_alone"] = int(tables[0].loc[tables[0]["classifier"] == run["classifier"], "rounds"].sum())
+    made = sum(r["points_made"] for r in runs)
+    alone = sum(r["points_alone"] for r in runs)
+    wall, cpu = sum(r["wall_s"] for r in runs), sum(r["cpu_s"] for r in runs)
+    result = {
+        "mode": "together", "classifiers": classifiers, "rounds": rounds, "steps": args.steps, "smoke": args.smoke,
+        "extra_sets": sets, "refined_pairs": int((tables[1]["status"] == "refined").sum()),
+        "same_rows": bool(tables[0].equals(tables[1])),
+        "one_after_another": {"runs": runs, "points_made": made, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)},
+        "together": both, "points_each_alone": alone,
+        "images_ratio": both["points_made"] / made if made else None,
+        "images_vs_each_alone": both["points_made"] / alone if alone else None,
+        "wall_ratio": both["wall_s"] / wall if wall else None,
+        "cpu_ratio": both["cpu_s"] / cpu if cpu else None,
+        "build_grid_s": round(grid_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
+        "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
+    }
     print(json.dumps(result, indent=None if args.json else 1))
     return result
 

@@ -47,7 +47,7 @@ LONGEST_FIRST = (
 SHARED_UNITS = {
     "test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world",
     "test_card_world": "demo_world", "test_api": "demo_world", "test_python_docs": "demo_world",
-    "test_card_demo": "demo_world", "test_api_models": "demo_world",
+    "test_card_demo": "demo_world", "test_api_models": "demo_world", "test_refine_demo": "demo_world",
     "test_build_e2e": "ray", "test_bench_smoke": "ray", "test_classify_groups": "ray", "test_serve": "ray",
     "test_train_sliders": "ray", "test_api_models_ray": "ray",
 }

@@ -165,6 +165,25 @@ def test_refine(capsys, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (BENCH.parent / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
+def test_refine_together(capsys, tmp_path):
+    # Two classifiers together against one after another (`--together`), each `cnsbench refine`
+    # a process of its own: one class and seed, one round, no dense build.
+    out = _load("refine").main(["--together", "--smoke", "--classifiers", "linear,cnn", "--work",
+                                str(tmp_path / "work"), "--json"])
+    assert _printed(capsys) == out
+    seq, both = out["one_after_another"], out["together"]
+    assert [r["classifier"] for r in seq["runs"]] == ["linear", "cnn"] and both["classifier"] == "linear,cnn"
+    assert out["same_rows"] is True
+    assert both["points_made"] == seq["points_made"] == sum(r["points_made"] for r in seq["runs"])
+    # One round: one probe per bisected pair, each classifier alone making its own.
+    assert out["points_each_alone"] == sum(r["points_alone"] for r in seq["runs"]) == out["refined_pairs"]
+    assert seq["wall_s"] == pytest.approx(sum(r["wall_s"] for r in seq["runs"]))
+    assert out["wall_ratio"] == pytest.approx(both["wall_s"] / seq["wall_s"])
+    assert all(r["wall_s"] > 0 and r["cpu_s"] > 0 for r in [*seq["runs"], both])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (BENCH.parent / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
 def test_refine_family(capsys, tmp_path):
     # A family's world build against its dense grid (`--family`), for the cheapest of the
     # three (about 45 s here): one class and seed, two corruptions, one round.
