@@ -1,12 +1,15 @@
 """``cnsbench refine --classifier all`` on the demo world: each classifier's rows are its lone run's.
 
-On copies of the session's demo build (``demo_world``, one unit with the demo world's
+On a copy of the session's demo build (``demo_world``, one unit with the demo world's
 modules): the contract's command refines the world's four classifiers together, three
-rounds, in process; each classifier refined alone (one command per classifier, one after
-another on another copy: later ones classify the points earlier ones made, so every point is
-made once there too, in batches of its own classifier's points) gives the same
-``failure_points_refined.csv`` rows, and the run together makes fewer images than the
-classifiers refined alone, each in an output of its own, would.
+rounds, in process.  Then each classifier is refined alone on the same output, one command
+each.  A lone run bisects from its own grid verdicts and asks for the probes its bisection
+needs; the points are committed by coordinates, so a probe the run together made is reused
+and one it did not make is generated.  That every lone run generates nothing shows the run
+together made exactly the probes each classifier's own bisection visits; equal rows show it
+reached each classifier's verdicts (an image is a function of its coordinates: regenerated
+points equal the first ones, tests/test_refine.py).  The run together made fewer images than
+the classifiers refined alone, each in an output of its own, would: the sum of their points.
 """
 
 from __future__ import annotations
@@ -39,30 +42,25 @@ def test_all_classifiers_together_equal_each_alone_with_fewer_images(demo_world,
     from pipeline.cli import main
     from pipeline.refine import refine
 
-    together, alone = tmp_path / "together", tmp_path / "alone"
-    for out in (together, alone):
-        shutil.copytree(demo_world, out)
-    assert main(["refine", str(together), "--classifier", "all", "--rounds", "3", "--runner", "local"]) == 0
-    rows = _rows(together)
+    out = tmp_path / "out"
+    shutil.copytree(demo_world, out)
+    assert main(["refine", str(out), "--classifier", "all", "--rounds", "3", "--runner", "local"]) == 0
+    rows, made = _rows(out), _points(out)
     names = ["linear", "cnn", "vit", "clip-zs"]
     assert sorted(set(rows["classifier"])) == sorted(names)
 
-    lone = {}
+    each_alone = 0
     for name in names:
-        s = refine(str(alone), name, rounds=3, runner="local", aggregate=False, echo=lambda m: None)
-        mine = _rows(alone)
+        s = refine(str(out), name, rounds=3, runner="local", aggregate=False, echo=lambda m: None)
+        mine = _rows(out)
         mine = mine[mine["classifier"] == name].reset_index(drop=True)
-        # Alone, in an output of its own, a classifier makes every probe of its bisection: one a round.
-        assert s.points_made + s.points_reused == s.per_classifier[name] == int(mine["rounds"].sum())
-        lone[name] = (s, mine)
-
-    for name, (_, mine) in lone.items():
         theirs = rows[rows["classifier"] == name].reset_index(drop=True)
+        # Alone, its bisections visit one probe a round, and every one was made by the run together.
+        assert s.points_made == 0 and s.points_reused == s.per_classifier[name] == int(mine["rounds"].sum()) > 0, name
         assert (theirs["status"] == "refined").any(), name
         assert (theirs.loc[theirs["status"] == "refined", "rounds"] == 3).all(), name
         pd.testing.assert_frame_equal(theirs, mine, check_exact=True)
+        each_alone += s.per_classifier[name]
 
-    made = _points(together)
-    assert made == _points(alone)  # the same points, each made once in both
-    each_alone = sum(s.per_classifier[name] for name, (s, _) in lone.items())
-    assert max(s.per_classifier[name] for name, (s, _) in lone.items()) <= len(made) < each_alone
+    assert _points(out) == made  # nothing was added by the lone runs
+    assert len(made) < each_alone
