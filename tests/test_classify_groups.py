@@ -201,10 +201,10 @@ def test_reclassify_loads_one_group_at_a_time(whole):
 
 
 def test_vlm_groups_run_after_the_rankings_they_draw_from(monkeypatch):
-    import pipeline.perf.memory as memory
+    import pipeline.config.vqa as vqa
 
     cfg = load_config(TINY_CONFIG, sets=["resources.classify.memory_budget_gb=4"])
-    monkeypatch.setattr(memory, "_asks", lambda kind: kind == "open_clip_zeroshot")  # stands in for a vlm
+    monkeypatch.setattr(vqa, "asks", lambda kind: kind == "open_clip_zeroshot")  # stands in for a vlm
     groups = classifier_groups(cfg)
     assert groups == [[0, 1], [2]]  # everything would fit one group; the asking one is packed apart, last
     specs = classify_specs(cfg)
