@@ -80,10 +80,11 @@ def tiny_config(directory: Path, mutate=None, name: str = "tiny.yaml", plots: bo
     return path
 
 
-def shared_build(tmp_path_factory, name: str, make_config) -> tuple[Path, Path]:
-    """(config, output) of an in-process build of ``make_config(directory)``, made once per
+def shared_output(tmp_path_factory, name: str, make, prepare=None):
+    """(``prepare(root)``, ``root/out``): an output made by ``make(prepared, out)`` once per
     test run and shared read-only by every test worker (pytest-xdist): the first worker to
-    ask builds it under a file lock, the others wait for it and read it."""
+    ask makes it under a file lock, the others wait for it and read it.  ``prepare`` runs
+    under the lock in every worker (e.g. writing the config the output is built from)."""
     from filelock import FileLock
 
     base = tmp_path_factory.getbasetemp()
@@ -91,12 +92,22 @@ def shared_build(tmp_path_factory, name: str, make_config) -> tuple[Path, Path]:
     root.mkdir(exist_ok=True)
     out, done = root / "out", root / "done"
     with FileLock(str(root / "lock")):
-        cfg = make_config(root)
+        prepared = prepare(root) if prepare else None
         if not done.exists():
             shutil.rmtree(out, ignore_errors=True)  # a build that did not finish
-            assert build_here(cfg, out) == 0
+            make(prepared, out)
             done.touch()
-    return cfg, out
+    return prepared, out
+
+
+def shared_build(tmp_path_factory, name: str, make_config) -> tuple[Path, Path]:
+    """(config, output) of an in-process build of ``make_config(directory)``, made once per
+    test run and shared read-only by every test worker (:func:`shared_output`)."""
+
+    def make(cfg: Path, out: Path) -> None:
+        assert build_here(cfg, out) == 0
+
+    return shared_output(tmp_path_factory, name, make, make_config)
 
 
 def wait_for_pause(proc, fault_dir: Path, rule: str, output) -> None:

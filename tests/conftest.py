@@ -18,24 +18,32 @@ import pytest  # noqa: E402
 
 # `./scripts/test` runs the suite on parallel workers (pytest-xdist): every module is one
 # unit of work, so its module fixtures are built once, and modules that share an expensive
-# session fixture form one unit.  Units start longest first (measured with --durations on a
-# 2-core machine), so no worker is left with a long module at the end; modules not listed
-# follow in file order.  The modules that build on the test worker's own Ray (the
-# ``ray_session`` fixture) form one unit, "ray": one Ray start for all of them instead of
-# one per module (about 20 CPU-seconds each), and never two of their builds at once.  The
-# module that starts a Ray cluster of its own (test_cluster) comes after the long
-# in-process ones: two Ray builds at once on two cores start their actors many times slower
-# than one.
+# fixture of their worker form one unit.  Units start longest first (measured with
+# --durations on a 2-core machine), so no worker is left with a long module at the end;
+# modules not listed follow in file order.  The modules that build on the test worker's own
+# Ray (the ``ray_session`` fixture) form one unit, "ray": one Ray start for all of them
+# instead of one per module (about 20 CPU-seconds each), and never two of their builds at
+# once.  The demo world's modules share one build of the whole run (``demo_world``, made by
+# the first worker to ask while the others wait), so they are units of their own, spread
+# over the workers; they alternate with modules that do not need it, so that a worker
+# arriving while the build is made has other work.  The module that starts a Ray cluster of
+# its own (test_cluster) comes after the long in-process ones: two Ray builds at once on
+# two cores start their actors many times slower than one.
 LONGEST_FIRST = (
     "ray",
-    "demo_world",
+    "test_card_world",
     "test_corruption_world",
+    "test_python_docs",
     "test_ximagenet_world",
-    "test_imagenet_d_world",
-    "test_imagenet_e_world",
+    "test_refine_demo",
     "test_cluster",
     "test_autoscale",
+    "test_imagenet_d_world",
+    "test_world",
+    "test_imagenet_e_world",
+    "test_api_models",
     "test_rehearsal",
+    "test_families_plugin",
     "test_chaos",
     "test_object_storage",
     "test_resume",
@@ -43,11 +51,9 @@ LONGEST_FIRST = (
     "test_hostile_round2",
     "test_evaluate",
     "test_refine",
+    "test_report_demo",
 )
 SHARED_UNITS = {
-    "test_world": "demo_world", "test_report_demo": "demo_world", "test_families_plugin": "demo_world",
-    "test_card_world": "demo_world", "test_api": "demo_world", "test_python_docs": "demo_world",
-    "test_card_demo": "demo_world", "test_api_models": "demo_world", "test_refine_demo": "demo_world",
     "test_build_e2e": "ray", "test_bench_smoke": "ray", "test_classify_groups": "ray", "test_serve": "ray",
     "test_train_sliders": "ray", "test_api_models_ray": "ray",
 }
@@ -184,23 +190,29 @@ def tiny_reference(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_world(tmp_path_factory):
-    """One ``cnsbench demo`` build (configs/demo.yaml), shared read-only by the world, report
-    and digest tests; a test that changes an output copies it first.
+    """One ``cnsbench demo`` build (configs/demo.yaml) per test run, shared read-only by the
+    world, report, card, API and digest tests of every test worker (``buildproc.shared_output``:
+    the first worker to ask builds it, the others wait for it); a test that changes an
+    output copies it first.
 
-    It runs in this process (``--runner local``): a Ray build of the world costs about 1.6x
+    It runs in process (``--runner local``): a Ray build of the world costs about 1.6x
     the CPU, and a build's output does not depend on the runner (ids and seeds come from
     coordinates, and each stage computes with its ``num_cpus`` torch threads under both,
     tests/test_runner_threads.py); Ray's shards equal in-process ones in
     tests/test_cluster.py, and the default runner, Ray, builds the tiny config in
     tests/test_build_e2e.py."""
-    from pipeline.runtime.checkout import REPO_ROOT
+    from buildproc import shared_output
+
     from pipeline.cli import main
+    from pipeline.runtime.checkout import REPO_ROOT
 
     if not (REPO_ROOT / "assets" / "world" / "world.json").is_file():
         pytest.skip("the shipped world (assets/world) is missing")
-    out = tmp_path_factory.mktemp("demo-world") / "out"
-    assert main(["demo", "--runner", "local", "--output", str(out)]) == 0
-    return out
+
+    def make(_, out: Path) -> None:
+        assert main(["demo", "--runner", "local", "--output", str(out)]) == 0
+
+    return shared_output(tmp_path_factory, "demo-world", make)[1]
 
 
 @pytest.fixture(scope="module")

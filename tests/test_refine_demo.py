@@ -1,8 +1,8 @@
 """``cnsbench refine --classifier all`` on the demo world: each classifier's rows are its lone run's.
 
-On a copy of the session's demo build (``demo_world``, one unit with the demo world's
-modules): the contract's command refines the world's four classifiers together, three
-rounds, in process.  Then each classifier is refined alone on the same output, one command
+On a copy of the run's demo build (``demo_world``, shared by the demo world's modules):
+the contract's command refines the world's four classifiers together, three rounds, in
+process.  Then each classifier is refined alone on the same output, one command
 each.  A lone run bisects from its own grid verdicts and asks for the probes its bisection
 needs; the points are committed by coordinates, so a probe the run together made is reused
 and one it did not make is generated.  That every lone run generates nothing shows the run
