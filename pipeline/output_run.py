@@ -341,10 +341,14 @@ class OutputRun(HeldStore):
         """Claim the output ``uri`` (ours or new), hold its lease while the block runs, give it back."""
         from pipeline.io.lease import acquire
 
+        from pipeline.io import rollback
+
         store = OutputStore(uri)
         claim_output(store)
         lease = acquire(store, command, echo)
         try:
+            lease.ensure_held()
+            rollback.roll_back(store, echo)  # an addition a killed process left unfinished
             yield cls(store, lease, command, echo, runner, address)
         finally:
             lease.release()
@@ -411,9 +415,14 @@ class OutputRun(HeldStore):
         start the tally: the run, now :class:`Running`."""
         if self.cfg is None:
             raise RuntimeError("OutputRun.start() before prepare(): nothing is known of the output yet")
+        from pipeline.io import rollback
+
         weights, missing = self._check_weights(new_work=total > done_before)
         clean_uncommitted(self.store, self.echo)
         self.ensure_held()
+        if missing:  # the config and these manifests as they are, until every shard holds the additions
+            rollback.begin(self.store, sorted({n for r in missing for n in r["classifiers"]}),
+                           [r["shard"] for r in missing])
         digest = write_config(self.store, self.cfg, weights)
         return Running(self, digest, missing, ShardTally(total, done_before, self.echo, what=what or self.command))
 
@@ -455,7 +464,10 @@ class Running(StoreRun):
 
     def add_classifiers(self) -> None:
         """Run the config's classifiers that committed shards lack on their images (the
-        reclassify stage, which commits each shard itself: no writer after it)."""
+        reclassify stage, which commits each shard itself: no writer after it).  All or
+        nothing (:mod:`pipeline.io.rollback`): a failure or an interruption (Ctrl-C) puts
+        the config and the shards back as they were before :meth:`OutputRun.start`."""
+        from pipeline.io import rollback
         from pipeline.stages.reclassify import RECLASSIFY, ReclassifyStage
 
         rows = self._missing
@@ -465,17 +477,36 @@ class Running(StoreRun):
         self.echo(f"[cnsbench] adding predictions of {', '.join(names)} to {len(rows)} committed shard(s)")
         chain = Chain(self.cfg, [StageSpec(ReclassifyStage, {"built_with": self.built_with, **self.commit_kwargs()},
                                            batch_size=1)])
-        self.run_chain(rows, chain, num_blocks=len(rows), first_schema=RECLASSIFY, count=False)
+        try:
+            self.run_chain(rows, chain, num_blocks=len(rows), first_schema=RECLASSIFY, count=False)
+        except BaseException:
+            self._roll_back()
+            raise
+        rollback.end(self.store)
         self._missing = []
+
+    def _roll_back(self) -> None:
+        """Undo this run's additions while the lease is still ours (else the next holder does)."""
+        from pipeline.io import rollback
+
+        try:
+            self.ensure_held()
+            rollback.roll_back(self.store, self.echo)
+        except Exception as err:  # noqa: BLE001 - the run's own error is the one to raise
+            self.echo(f"[cnsbench] could not roll back the addition ({type(err).__name__}: {err}); "
+                      f"the next run on {self.uri} rolls it back, or `cnsbench status {self.uri} --roll-back`")
 
     # 5. finish
     def finish(self, *, aggregate: bool, run_name: str = "", run_info: dict | None = None) -> BuildSummary:
         """Drop crash bookkeeping, aggregate (with ``aggregate``), and record the run's summary
         (each write only while the lease is still ours)."""
+        from pipeline.io import rollback
+
         tally = self.tally
         tally.progress.close()
         self.ensure_held()
         self.store.remove_tree("attempts")  # crash bookkeeping is per run
+        rollback.end(self.store)  # a run that did not add what its config names says so in status
         _, failed = committed_trajectories(self.store, repair=False)
         report = None
         if aggregate:

@@ -31,6 +31,10 @@ def module_entry(model: Any, *, name: str, preprocess: Any, label_map: dict[int,
     if not callable(model):
         raise CnsbenchError(f"classifier {name!r}: the model must be a torch.nn.Module or a callable from a float "
                             f"batch [N, C, H, W] to logits [N, K], got a {type(model).__name__}")
+    from pipeline.models.module import materialized_problem
+
+    if materialized_problem(model):
+        raise CnsbenchError(f"classifier {name!r}: {materialized_problem(model)}")
     if preprocess == "model":
         raise CnsbenchError(f"classifier {name!r}: preprocess 'model' means the model's own transform, which a "
                             "model in memory does not state; give 'cns' or resize, crop, interpolation, mean, std")

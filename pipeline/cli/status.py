@@ -16,11 +16,18 @@ def run(args: argparse.Namespace) -> int:
     from pipeline import plan
     from pipeline.aggregate.run import evaluated_source, load_output_config, resume_command
     from pipeline.io.lease import lease_status
+    from pipeline.io.rollback import pending
     from pipeline.io.shard_check import check_committed
     from pipeline.io.store import OutputStore
     from pipeline.stages.reclassify import missing_classifiers
 
     store = OutputStore(args.output)
+    if args.roll_back:
+        from pipeline.output_run import OutputRun
+
+        with OutputRun.claim(args.output, "status --roll-back"):  # claiming rolls back an unfinished addition
+            pass
+    adding = pending(store)
     cfg = load_output_config(store)
     committed = check_committed(store, deep=args.verify)
     done, failed, problems = committed.done, committed.failed, committed.problems
@@ -71,10 +78,14 @@ def run(args: argparse.Namespace) -> int:
               "previous/quarantine/ and redo their trajectories")
         for shard, (_, found) in sorted(committed.damaged.items()):
             print(f"    {shard} is damaged: {'; '.join(found)}")
-    if lacking:
+    if adding is not None:
+        print(f"  unfinished: adding {', '.join(adding) or 'classifiers'} was cut short; run "
+              f"`cnsbench status {store.uri} --roll-back` to put the output back as it was before "
+              "(the next command that writes to it does the same)")
+    elif lacking:
         missing = sorted({n for r in lacking for n in r["classifiers"]})
         print(f"  unclassified: {len(lacking)} shard(s) lack predictions of {', '.join(missing)}, which the config "
-              f"lists; run `{redo}` to add them")
+              f"lists; {_remedy(cfg, missing, redo)}")
     if problems:
         print(f"  problems: {len(problems)} manifest(s) not counted (the next build moves them to previous/quarantine/ and redoes their shards)")
         for p in problems:
@@ -83,11 +94,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"  failed trajectories: {len(failed)}")
         for tid, err in sorted(failed.items()):
             print(f"    {tid}: {err.splitlines()[0] if err else ''}")
-    return 0 if not (failed or problems or committed.damaged or lacking) else 3
+    return 0 if not (failed or problems or committed.damaged or lacking or adding is not None) else 3
+
+
+def _remedy(cfg, missing: list[str], redo: str) -> str:
+    """What adds the missing classifiers: the resume command, or for a model held in memory
+    (kind ``module``, which no config file can name) the Python call that added it."""
+    held = [c.name for c in cfg.classifiers if c.name in missing and c.kind == "module"]
+    if not held:
+        return f"run `{redo}` to add them"
+    return (f"{', '.join(held)} {'is a model' if len(held) == 1 else 'are models'} held in memory: evaluate "
+            f"{'it' if len(held) == 1 else 'each'} again from Python under the same name "
+            "(pipeline.evaluate(model, output, name=...))" + (f"; run `{redo}` for the others" if len(held) < len(missing) else ""))
 
 
 def register(sub) -> None:
     s = sub.add_parser("status", help="done/total per stage and failed items of a build output")
     s.add_argument("output")
     s.add_argument("--verify", action="store_true", help="also check every committed file's SHA-256")
+    s.add_argument("--roll-back", action="store_true",
+                   help="first undo an addition of classifiers that was cut short (a killed run), under the output's lease")
     s.set_defaults(func=run)

@@ -29,7 +29,8 @@ class ClassifierSpec(Strict):
     file_keys: ClassVar[tuple[str, ...]] = ("checkpoint", "model_config_file", "label_map")
     folder_keys: ClassVar[frozenset[str]] = frozenset()
 
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.\-]+$", description="unique display name")
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.\-]+$", max_length=200,
+                      description="unique display name (at most 200 characters, as a card names it)")
     kind: str = Field("timm", description="registry key: timm | open_clip_zeroshot | torchscript | exported | torch_hub | vlm | module (a model held in memory: pipeline.evaluate, pipeline.card)")
     model: str = Field(..., description="timm model name (arch.tag) or open_clip architecture")
     checkpoint: str | None = Field(None, description="local weights file (timm) or pretrained tag/file (open_clip)")

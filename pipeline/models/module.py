@@ -6,9 +6,9 @@ The entry names no file: the object travels with it (:attr:`pipeline.config.Clas
 to Ray's actors by ``ray.put``, :func:`pipeline.executors.ray_data.held_by_reference`).  Its
 ``model`` is the object's class's qualified name; its ``preprocess`` is ``cns`` or an explicit
 transform (a module states no transform of its own).  Its identity on outputs and cards is
-that name, a SHA-256 over its ``state_dict`` tensors (names, dtypes, shapes and bytes:
-:func:`state_digest`) and the transform as numbers: the same name with other weights is
-refused by an output's weights check, naming both digests.  What it returns is checked on
+that name, a SHA-256 over the object (its weights, plain attributes, modules held outside
+``_modules``, hooks and held functions: :func:`state_digest`), and the transform as numbers:
+the same name with another model is refused by an output's weights check, naming both digests.  What it returns is checked on
 every batch: a tensor of ``[N, K]`` finite logits, ``K`` the same on every batch.
 """
 
@@ -33,25 +33,35 @@ def qualified_name(model: Any) -> str:
 
 
 def state_digest(model: Any) -> str:
-    """SHA-256 over a module's ``state_dict`` (each tensor's name, dtype, shape and bytes, in
-    name order); a callable that is no module: over its pickled form (cloudpickle, by value)."""
-    h = hashlib.sha256()
+    """SHA-256 identifying a model held in memory: for a module, its whole object graph
+    (:func:`pipeline.assets.identity.object_digest`: weights, plain attributes, modules held
+    outside ``_modules``, hooks and held functions); a callable that is no module: its pickled
+    form (cloudpickle, by value, closures included)."""
     if isinstance(model, torch.nn.Module):
-        for name, t in sorted(model.state_dict().items()):
-            t = t.detach().cpu().contiguous()
-            h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        from pipeline.assets.identity import object_digest
+
+        return object_digest(model)
     import cloudpickle
 
-    h.update(cloudpickle.dumps(model))
-    return h.hexdigest()
+    return hashlib.sha256(cloudpickle.dumps(model)).hexdigest()
 
 
 NOT_HELD = ("kind module evaluates a model held in memory (pipeline.evaluate, pipeline.card); "
             "a config file cannot name one")
 NO_TRANSFORM = ("a module states no transform of its own; give 'cns' or an explicit one "
                 "(resize, crop, interpolation, mean, std)")
+
+
+def materialized_problem(model: Any) -> str | None:
+    """What stops the module from running here: parameters or buffers on the ``meta`` device."""
+    from pipeline.assets.identity import meta_tensors
+
+    meta = meta_tensors(model)
+    if not meta:
+        return None
+    return (f"{len(meta)} parameter(s) or buffer(s) are on the 'meta' device, which holds no numbers "
+            f"({', '.join(meta[:5])}{' …' if len(meta) > 5 else ''}); load the weights first "
+            "(e.g. module.to_empty(device='cpu') then load_state_dict)")
 
 
 def held_model(spec: ClassifierSpec, where: str) -> Any:
@@ -74,6 +84,9 @@ class ModuleClassifier(Classifier):
         if self._input_transform is None:
             raise ValueError(f"{self.where}.preprocess: {NO_TRANSFORM}")
         model = held_model(spec, self.where)
+        problem = materialized_problem(model)
+        if problem:
+            raise ValueError(f"{self.where}: {problem}")
         if isinstance(model, torch.nn.Module):
             # A copy on the stage's device: the caller's module stays where it is, in its mode
             # (one that cannot be copied, holding a lock or a handle, is used as it is).
@@ -89,6 +102,17 @@ class ModuleClassifier(Classifier):
 
             probe = self._forward(self.inputs([Image.new("RGB", (8, 8))] * 2).to(device))
         self._map_outputs(int(probe.shape[1]))
+
+    def _map_outputs(self, n_out: int) -> None:
+        """As every kind maps them, but a ``label_map`` must map every output: a model in memory
+        can drop the outputs it does not mean (an unmapped output's predictions would silently
+        count as wrong)."""
+        unmapped = sorted(set(range(n_out)) - set(self._label_map)) if self._label_map is not None else []
+        if unmapped:
+            raise ValueError(f"{self.where}.label_map: maps {n_out - len(unmapped)} of the model's {n_out} outputs; "
+                             f"outputs {unmapped[:10]}{' …' if len(unmapped) > 10 else ''} are unmapped: map every "
+                             "output to a class id, or return only the logits of the classes the map names")
+        super()._map_outputs(n_out)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The model's logits of a batch, refused naming what was wrong (it raised, returned no
@@ -121,7 +145,7 @@ class ModuleClassifier(Classifier):
 
     @classmethod
     def held_weights(cls, spec: ClassifierSpec) -> list[dict[str, Any]]:
-        """Its ``state_dict`` digest (None where the entry holds no object here, as read from an output)."""
+        """Its object's digest (None where the entry holds no object here, as read from an output)."""
         held = spec.held
         digest = state_digest(held) if held is not None and type(held).__name__ != "ObjectRef" else None
         return [{"key": "state_dict", "ref": spec.model, "sha256": digest}]
