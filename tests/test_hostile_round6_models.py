@@ -27,6 +27,7 @@ import torch
 from pipeline.errors import CnsbenchError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+REPO = Path(__file__).resolve().parents[1]
 PRE = {"resize": 32, "crop": 32, "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.5] * 3}
 QUIET = {"echo": lambda m: None, "runner": "local"}
 
@@ -218,6 +219,10 @@ def test_a_torchscript_archive_refused_while_added_leaves_no_entry(output, tmp_p
     assert _files(output) == before
     assert main(["status", str(output)]) == 0
     assert "classified  360/360 images" in capsys.readouterr().out
+    # `validate` refuses the archive up front, as the classifier refuses it at load.
+    entry = f"classifiers+={{name: dup, kind: torchscript, model: linear, checkpoint: {dup}}}"
+    assert main(["validate", str(REPO / "configs" / "demo.yaml"), "--set", entry]) == 2
+    assert "data.pkl' twice" in capsys.readouterr().out
 
 
 def test_a_name_the_card_would_refuse_is_refused_before_anything_is_written(output, tmp_path):

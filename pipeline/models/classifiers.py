@@ -410,6 +410,18 @@ class TorchScriptClassifier(Classifier):
     else through ``label_map``.
     """
 
+    @classmethod
+    def file_problems(cls, spec: ClassifierSpec, where: str) -> list[str]:
+        """An archive zip readers could read two ways (a repeated member), refused up front as at load."""
+        if not spec.checkpoint or not os.path.isfile(spec.checkpoint):
+            return []  # missing: the asset check's own line
+        try:
+            zip_archive.read_members(read_bounded(spec.checkpoint, stored_preprocess.MAX_ARCHIVE_BYTES,
+                                                  f"{where}.checkpoint"), spec.checkpoint)
+        except (ValueError, OSError) as err:
+            return [f"{where}.checkpoint: {err}"]
+        return []
+
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
         if not spec.checkpoint:
