@@ -12,7 +12,8 @@ Every command that writes an output (``build``, ``evaluate``, a card adding its 
 4. run one or more chains of stages (:meth:`Running.run_chain`, each a
    :class:`~pipeline.executors.chain.Chain`; committing stages get the lease's token from
    :meth:`Running.commit_kwargs`) and add classifiers to the committed shards
-   (:meth:`Running.add_classifiers`);
+   (:meth:`Running.add_classifiers`: all or nothing, an addition that fails or is
+   interrupted is rolled back, :mod:`pipeline.io.rollback`);
 5. finish: drop crash bookkeeping, aggregate, record the summary (:meth:`Running.finish`).
 
 Steps 4 and 5 exist only on the :class:`Running` object that step 3 returns, so they cannot
