@@ -174,6 +174,8 @@ def config_hash(cfg: BuildConfig) -> str:
     # a vision_dtype / image_aspect_ratio runs as before they existed.
     if data.get("refine") == RefineSpec().model_dump(mode="json"):
         data.pop("refine")
+    if data.get("sampling") is None:  # a uniform build hashes as it did before adaptive builds
+        data.pop("sampling", None)
     for clf in data.get("classifiers", []):
         # An entry of a kind without a vlm's options hashes as it did when every entry held them.
         for key in VLM_ONLY:
