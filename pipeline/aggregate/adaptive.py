@@ -49,8 +49,9 @@ def group_arrays(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFr
         scales = list(group.scales)
         mine = samples[samples["shift"].isin(group.shifts)]
         traj = mine.drop_duplicates("trajectory_id")
-        traj = traj[[(int(c), str(s)) in index and int(seed) in rank_of
-                     for c, s, seed in zip(traj["class_id"], traj["shift"], traj["seed"])]]
+        ours = np.array([(int(c), str(s)) in index and int(seed) in rank_of
+                         for c, s, seed in zip(traj["class_id"], traj["shift"], traj["seed"])], dtype=bool)
+        traj = traj.loc[ours] if len(traj) else traj
         ids = traj["trajectory_id"].astype(str).tolist()
         preds = predictions[predictions["sample_id"].isin(mine["sample_id"])]
         rows = evaluated_rows(mine, preds, scales)
