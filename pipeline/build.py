@@ -49,6 +49,8 @@ def build(
     with OutputRun.claim(output, "build", echo, runner=runner, address=address) as run:
         # 1. compare with the output's config, read what is committed, check the weights
         run.prepare(cfg, new_version=new_version, verify=verify)
+        if cfg.sampling is not None:  # rounds until the headline numbers are known (docs/adaptive.md)
+            return _adaptive(run, cfg, stages, aggregate, echo)
         # 2. plan what is not committed, and check that everything it loads is there
         units = plan.plan_units(cfg, run.done)
         stages.check(cfg, {(u.class_id, s) for u in units for s in u.shifts})
@@ -64,6 +66,42 @@ def build(
                           num_blocks=len(units), first_schema=schema.UNIT)
         # 5. report and summary
         return running.finish(aggregate=aggregate)
+
+
+def _adaptive(run: OutputRun, cfg: BuildConfig, stages: "Stages", aggregate: bool,
+              echo: Callable[[str], None]) -> BuildSummary:
+    """An adaptive build: each round a build of the trajectories its allocation adds, the next
+    allocation replayed from what is then committed (so a resumed build makes the same one)."""
+    from pipeline.aggregate.adaptive import replay
+    from pipeline.aggregate.run import load_sound_tables
+    from pipeline.output_run import committed_trajectories
+    from pipeline.plan.adaptive import adaptive_units, strata_of
+
+    stages.check(cfg, set(strata_of(cfg.benchmark.classes, cfg.all_shifts())))  # any stratum may get seeds
+    total = plan.summarize(cfg).n_trajectories
+    running = run.start(total, len(run.done))
+    echo(f"[cnsbench] adaptive build: up to {total} trajectories (the uniform design), "
+         f"{len(run.done)} already done, cap {cfg.sampling.max_images} images")
+    running.add_classifiers()
+    done, failed = set(run.done), set(run.failed)
+    tried: set[str] = set()  # failed in this run: not retried round after round
+    while True:
+        samples, predictions, _ = load_sound_tables(run.store)
+        sched = replay(cfg, samples, predictions, done | failed)
+        if sched.stop is not None:
+            echo(f"[cnsbench] adaptive build: {sched.stop} after {len(sched.rounds)} round(s), "
+                 f"{sum(sched.current)} trajectories")
+            break
+        units = adaptive_units(sched, cfg.benchmark.seeds, cfg.benchmark.class_name, done | tried)
+        if not units:
+            break  # nothing left to make this run (failures retried by the next run)
+        echo(f"[cnsbench] round {len(sched.rounds) - 1}: {sum(len(u.shifts) for u in units)} trajectories to make")
+        running.run_chain([u.to_row() for u in units], stages.chain(cfg, running.commit_kwargs()),
+                          num_blocks=len(units), first_schema=schema.UNIT)
+        tried |= {plan.trajectory_id(s, u.class_id, u.seed) for u in units for s in u.shifts}
+        committed, failures = committed_trajectories(run.store, repair=False)
+        done, failed = set(committed), set(failures) | failed
+    return running.finish(aggregate=aggregate)
 
 
 def build_chain(cfg: BuildConfig, commit: dict[str, str] | None = None) -> Chain:

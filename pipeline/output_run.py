@@ -57,6 +57,7 @@ EXTENSIBLE = {
     "aggregate",
     "slider_training",
     "refine",
+    "sampling",  # an adaptive build's targets and cap: changing them extends the rounds
 }
 
 WEIGHTS_HINT = ("give the classifier another name (its predictions are then made anew from its present weights), "

@@ -73,10 +73,43 @@ def with_intervals(ctx: AnalysisContext, per_group: list) -> tuple[list, dict]:
     return out, pairwise
 
 
+def adaptive_design(ctx: AnalysisContext, per_group: list) -> tuple[list, tuple[dict, pd.DataFrame]]:
+    """The groups' metrics with the stratified estimates in place of the pooled ones, and the
+    design (its rounds replayed from the committed tables, :mod:`pipeline.aggregate.adaptive`)
+    with the mean failure point per (classifier, shift) of every group."""
+    from pipeline.aggregate import adaptive
+
+    cfg = ctx.config
+    out, fps = [], []
+    for group, metrics in per_group:
+        weighted, fp = adaptive.weighted_group(cfg, ctx.samples_of(group), ctx.predictions, metrics, group.kind)
+        out.append((group, weighted))
+        fps.append(fp.assign(family=group.kind) if len(per_group) > 1 else fp)
+    attempted = set(ctx.samples["trajectory_id"].astype(str))
+    doc = adaptive.design_json(cfg, adaptive.replay(cfg, ctx.samples, ctx.predictions, attempted))
+    fp_mean = pd.concat(fps, ignore_index=True)
+    doc["failure_point_mean"] = json.loads(fp_mean.to_json(orient="records"))
+    return out, (doc, fp_mean)
+
+
+def design_section(doc: dict) -> str:
+    import html
+
+    rounds = ", ".join(f"{r['trajectories']} trajectories / {r['images']} images" for r in doc["rounds"])
+    return (f"<h2>Design: adaptive</h2><p>{len(doc['rounds'])} round(s) ({html.escape(rounds)}); "
+            f"stopped: <b>{html.escape(str(doc['stop'] or 'not finished'))}</b> (target half-width {doc['target']:g}, "
+            f"failure point {doc['failure_point_target']:g}, cap {doc['max_images']} images, "
+            f"uniform design {doc['uniform_images']} images). Estimates: {html.escape(doc['estimator'])}; "
+            f"intervals at {doc['level']:.0%}.</p>")
+
+
 def run(ctx: AnalysisContext) -> AnalysisResult:
     from pipeline.aggregate.report import cns_files, cns_section, pairwise_section
 
     per_group, pairwise = with_intervals(ctx, group_metrics(ctx))
+    design = None
+    if ctx.config.sampling is not None:  # an adaptive build: its headline numbers are weighted
+        per_group, design = adaptive_design(ctx, per_group)
     plots = ctx.config.aggregate.plots
     result = AnalysisResult(title="")
     primary_group, primary = per_group[0]
@@ -84,6 +117,11 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     result.files.update(files)
     sections = [cns_section(primary, plot_files)]
     result.json = primary.to_json()
+    if design is not None:
+        doc, fp_mean = design
+        result.json["sampling"] = doc
+        result.tables["failure_point_mean"] = fp_mean
+        sections.insert(0, design_section(doc))
     if primary_group.kind in pairwise:
         result.tables["pairwise"] = pairwise[primary_group.kind]
         result.json["pairwise"] = json.loads(pairwise[primary_group.kind].to_json(orient="records"))

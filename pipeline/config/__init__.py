@@ -44,6 +44,7 @@ from pipeline.config.loading import (
 )
 from pipeline.config.output import AggregateSpec, BootstrapSpec, OutputSpec, StripSpec
 from pipeline.config.resources import Resources, StageResources
+from pipeline.config.sampling import SamplingSpec
 from pipeline.config.training import SliderTrainingSpec
 
 __all__ = [
@@ -52,5 +53,5 @@ __all__ = [
     "ClipModelSpec", "DinoModelSpec", "FilterSpec", "PreprocessSpec", "Preprocessing", "Thresholds",
     "ClassTokens", "GeneratorSpec", "config_hash", "deep_merge", "dump_yaml", "format_validation_error",
     "load_config", "parse_config", "resolved_dict", "AggregateSpec", "BootstrapSpec", "OutputSpec", "StripSpec",
-    "Resources", "StageResources", "SliderTrainingSpec",
+    "Resources", "StageResources", "SamplingSpec", "SliderTrainingSpec",
 ]

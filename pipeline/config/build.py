@@ -15,6 +15,7 @@ from pipeline.config.generator import GeneratorSpec
 from pipeline.config.output import AggregateSpec, OutputSpec
 from pipeline.config.refine import RefineSpec
 from pipeline.config.resources import Resources
+from pipeline.config.sampling import SamplingSpec, check_sampling
 from pipeline.config.training import SliderTrainingSpec
 from pipeline.io import bounds
 
@@ -34,6 +35,7 @@ class BuildConfig(Strict):
     refine: RefineSpec = RefineSpec()
     families: list[FamilySpec] = Field(default_factory=list, description="further shift families of the build")
     source: SourceSpec = SourceSpec()
+    sampling: SamplingSpec | None = Field(None, description="an adaptive build's targets (docs/adaptive.md); absent: uniform")
     _groups: list[FamilyGroup] | None = PrivateAttr(None)
 
     # ------------------------------------------------------------ families
@@ -83,6 +85,9 @@ class BuildConfig(Strict):
             raise ValueError(
                 f"aggregate.margin_max_scale ({self.aggregate.margin_max_scale}) must be >= the largest scale"
             )
+        if self.sampling is not None:
+            per_seed = len(self.benchmark.classes) * sum(len(g.shifts) * len(g.scales) for g in self.family_groups())
+            check_sampling(self.sampling, self.benchmark.seeds, self.sampling.pilot * per_seed)
         return self
 
 

@@ -152,7 +152,10 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_dict(cfg: BuildConfig) -> dict[str, Any]:
-    return cfg.model_dump(mode="json")
+    data = cfg.model_dump(mode="json")
+    if data.get("sampling") is None:  # a uniform build's config reads as it did before adaptive builds
+        data.pop("sampling", None)
+    return data
 
 
 HASHED_WHEN_SET = ("vision_dtype", "image_aspect_ratio")  # classifier keys hashed only when not None

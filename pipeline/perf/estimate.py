@@ -515,6 +515,23 @@ def config_split(cfg: "BuildConfig", budget: float, gpu: str = REFERENCE_GPU) ->
     return [r for r, _ in config_split_timed(cfg, budget, gpu)]
 
 
+def adaptive_note(cfg: "BuildConfig", uniform: int) -> str:
+    """What an adaptive build is priced at: its cap, and the images it is expected to make when
+    every cell has the largest variance a right/wrong answer can have (p = 1/2): the uniform seeds
+    per stratum whose accuracy interval reaches the target, with the correction of the seed range."""
+    from statistics import NormalDist
+
+    spec = cfg.sampling
+    n_pop, per_shift = len(cfg.benchmark.seeds), len(cfg.benchmark.classes)
+    z = NormalDist().inv_cdf(0.5 + spec.level / 2)
+    need = next((n for n in range(spec.pilot, n_pop + 1)
+                 if z * math.sqrt(0.25 * (1 - n / n_pop) / (n * per_shift)) <= spec.target), n_pop)
+    expected = min(spec.max_images, round(uniform * need / n_pop))
+    return (f"an adaptive build (sampling): priced at its cap of {spec.max_images:,} images (the uniform design: "
+            f"{uniform:,}); expected at most {expected:,} images ({need} seeds per stratum reach the target "
+            f"{spec.target:g} at the largest variance; strata that settle take fewer)")
+
+
 def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | None = None,
              config: str = "the config") -> Estimate:
     """The cost of building ``cfg`` on ``n_gpus`` GPUs of kind ``gpu``; :class:`DoesNotFit`
@@ -533,6 +550,12 @@ def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | 
     counts, stages = _stage_times(cfg, spec, assumptions)
     units, evals, unshared = counts
     images = summary.n_images
+    if cfg.sampling is not None:  # an adaptive build is priced at its cap (docs/adaptive.md)
+        factor = min(1.0, cfg.sampling.max_images / max(1, images))
+        stages = [StageTime(st.name, st.gpu_seconds * factor, st.detail) for st in stages]
+        units, evals, unshared = (round(v * factor) for v in (units, evals, unshared))
+        assumptions.append((adaptive_note(cfg, images), "pipeline/config/sampling.py, docs/adaptive.md"))
+        images = round(images * factor)
     writer = ("write", startup.actor_seconds("write", 0))
     start = startup.chain_seconds([(a.stage, a.startup_s) for a in found] + [writer])
     pools = config_split_timed(cfg, n_gpus, gpu)
