@@ -261,8 +261,12 @@ def make_card(
         store.write_text("card.html", card_html(card))
     else:
         card = previous
-    for name, text in card_exports(card).items():  # views of card.json in the community's formats
-        store.write_text(name, text)
+    exports = card_exports(card)
+    for name in EXPORTS:  # views of card.json in the community's formats; one it no longer makes goes
+        if name in exports:
+            store.write_text(name, exports[name])
+        elif store.exists(name):
+            store.remove(name)
     return card
 
 

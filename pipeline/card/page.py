@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.aggregate.page import ci_table, fmt, page_html
+from pipeline.card.exports import robustbench_source
 
 e = html.escape
 
@@ -56,7 +57,7 @@ def card_html(card: dict[str, Any]) -> str:
     )
     sections = [("Model and suite", ident), ("Headline metrics", ci_table(rows, sortable=True)
                 + "<p>Each value with its bootstrap interval; the metric of each family is its paper's "
-                "(docs/card.md).</p>")]
+                f"(docs/card.md).</p><p>{e(robustbench_source(card)[1])}</p>")]
     for b in card["benchmarks"]:
         details = pd.DataFrame(
             [
