@@ -274,8 +274,14 @@ def write_config(
                       "weights": recorded}, indent=1),
     )
     store.write_text("config.yaml", dump_yaml(cfg))
-    store.write_text(CARD, dataset_card(cfg.benchmark.name, digest))  # what the ecosystem's loaders read
+    write_dataset_card(store, cfg, digest)
     return digest
+
+
+def write_dataset_card(store: OutputStore, cfg: BuildConfig, digest: str) -> None:
+    """The output's ``README.md``, what the ecosystem's loaders read: it lists the committed
+    files, so it is rewritten whenever they change (:mod:`pipeline.io.dataset_card`)."""
+    store.write_text(CARD, dataset_card(cfg.benchmark.name, digest, store.manifests()))
 
 
 # --------------------------------------------------------------------------- the run
@@ -467,6 +473,8 @@ class Running(StoreRun):
                                            batch_size=1)])
         self.run_chain(rows, chain, num_blocks=len(rows), first_schema=RECLASSIFY, count=False)
         self._missing = []
+        self.ensure_held()
+        write_dataset_card(self.store, self.cfg, self.digest)  # the loaders' card names the new predictions
 
     # 5. finish
     def finish(self, *, aggregate: bool, run_name: str = "", run_info: dict | None = None) -> BuildSummary:
@@ -476,6 +484,7 @@ class Running(StoreRun):
         tally.progress.close()
         self.ensure_held()
         self.store.remove_tree("attempts")  # crash bookkeeping is per run
+        write_dataset_card(self.store, self.cfg, self.digest)  # the shards this run committed
         _, failed = committed_trajectories(self.store, repair=False)
         report = None
         if aggregate:

@@ -108,3 +108,83 @@ def test_without_all_15_at_every_severity_no_file_and_the_page_says_why(drop):
 def test_a_missing_accuracy_cell_is_missing_not_zero():
     rows = [{**r, "accuracy": None} if (r["shift"], r["scale"]) == ("fog", 2.0) else r for r in _corruption_rows()]
     assert robustbench(_card(rows)) is None
+
+
+# --------------------------------------------------------------------------- load_dataset(OUT)
+def _rows(path, cache, **kw) -> int:
+    import datasets
+
+    return sum(len(s) for s in datasets.load_dataset(str(path), "predictions", cache_dir=str(cache), **kw).values())
+
+
+def test_load_dataset_after_evaluate_has_the_outputs_rows_and_same_named_outputs_their_own(demo_world, tmp_path):
+    pytest.importorskip("datasets")
+    import shutil
+
+    import torch
+
+    import pipeline
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 10))
+    pre = {"resize": 32, "crop": 32, "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.5] * 3}
+
+    a, b, cache = tmp_path / "a" / "demo", tmp_path / "b" / "demo", tmp_path / "cache"
+    shutil.copytree(demo_world, a)
+    shutil.copytree(demo_world, b)
+    before = len(pipeline.open_output(a).predictions())
+    assert _rows(a, cache) == before  # a first load fills the cache
+
+    pipeline.evaluate(model, str(a), name="mine", preprocess=pre, runner="local", echo=lambda m: None)
+    after = len(pipeline.open_output(a).predictions())
+    assert after > before
+    assert _rows(a, cache) == after  # not the rows of the first load
+    assert _rows(a, cache, download_mode="force_redownload") == after
+    assert _rows(b, cache) == before  # same folder name, one cache folder: its own rows, not a's
+
+    # a copy whose committed files are gone says so instead of serving another output's rows
+    gone = next(iter(sorted((b / "predictions").glob("*.parquet"))))
+    gone.unlink()
+    import datasets
+
+    with pytest.raises(FileNotFoundError):
+        datasets.load_dataset(str(b), "predictions", cache_dir=str(cache))
+
+
+# --------------------------------------------------------------------------- zero-width intervals
+def test_a_zero_width_interval_is_shown_as_such_and_explained():
+    from pipeline.aggregate.page import ZERO_WIDTH, ci_table, zero_width
+    from pipeline.card.page import card_html
+
+    assert zero_width(0.2667, 0.2667) and not zero_width(0.2, 0.3)
+    assert not zero_width(None, None) and not zero_width(float("nan"), float("nan"))
+    table = pd.DataFrame({"model": ["a", "b"], "value": [0.2667, 0.5], "value_ci_low": [0.2667, 0.4],
+                          "value_ci_high": [0.2667, 0.6]})
+    html = ci_table(table)
+    assert html.count("zero width*") == 1  # model a only
+    assert "[0.2667, 0.2667] </span>" not in html and "[0.2667, 0.2667]</span> <span" in html
+    assert "every bootstrap resample gave the same value" in ZERO_WIDTH and "not certainty" in ZERO_WIDTH
+    assert f"<p>* {ZERO_WIDTH}.</p>" in html
+    assert "zero width" not in ci_table(table.iloc[[1]])  # no mark, no note where none collapsed
+
+    card = _card(_corruption_rows())
+    card["benchmarks"][0].update(value=0.2667, ci_low=0.2667, ci_high=0.2667)
+    page = {**card, "model": {**card["model"], "weights": [], "preprocess": "model"},
+            "suite": {**card["suite"], "file": "suite.yaml"},
+            "benchmarks": [{**b, "n_units": 4, "ci": {"level": 0.95, "resamples": 10}, "description": "d",
+                            "protocol_detail": {"name": "custom", "original": "o"}, "preprocess": "model",
+                            "output": "o", "details": []} for b in card["benchmarks"]]}
+    shown = card_html(page)
+    assert shown.count("zero width*") == 1 and "<b>0.2667</b> [0.2667, 0.2667] (zero width: every bootstrap" in shown
+
+
+def test_the_leaderboard_page_marks_a_zero_width_interval():
+    from pipeline.card.page import leaderboard_html
+
+    table = pd.DataFrame([{"benchmark": "cns", "rank": r, "tier": 1, "model": m, "metric": "accuracy_drop", "value": v,
+                           "value_ci_low": lo, "value_ci_high": hi, "better": "lower", "clean_accuracy": 0.9,
+                           "failure_point": None, "failure_point_rank": None, "protocol": "custom",
+                           "failure_point_basis": "none"}
+                          for r, m, v, lo, hi in [(1, "a", 0.2667, 0.2667, 0.2667), (2, "b", 0.3, 0.2, 0.4)]])
+    html = leaderboard_html(table, pd.DataFrame(), {"suite": "s", "models": ["a", "b"], "suite_hash": "h", "cards": []})
+    assert html.count("zero width*") == 1 and "not certainty" in html

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from pipeline import __version__
+from pipeline.aggregate.page import zero_width
 from pipeline.card.exports import EXPORTS, accuracy_rows, card_exports
 from pipeline.card.headline import Tables, failure_point_block, headline
 from pipeline.card.model import identity
@@ -245,7 +246,9 @@ def make_card(
         store.write_text(f"benchmarks/{b.name}.json", strict_dumps(entry, indent=1) + "\n")
         entries.append(entry)
         echo(f"[cnsbench] card: {b.name}: {entry['metric']} {_show(entry['value'])} "
-             f"[{_show(entry['ci_low'])}, {_show(entry['ci_high'])}] ({p.work}, {time.perf_counter() - start:.1f} s)")
+             f"[{_show(entry['ci_low'])}, {_show(entry['ci_high'])}]"
+             f"{' (zero width: every resample agreed)' if zero_width(entry['ci_low'], entry['ci_high']) else ''} "
+             f"({p.work}, {time.perf_counter() - start:.1f} s)")
     card = {
         "card": CARD_VERSION,
         "model": ident,
