@@ -276,8 +276,14 @@ def write_config(
                       "weights": recorded}, indent=1),
     )
     store.write_text("config.yaml", dump_yaml(cfg))
-    store.write_text(CARD, dataset_card(cfg.benchmark.name, digest))  # what the ecosystem's loaders read
+    write_dataset_card(store, cfg, digest)
     return digest
+
+
+def write_dataset_card(store: OutputStore, cfg: BuildConfig, digest: str) -> None:
+    """The output's ``README.md``, what the ecosystem's loaders read: it lists the committed
+    files, so it is rewritten whenever they change (:mod:`pipeline.io.dataset_card`)."""
+    store.write_text(CARD, dataset_card(cfg.benchmark.name, digest, store.manifests()))
 
 
 # --------------------------------------------------------------------------- the run
@@ -486,6 +492,8 @@ class Running(StoreRun):
             raise
         rollback.end(self.store)
         self._missing = []
+        self.ensure_held()
+        write_dataset_card(self.store, self.cfg, self.digest)  # the loaders' card names the new predictions
 
     def _roll_back(self) -> None:
         """Undo this run's additions while the lease is still ours (else the next holder does)."""
@@ -509,6 +517,7 @@ class Running(StoreRun):
         self.ensure_held()
         self.store.remove_tree("attempts")  # crash bookkeeping is per run
         rollback.end(self.store)  # a run that did not add what its config names says so in status
+        write_dataset_card(self.store, self.cfg, self.digest)  # the shards this run committed
         _, failed = committed_trajectories(self.store, repair=False)
         report = None
         if aggregate:

@@ -54,9 +54,9 @@ def test_a_card_uses_the_built_demo_instead_of_building_it(demo_world, tmp_path,
     (result,) = parsed.eval_results
     assert (parsed.model_name, result.dataset_name, result.metric_type) == ("linear", "cns", entry["metric"])
     assert result.metric_value == pytest.approx(entry["value"]) and result.verified is False
-    info = json.loads((tmp_path / "card" / "robustbench.json").read_text())
-    clean = next(d["value"] for d in entry["details"] if d["metric"] == "accuracy_clean")
-    assert info["name"] == "linear" and info["clean_acc"] == f"{100 * clean:.2f}" and "corruptions_acc" not in info
+    # no corruption benchmark: no RobustBench entry (its leaderboard ranks by corruptions_acc), and the page says so
+    assert not (tmp_path / "card" / "robustbench.json").exists()
+    assert "No robustbench.json: the suite has no corruption benchmark" in (tmp_path / "card" / "card.html").read_text()
 
     table = pd.read_csv(tmp_path / "card" / "unaggregated.csv")
     report = pd.read_csv(demo_world / "report" / "accuracy.csv")

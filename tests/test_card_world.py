@@ -95,7 +95,12 @@ def test_the_card_has_one_entry_per_benchmark(linear_card, world):
     assert model["name"] == "linear" and model["weights_sha256"] == hashlib.sha256(
         (WORLD / "classifiers" / "linear.torchscript.pt").read_bytes()).hexdigest()
     assert card["suite"]["name"] == "world-small" and len(card["suite"]["hash"]) == 64
-    assert "Headline metrics" in (linear_card / "card.html").read_text()
+    page = (linear_card / "card.html").read_text()
+    assert "Headline metrics" in page
+    mce = next(b for b in card["benchmarks"] if b["benchmark"] == "corruptions")
+    assert mce["ci_low"] == pytest.approx(mce["ci_high"], rel=1e-12) and "zero width*" in page  # its own baseline: shown as no spread
+    # 3 of ImageNet-C's 15 corruptions: no RobustBench entry, and the page says why
+    assert not (linear_card / "robustbench.json").exists() and "3 of the 15 ImageNet-C corruptions" in page
 
 
 def _report(world, bench: str, name: str) -> pd.DataFrame:

@@ -183,13 +183,30 @@ def fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+# What a bootstrap interval of zero width means, said wherever one is shown: every resample
+# gave the same value, so the interval shows no spread; that is not certainty.
+ZERO_WIDTH = ("zero width: every bootstrap resample gave the same value (few units, or units that all agree), "
+              "so the resampling shows no spread; this is not certainty, and more units would widen it")
+
+
+def zero_width(low: Any, high: Any) -> bool:
+    """Whether ``[low, high]`` is a bootstrap interval of zero width (both finite and equal, float
+    rounding aside: a statistic recomputed per resample may differ in its last bits)."""
+    nums = [v for v in (low, high) if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)]
+    return (len(nums) == 2 and all(math.isfinite(float(v)) for v in nums)
+            and math.isclose(float(low), float(high), rel_tol=1e-12, abs_tol=1e-15))
+
+
 def ci_table(df: pd.DataFrame, *, sortable: bool = False, digits: int = 4, table_id: str | None = None) -> str:
     """An HTML table of ``df`` where each ``x`` with ``x_ci_low``/``x_ci_high`` becomes one
-    cell "value [low, high]" (the CI columns themselves are not shown); sortable by value."""
+    cell "value [low, high]" (the CI columns themselves are not shown); sortable by value.
+    An interval of zero width is marked "zero width*" and explained under the table
+    (:data:`ZERO_WIDTH`)."""
     e = html.escape
     cols = [c for c in df.columns if not (str(c).endswith("_ci_low") or str(c).endswith("_ci_high"))]
     head = "".join(f"<th>{e(str(c))}</th>" for c in cols)
     rows = []
+    any_zero = False
     for _, row in df.iterrows():
         cells = []
         for c in cols:
@@ -198,6 +215,9 @@ def ci_table(df: pd.DataFrame, *, sortable: bool = False, digits: int = 4, table
             lo, hi = f"{c}_ci_low", f"{c}_ci_high"
             if lo in df.columns and hi in df.columns:
                 text += f' <span class="ci">[{e(fmt(row[lo], digits))}, {e(fmt(row[hi], digits))}]</span>'
+                if zero_width(row[lo], row[hi]):
+                    any_zero = True
+                    text += f' <span class="ci" title="{e(ZERO_WIDTH, quote=True)}">zero width*</span>'
             sort = ""
             if isinstance(v, (float, np.floating)) and not math.isfinite(v):
                 sort = ' data-sort=""'
@@ -206,7 +226,8 @@ def ci_table(df: pd.DataFrame, *, sortable: bool = False, digits: int = 4, table
     body = "".join(rows) or f'<tr><td colspan="{len(cols)}">no rows</td></tr>'
     cls = ' class="sortable"' if sortable else ""
     ident = f' id="{e(table_id, quote=True)}"' if table_id else ""
-    return f"<table{cls}{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    note = f"<p>* {e(ZERO_WIDTH)}.</p>" if any_zero else ""
+    return f"<table{cls}{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
 
 
 def image_grid(names: Iterable[str], captions: dict[str, str] | None = None) -> str:

@@ -5,10 +5,16 @@
   one result per benchmark with its headline metric (the dataset named by the benchmark,
   its family as the config and the benchmark's config hash as the revision), ``verified:
   false``.  Paste it into a model's ``README.md`` front matter.
-* ``robustbench.json``: a model-info file in RobustBench's layout (its field names and
-  percentages as strings with two decimals): ``clean_acc`` from the accuracy at scale 0,
-  and where a corruption benchmark is in the suite its mean accuracy over the corrupted
-  images as ``corruptions_acc`` and its mCE as ``corruptions_mce``.
+* ``robustbench.json``: a model-info file of RobustBench's ImageNet corruptions leaderboard
+  (its field names, percentages as strings with two decimals, ``venue`` ``"N/A"``,
+  ``dataset`` ``"imagenet"``, a ``footnote`` naming the suite), written only where a
+  corruption benchmark of the suite has all 15 ImageNet-C corruptions at the integer
+  severities 1 to 5: ``corruptions_acc`` is their mean accuracy (RobustBench's definition,
+  from the corruption family's rows alone), ``clean_acc`` that benchmark's accuracy on its
+  originals, and ``corruptions_mce`` is there only when the mCE is ImageNet-C's (normalised
+  by AlexNet's errors; one normalised by a classifier of the suite stays in card.json).
+  Without those 15 no file is written (RobustBench's leaderboard code ranks by
+  ``corruptions_acc`` and fails without it); ``card.html`` says why.
 * ``unaggregated.csv``: one row per (benchmark, family, shift, scale) with the accuracy and
   the number of images it counts (each entry's ``accuracy`` list).
 
@@ -84,44 +90,102 @@ def _percent(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.2f}"
 
 
-def robustbench(card: dict[str, Any]) -> dict[str, Any]:
-    """The card as a RobustBench model-info entry (its field names; its percentages)."""
-    clean = None
-    corr_acc = corr_mce = None
-    for e in card["benchmarks"]:
-        details = {d["metric"]: d["value"] for d in e.get("details") or [] if not (d.get("key") or {}).get("shift")}
-        if clean is None and details.get("accuracy_clean") is not None:
-            clean = details["accuracy_clean"]
-        if e["family"] == "corruptions" and corr_mce is None:
-            corr_mce = e["value"]
-            if clean is None and details.get("error_clean") is not None:
-                clean = 1.0 - details["error_clean"]
-            corrupted = [r["accuracy"] for r in e.get("accuracy") or [] if r["scale"] > 0 and r["accuracy"] is not None]
-            corr_acc = sum(corrupted) / len(corrupted) if corrupted else None
-    model = card["model"]
+# RobustBench's ImageNet-C protocol: its 15 corruptions, each at the integer severities 1 to 5
+RB_SEVERITIES = (1.0, 2.0, 3.0, 4.0, 5.0)
+RB_DATASET = "imagenet"  # the leaderboard (model_info/imagenet/corruptions) whose corruptions these are
+RB_CORRUPTION_FAMILY = "corruption"  # the family of a corruption benchmark's accuracy rows
+
+
+def _imagenet_c() -> tuple[str, ...]:
+    from pipeline.families.corruption.params import BENCHMARK
+
+    return BENCHMARK
+
+
+def robustbench_cells(rows: list[dict[str, Any]]) -> dict[tuple[str, float], float] | None:
+    """Accuracy per (corruption, severity) of RobustBench's protocol among ``rows`` (an entry's
+    ``accuracy`` list): the corruption family's rows of the 15 ImageNet-C corruptions at the
+    integer severities 1 to 5; None unless all 75 cells have a number.  Slider shifts, the
+    extra corruptions and half-step severities are not RobustBench's and never enter."""
+    names = _imagenet_c()
+    cells = {(r["shift"], float(r["scale"])): r["accuracy"] for r in rows
+             if r.get("family") == RB_CORRUPTION_FAMILY and r["shift"] in names and float(r["scale"]) in RB_SEVERITIES}
+    wanted = [(n, s) for n in names for s in RB_SEVERITIES]
+    if any(cells.get(c) is None for c in wanted):
+        return None
+    return {c: float(cells[c]) for c in wanted}
+
+
+def robustbench_source(card: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The corruption benchmark ``robustbench.json`` is made from (None: the file is not written)
+    and the sentence the card's page says about it."""
+    corr = [e for e in card["benchmarks"] if e["family"] == "corruptions"]
+    for e in corr:
+        if robustbench_cells(e.get("accuracy") or []) is not None:
+            return e, (f"robustbench.json: corruptions_acc is the mean accuracy over the 15 ImageNet-C corruptions "
+                       f"at severities 1 to 5 of benchmark {e['benchmark']} (RobustBench's definition), on this "
+                       "suite's images, not on ImageNet-C's.")
+    if not corr:
+        why = "the suite has no corruption benchmark"
+    else:
+        have = {r["shift"] for e in corr for r in e.get("accuracy") or []
+                if r.get("family") == RB_CORRUPTION_FAMILY and r["shift"] in _imagenet_c()}
+        why = (f"its corruption benchmark has {len(have)} of the 15 ImageNet-C corruptions at every integer severity "
+               "1 to 5 with a number (RobustBench's corruptions_acc needs all 15)")
+    return None, f"No robustbench.json: {why}; RobustBench's leaderboard ranks entries by that field."
+
+
+def _alexnet_mce(e: dict[str, Any]) -> float | None:
+    """The entry's mCE when it is ImageNet-C's (the 15 corruptions, each normalised by AlexNet's
+    published errors); None otherwise (normalised by a classifier of the suite: not RobustBench's)."""
+    ces = [d for d in e.get("details") or [] if d["metric"] == "ce" and (d.get("key") or {}).get("in_mce")]
+    named = {(d.get("key") or {}).get("corruption") for d in ces}
+    if e["metric"] != "mce" or named != set(_imagenet_c()) or any(d["key"].get("normalised_by") != "alexnet" for d in ces):
+        return None
+    return e["value"]
+
+
+def robustbench(card: dict[str, Any]) -> dict[str, Any] | None:
+    """The card as a RobustBench model-info entry of its ImageNet corruptions leaderboard (its
+    field names; its percentages), or None when the suite lacks RobustBench's 15 corruptions
+    at severities 1 to 5 (:func:`robustbench_source`)."""
+    e, _ = robustbench_source(card)
+    if e is None:
+        return None
+    cells = robustbench_cells(e["accuracy"])
+    clean_rows = [r["accuracy"] for r in e["accuracy"] if r.get("family") == RB_CORRUPTION_FAMILY
+                  and r["shift"] in _imagenet_c() and float(r["scale"]) == 0.0 and r["accuracy"] is not None]
+    details = {d["metric"]: d["value"] for d in e.get("details") or [] if not d.get("key")}
+    clean = (1.0 - details["error_clean"]) if details.get("error_clean") is not None else (
+        sum(clean_rows) / len(clean_rows) if clean_rows else None)
+    model, suite = card["model"], card["suite"]
     out = {
         "link": "",
         "name": model["name"],
         "authors": "",
         "additional_data": False,
         "number_forward_passes": 1,
-        "dataset": card["suite"]["name"],
-        "venue": "",
+        "dataset": RB_DATASET,
+        "venue": "N/A",
         "architecture": model.get("model") or model.get("kind") or "",
         "eps": None,
         "clean_acc": _percent(clean),
         "reported": "",
+        "corruptions_acc": _percent(sum(cells.values()) / len(cells)),
     }
-    if corr_mce is not None or corr_acc is not None:
-        out["corruptions_acc"] = _percent(corr_acc)
-        out["corruptions_mce"] = _percent(corr_mce)
+    mce = _alexnet_mce(e)
+    if mce is not None:
+        out["corruptions_mce"] = _percent(mce)
+    out["footnote"] = (f"cnsbench suite {suite['name']} ({str(suite.get('hash') or '')[:12]}), benchmark "
+                       f"{e['benchmark']}: ImageNet-C's 15 corruptions on the suite's images, not ImageNet-C's")
     return out
 
 
 def card_exports(card: dict[str, Any]) -> dict[str, str]:
-    """File name -> text of every export of ``card`` (card.json's content)."""
+    """File name -> text of every export of ``card`` (card.json's content); ``robustbench.json``
+    only where :func:`robustbench` makes one."""
     return {
         MODEL_INDEX: model_index(card),
-        ROBUSTBENCH: json.dumps(robustbench(card), indent=2) + "\n",
         UNAGGREGATED: unaggregated(card).to_csv(index=False),
+        **({ROBUSTBENCH: json.dumps(rb, indent=2) + "\n"} if (rb := robustbench(card)) is not None else {}),
     }

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from pipeline import __version__
+from pipeline.aggregate.page import zero_width
 from pipeline.card.exports import EXPORTS, accuracy_rows, card_exports
 from pipeline.card.headline import Tables, failure_point_block, headline
 from pipeline.card.model import identity
@@ -245,7 +246,9 @@ def make_card(
         store.write_text(f"benchmarks/{b.name}.json", strict_dumps(entry, indent=1) + "\n")
         entries.append(entry)
         echo(f"[cnsbench] card: {b.name}: {entry['metric']} {_show(entry['value'])} "
-             f"[{_show(entry['ci_low'])}, {_show(entry['ci_high'])}] ({p.work}, {time.perf_counter() - start:.1f} s)")
+             f"[{_show(entry['ci_low'])}, {_show(entry['ci_high'])}]"
+             f"{' (zero width: every resample agreed)' if zero_width(entry['ci_low'], entry['ci_high']) else ''} "
+             f"({p.work}, {time.perf_counter() - start:.1f} s)")
     card = {
         "card": CARD_VERSION,
         "model": ident,
@@ -261,8 +264,12 @@ def make_card(
         store.write_text("card.html", card_html(card))
     else:
         card = previous
-    for name, text in card_exports(card).items():  # views of card.json in the community's formats
-        store.write_text(name, text)
+    exports = card_exports(card)
+    for name in EXPORTS:  # views of card.json in the community's formats; one it no longer makes goes
+        if name in exports:
+            store.write_text(name, exports[name])
+        elif store.exists(name):
+            store.remove(name)
     return card
 
 

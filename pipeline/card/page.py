@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.aggregate.page import ci_table, fmt, page_html
+from pipeline.aggregate.page import ZERO_WIDTH, ci_table, fmt, page_html, zero_width
+from pipeline.card.exports import robustbench_source
 
 e = html.escape
 
@@ -56,7 +57,7 @@ def card_html(card: dict[str, Any]) -> str:
     )
     sections = [("Model and suite", ident), ("Headline metrics", ci_table(rows, sortable=True)
                 + "<p>Each value with its bootstrap interval; the metric of each family is its paper's "
-                "(docs/card.md).</p>")]
+                f"(docs/card.md).</p><p>{e(robustbench_source(card)[1])}</p>")]
     for b in card["benchmarks"]:
         details = pd.DataFrame(
             [
@@ -68,7 +69,8 @@ def card_html(card: dict[str, Any]) -> str:
         )
         proto = b["protocol_detail"]
         body = (
-            f"<p>{e(b['description'])}: <b>{e(fmt(b['value']))}</b> [{e(fmt(b['ci_low']))}, {e(fmt(b['ci_high']))}] "
+            f"<p>{e(b['description'])}: <b>{e(fmt(b['value']))}</b> [{e(fmt(b['ci_low']))}, {e(fmt(b['ci_high']))}]"
+            + (f" ({e(ZERO_WIDTH)})" if zero_width(b["ci_low"], b["ci_high"]) else "") + " "
             f"({e(str(b['ci']['level']))} interval, {e(str(b['ci']['resamples']))} resamples, {b['n_units']} units).</p>"
             f"<p>Protocol <b>{e(proto['name'])}</b> ({e(proto['original'])}){': ' + e(proto['metric']) if proto.get('metric') else ''}; "
             f"the model's input here: <code>{e(_preprocess(b['preprocess']))}</code>.</p>"
