@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,6 +28,8 @@ def test_seconds_per_module_add_up_from_the_junit_report(tmp_path):
     assert dict(_load().by_module(report)) == {"test_a": 1.75, "test_b": 2.0}
 
 
+# It runs ./scripts/test (a pytest in a subprocess, and the virtual environment's set-up).
+@pytest.mark.integration
 def test_a_run_reports_its_module_and_the_machine_s_cpu(tmp_path, capsys):
     test = tmp_path / "test_sleeper.py"
     test.write_text("import time\n\ndef test_sleeps():\n    time.sleep(0.3)\n")
