@@ -90,6 +90,7 @@ def pytest_itemcollected(item):
 
     tier = tiers.infer(item)
     item.stash[TIER] = tier
+    item.user_properties.append(("tier", tier))  # in the JUnit report (scripts/suite_profile.py)
     if item.get_closest_marker(tier) is None:
         item.add_marker(tier)
 
