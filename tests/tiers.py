@@ -171,3 +171,9 @@ def guard(nodeid: str) -> Iterator[None]:
         yield
     finally:
         ray.init, OutputRun.claim, subprocess.Popen.__init__ = saved_init, claim, popen_init
+
+
+def explain(obj: Any) -> list[str]:
+    """What in ``obj``'s own source (a test or fixture function) the patterns match: why its tier."""
+    src = inspect.getsource(inspect.unwrap(obj))
+    return [m.group(0) for pat in (*_COMPILED.values(), _WORLD) for m in pat.finditer(src)]
