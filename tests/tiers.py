@@ -43,7 +43,10 @@ PATTERNS: dict[str, tuple[str, ...]] = {
         r"\bbuild_here\(", r"\bshared_(build|output)\(",
         r"\bForkedBuild\(", r"\bkill_at\(", r"\.claim\(", r"from pipeline\.build import build\b",
         r"from pipeline\.cli\.(build|demo|evaluate|refine|card) import",  # a command's own parser, in process
-        r"main\(\[\s*\"(build|demo|evaluate|refine|card|train-sliders|add-classifier|reclassify)\"",
+        # A command run in process, unless the same line expects it to refuse (exit 1 or 2):
+        # those are the argument checks' tests, and the guard stops one that runs after all.
+        r"main\(\[\s*\"(build|demo|evaluate|refine|card|train-sliders|add-classifier|reclassify)\""
+        r"(?![^\n]*(==\s*[12]\b|!=\s*0))",
         r"\bsubprocess\.(run|Popen|check_call|check_output)\(", r"\bsys\.executable\b",
     ),
 }
