@@ -33,7 +33,7 @@ TESTS = Path(__file__).resolve().parent
 PATTERNS: dict[str, tuple[str, ...]] = {
     "cluster": (
         r"\bray\.init\(", r"\bray_session\b", r"\bfrom ray import serve\b", r"\bserve\.run\(",
-        r"\braycluster\b", r"\b(Autoscaling)?Cluster\(", r"\bRAY,\s*\"start\"",  # `ray start` clusters
+        r"\b(Autoscaling)?Cluster\(", r"\bRAY,\s*\"start\"",  # `ray start` clusters
         r"\"--runner\",\s*\"ray\"", r"runner=\"ray\"", r"\bkill_at\([^)]*\"ray\"",  # Ray builds
         r"\bplaywright\b", r"\bchromium\b",  # the browser
         r"\bBENCH\b", r"\"bench\"\s*/",  # the benches' smoke runs
@@ -60,6 +60,7 @@ _BUILD = re.compile(r"\"build\"|\bbuild_here\(|\bbuild\(cfg\b")
 MODULE_FLOOR: dict[str, str] = {
     "test_card_world": "cluster",  # the four worlds' builds under the cards: configs from a table
     "test_chaos": "integration",  # bench/chaos.py's campaign forks and resumes builds in process
+    "test_cli_errors": "integration",  # builds refused after their output's claim (a variable argv)
 }
 
 
