@@ -98,15 +98,16 @@ def pytest_itemcollected(item):
 TIER = pytest.StashKey[str]()
 
 
-@pytest.fixture(autouse=True)
-def _tier_guard(request):
-    """In the unit tier, ``ray.init``, ``OutputRun.claim`` and subprocess builds fail naming the test."""
-    if request.node.stash.get(TIER, None) != "unit":
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In the unit tier, ``ray.init``, ``OutputRun.claim`` and subprocess builds fail naming the
+    test: through its set-up (module and session fixtures made for it too), call and teardown."""
+    if item.stash.get(TIER, None) != "unit":
         yield
         return
     import tiers
 
-    with tiers.guard(request.node.nodeid):
+    with tiers.guard(item.nodeid):
         yield
 
 

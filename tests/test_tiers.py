@@ -23,6 +23,23 @@ def test_the_guard_fails_a_ray_init_in_the_unit_tier_naming_the_test(request):
     assert not ray.is_initialized()
 
 
+@pytest.fixture(scope="module")
+def ray_init_in_a_module_fixture() -> str:
+    """What a module fixture of a unit test gets from ``ray.init``: the guard's message."""
+    import ray
+
+    try:
+        ray.init(address="local", num_cpus=1, include_dashboard=False)
+    except tiers.TierError as refused:
+        return str(refused)
+    ray.shutdown()
+    return "ray.init started Ray"
+
+
+def test_the_guard_covers_the_fixtures_made_for_a_unit_test(ray_init_in_a_module_fixture, request):
+    assert ray_init_in_a_module_fixture.startswith(request.node.nodeid + " is a unit test")
+
+
 def test_the_guard_fails_a_claim_of_an_output_and_a_subprocess_build(request, tmp_path):
     from pipeline.output_run import OutputRun
 
