@@ -3,13 +3,15 @@ machine's CPU measured beside it.
 
     .venv/bin/python scripts/suite_profile.py                          # the whole suite, as CI runs it
     .venv/bin/python scripts/suite_profile.py tests/test_cluster.py -n 0   # one module alone
+    .venv/bin/python scripts/suite_profile.py unit                     # one tier (docs/testing.md)
 
 Prints one JSON object: ``wall_s``; ``busy_cpu_s``, the CPU-seconds the whole machine worked
 meanwhile (every process, Ray's included, from ``/proc/stat``); ``busy_share`` (of all cores
 over the wall time); ``intervals_90_busy``, the share of 5-second intervals in which the cores
 were at least 90 % busy; ``worker_s``, the tests' own seconds summed over the test workers
-(setup, call and teardown, from pytest's JUnit report); ``by_module``, those seconds per test
-module, largest first; and pytest's exit code.
+(setup, call and teardown, from pytest's JUnit report); ``by_tier``, those seconds and the
+number of tests per tier (tests/tiers.py); ``by_module``, those seconds per test module, largest
+first; and pytest's exit code.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ def by_module(junit: Path) -> Counter:
     return seconds
 
 
+def by_tier(junit: Path) -> dict[str, dict[str, float]]:
+    """Tests and seconds per tier, from the ``tier`` property tests/conftest.py gives each test."""
+    tiers: dict[str, dict[str, float]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        tier = next((p.get("value") for p in case.iter("property") if p.get("name") == "tier"), "unknown")
+        entry = tiers.setdefault(tier, {"tests": 0, "seconds": 0.0})
+        entry["tests"] += 1
+        entry["seconds"] = round(entry["seconds"] + float(case.get("time", 0.0)), 1)
+    return tiers
+
+
 def main(argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="suite-profile-") as tmp:
         junit = Path(tmp) / "junit.xml"
@@ -71,6 +84,7 @@ def main(argv: list[str]) -> dict:
         sampler.join()
         wall, busy = time.time() - t0, (busy_and_total()[0] - busy0) / os.sysconf("SC_CLK_TCK")
         modules = by_module(junit) if junit.is_file() else Counter()
+        tiers = by_tier(junit) if junit.is_file() else {}
     cores = os.cpu_count() or 1
     result = {
         "command": "scripts/suite_profile.py " + " ".join(argv),
@@ -80,6 +94,7 @@ def main(argv: list[str]) -> dict:
         "busy_share": round(busy / (wall * cores), 3),
         "intervals_90_busy": round(sum(s >= 0.9 for s in samples) / len(samples), 3) if samples else None,
         "worker_s": round(sum(modules.values()), 1),
+        "by_tier": tiers,
         "by_module": {name: round(s, 1) for name, s in modules.most_common()},
         "pytest_exit": rc,
     }

@@ -77,7 +77,43 @@ def pytest_xdist_make_scheduler(config, log):
     return UnitScheduling(config, log)
 
 
+def pytest_configure(config):
+    for tier, what in (("unit", "no Ray, no build, no subprocess (tests/tiers.py)"),
+                       ("integration", "in-process builds, the session's tiny and demo builds"),
+                       ("cluster", "Ray, clusters, the worlds' builds, the benches, the browser")):
+        config.addinivalue_line("markers", f"{tier}: {what}")
+
+
+def pytest_itemcollected(item):
+    """Mark every test with its tier (tests/tiers.py), before ``-m`` selects among them."""
+    import tiers
+
+    tier = tiers.infer(item)
+    item.stash[TIER] = tier
+    item.user_properties.append(("tier", tier))  # in the JUnit report (scripts/suite_profile.py)
+    if item.get_closest_marker(tier) is None:
+        item.add_marker(tier)
+
+
+TIER = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In the unit tier, ``ray.init``, ``OutputRun.claim`` and subprocess builds fail naming the
+    test: through its set-up (module and session fixtures made for it too), call and teardown."""
+    if item.stash.get(TIER, None) != "unit":
+        yield
+        return
+    import tiers
+
+    with tiers.guard(item.nodeid):
+        yield
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    """The units' order (after ``-m`` deselected: what Ray's stop waits for is among the selected)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: file order otherwise
     # Whether a later test of the same unit uses this worker's Ray: it stays up until then.

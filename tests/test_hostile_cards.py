@@ -20,6 +20,9 @@ from hostile import foreign_directory, nested_json, tree_digest
 from pipeline.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
+# Unit tests, said outright: `cnsbench card` runs here with its benchmarks' outputs faked
+# (``fake_card_run``), which the tier's patterns read as a card run on real outputs.
+pytestmark = pytest.mark.unit
 FAMILY_METRIC = {"cns": "accuracy_drop", "corruptions": "mce", "imagenet_d": "accuracy", "ximagenet": "robustness_score",
                  "imagenet_e": "mean_drop_published"}
 HIGHER = {"cns": False, "corruptions": False, "imagenet_d": True, "ximagenet": True, "imagenet_e": False}

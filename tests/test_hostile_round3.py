@@ -137,6 +137,7 @@ def test_a_model_that_is_neither_a_hub_id_nor_a_path_is_an_error(command, model,
     assert "classifiers[0].model" in text and "cached" not in text.replace("not cached", "")
 
 
+@pytest.mark.integration  # refused after the output's claim, inside the build
 def test_build_refuses_a_model_that_is_neither_a_hub_id_nor_a_path(tmp_path, capsys):
     cfg = tiny_cfg_path(tmp_path)
     out = tmp_path / "out"
@@ -396,6 +397,7 @@ def test_validate_refuses_released_questions_as_a_builds_distractors(tmp_path, c
     assert "classifiers[0] (v).protocol.distractors: 'questions' needs a released ImageNet-D" in out.out + out.err
 
 
+@pytest.mark.integration  # refused after the output's claim, inside the build
 def test_build_refuses_released_questions_before_any_image(tmp_path, capsys):
     cfg = tiny_cfg_path(tmp_path)
     out = tmp_path / "out"

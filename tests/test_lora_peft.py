@@ -190,6 +190,7 @@ def test_slider_trained_before_and_after_peft_load_the_same_way(world, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # trains a slider on the shipped world's model: a minute of CPU
 def test_peft_trainer_reproduces_a_shipped_world_slider(tmp_path):
     """Retraining ``blur/002`` with its recorded settings on peft gives the shipped slider
     (trained by the hook-based trainer before): the same final loss and weights."""

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from raycluster import NODE_LABEL, Cluster, NodeExited
 
+# Unit tests, said outright: the cluster's nodes are FakeNode, though the sources name `ray start`.
+pytestmark = pytest.mark.unit
+
 
 class FakeNode:
     """Stands in for ``raycluster.Node``: ``ray start`` with these args, which either stays up
