@@ -182,18 +182,48 @@ def weighted_metrics(cfg: BuildConfig, ga: GroupArrays, metrics: Metrics) -> tup
     fp["fp_mean_ci_low"], fp["fp_mean_ci_high"] = fp["fp_mean"] - fp["fp_mean_half_width"], fp["fp_mean"] + fp["fp_mean_half_width"]
     summary = metrics.summary.copy()
     if not summary.empty:
-        by = grid.groupby(["classifier", "scale"])[["accuracy", "accuracy_drop"]].mean()
+        # The mean over shifts of a (classifier, scale): the shifts' strata are disjoint, so
+        # their estimates are independent and the variances add (each weighs 1/shifts²).
+        def shift_mean(summary: pd.DataFrame, col: str, est: np.ndarray, half_k: np.ndarray, j: int, lo: float) -> None:
+            mean = dict(zip(ga.classifiers, est.reshape(c, h, s)[:, :, j].mean(axis=1)))
+            width = dict(zip(ga.classifiers, np.sqrt((half_k.reshape(c, h, s)[:, :, j] ** 2).sum(axis=1)) / h))
+            summary[col] = summary["classifier"].map(mean)
+            summary[f"{col}_ci_low"] = (summary[col] - summary["classifier"].map(width)).clip(lower=lo)
+            summary[f"{col}_ci_high"] = (summary[col] + summary["classifier"].map(width)).clip(upper=1.0)
+
         for j, scale in enumerate(scales):
-            col = f"acc_drop_{scale_tag(scale)}"
-            summary[col] = summary["classifier"].map(lambda k: by["accuracy_drop"].get((k, scale), np.nan))
-        summary["accuracy_scale0"] = summary["classifier"].map(lambda k: by["accuracy"].get((k, 0.0), np.nan))
+            shift_mean(summary, f"acc_drop_{scale_tag(scale)}", drop, dhalf, j, -1.0)
+        if 0.0 in scales:
+            shift_mean(summary, "accuracy_scale0", acc, half, scales.index(0.0), 0.0)
         for name, ratio in (("fp_avg", found.fp_all), ("margin_fp_avg", found.margin)):
             value = dict(zip(ga.classifiers, ratio.estimate))
             width = dict(zip(ga.classifiers, ratio.half))
             summary[name] = summary["classifier"].map(value)
             summary[f"{name}_ci_low"] = summary[name] - summary["classifier"].map(width)
             summary[f"{name}_ci_high"] = summary[name] + summary["classifier"].map(width)
-    return dataclasses.replace(metrics, accuracy=accuracy, summary=summary), fp
+    return dataclasses.replace(metrics, accuracy=accuracy, summary=summary,
+                               failure_point_table=weighted_fp_table(found, ga, metrics.failure_point_table)), fp
+
+
+def weighted_fp_table(found: stratified.Cells, ga: GroupArrays, table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (``failure_point_table``) with the stratified share of trajectories failing at
+    each scale, per shift and over every shift, its cumulative sum and the share's interval."""
+    from pipeline.aggregate.metrics import ALL_SHIFTS
+
+    c, h, s = found.shape
+    shifts, scales = list(ga.group.shifts), list(ga.group.scales)
+    per = pd.MultiIndex.from_product([ga.classifiers, shifts, scales], names=["classifier", "shift", "scale"]).to_frame(index=False)
+    per["fp_ratio"], per["fp_ratio_half_width"] = found.fp_ratio.estimate, found.fp_ratio.half
+    every = pd.MultiIndex.from_product([ga.classifiers, [ALL_SHIFTS], scales], names=["classifier", "shift", "scale"]).to_frame(index=False)
+    every["fp_ratio"], every["fp_ratio_half_width"] = found.fp_ratio_all.estimate, found.fp_ratio_all.half
+    grid = pd.concat([per, every], ignore_index=True)
+    grid["fp_ratio_cumulative"] = grid.groupby(["classifier", "shift"])["fp_ratio"].cumsum()
+    grid["fp_ratio_ci_low"] = _clip(grid["fp_ratio"] - grid["fp_ratio_half_width"], 0, 1)
+    grid["fp_ratio_ci_high"] = _clip(grid["fp_ratio"] + grid["fp_ratio_half_width"], 0, 1)
+    keys = ["classifier", "shift", "scale"]
+    base = table.drop(columns=[k for k in grid.columns if k in table.columns and k not in keys])
+    out = base.merge(grid, on=keys, how="left")
+    return out[[k for k in table.columns if k in out.columns] + [k for k in grid.columns if k not in table.columns]]
 
 
 def weighted_group(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame, metrics: Metrics,

@@ -74,13 +74,17 @@ def stratified_ratio(y: np.ndarray, x: np.ndarray, stratum: np.ndarray, weight: 
 class Cells:
     """The headline numbers of one family group, each with its interval (docs/adaptive.md):
     ``accuracy`` and ``drop`` [C, shifts, S]; ``fp_mean`` [C, shifts] (mean failure point over
-    the failed trajectories of a shift); ``fp_all`` and ``margin`` [C] (over every shift)."""
+    the failed trajectories of a shift); ``fp_all`` and ``margin`` [C] (over every shift);
+    ``fp_ratio`` [C, shifts, S] and ``fp_ratio_all`` [C, S] (the share of evaluated trajectories
+    whose failure point is the scale, per shift and over every shift)."""
 
     accuracy: Ratio
     drop: Ratio
     fp_mean: Ratio
     fp_all: Ratio
     margin: Ratio
+    fp_ratio: Ratio
+    fp_ratio_all: Ratio
     shape: tuple[int, int, int]  # classifiers, shifts, scales
 
 
@@ -116,7 +120,11 @@ def cells(correct: np.ndarray, evaluated: np.ndarray, stratum: np.ndarray, shift
     fp_all = stratified_ratio(fp_value, failed.astype(float), stratum, w_all, n_pop, z, top)
     censored = np.where(failed, fp_value, margin_max_scale)
     margin = stratified_ratio((margin_max_scale - censored) * ev, ev, stratum, w_all, n_pop, z, margin_max_scale)
-    return Cells(accuracy, drop, fp_mean, fp_all, margin, (c, n_shifts, s))
+    at_scale = (failed[:, :, None] & (np.argmax(wrong, axis=2)[:, :, None] == np.arange(s)[None, None, :])).astype(float)
+    fp_ratio = per_shift(at_scale, ev, 1.0)
+    fp_ratio_all = stratified_ratio(at_scale.reshape(t, -1), np.repeat(ev, s, axis=1), stratum,
+                                    np.repeat(w_all, s, axis=1), n_pop, z, 1.0)
+    return Cells(accuracy, drop, fp_mean, fp_all, margin, fp_ratio, fp_ratio_all, (c, n_shifts, s))
 
 
 def assess(found: Cells, target: float, fp_target: float) -> tuple[np.ndarray, bool]:
