@@ -114,14 +114,21 @@ def replay(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame,
     def present(alloc: tuple[int, ...]) -> bool:
         return all(trajectory_id(s, c, seed) in attempted for (c, s), n in zip(strata, alloc) for seed in seeds[:n])
 
-    def assess(alloc: tuple[int, ...]) -> tuple[list[float], bool]:
+    def assess(alloc: tuple[int, ...]):
         load, met = np.zeros(len(strata)), True
         limit = np.asarray(alloc)
+        cells = []
         for ga in arrays:
             found = group_cells(cfg, ga, ga.rank < limit[ga.stratum])
             part, ok = stratified.assess(found, spec.target, spec.fp_target(top))
             load, met = load + part, met and ok
-        return load.tolist(), met
+            cells.append(found)
+
+        def enough(n: tuple[int, ...]) -> bool:  # the round's end: every target projected met
+            return all(stratified.projected_met(f, spec.target, spec.fp_target(top), np.asarray(n), len(seeds), spec.level)
+                       for f in cells)
+
+        return load.tolist(), met, enough
 
     return schedule(strata, len(seeds), spec.pilot, spec.round_size, spec.max_images, images, cost, present, assess)
 
