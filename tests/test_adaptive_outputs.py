@@ -29,13 +29,15 @@ PRE = {"resize": 64, "crop": 64, "interpolation": "bilinear", "mean": [0.5] * 3,
 TWO = {0: 1, 1: 22}  # the model's two outputs: goldfish, bald eagle
 
 
-def unequal_tiny(directory: Path) -> Path:
-    def mutate(raw: dict) -> None:
-        raw["benchmark"]["seeds"] = "1..4"
-        raw.setdefault("aggregate", {})["bootstrap"] = {"resamples": 0}
-        raw["sampling"] = {"target": 0.01, "max_images": 66, "pilot": 2, "round_size": 3}
+def unequal(raw: dict) -> None:
+    raw["benchmark"]["seeds"] = "1..4"
+    raw.setdefault("aggregate", {})["bootstrap"] = {"resamples": 0}
+    raw["sampling"] = {"target": 0.01, "max_images": 66, "pilot": 2, "round_size": 3}
+    raw["protocol"] = "custom"  # each model's own preprocessing (the brightness model's 64 px)
 
-    return tiny_config(directory, mutate, name="adaptive-unequal.yaml")
+
+def unequal_tiny(directory: Path) -> Path:
+    return tiny_config(directory, unequal, name="adaptive-unequal.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +97,7 @@ def test_a_card_entry_carries_the_weighted_numbers_and_their_intervals(adaptive_
     _, built = adaptive_out
     out = copied(built, tmp_path / "out")
     suite = tmp_path / "suite.yaml"
-    suite.write_text(f"suite: one\nbenchmarks:\n  - {{name: cns, family: cns, output: {out}}}\n")
+    suite.write_text(f"suite: one\nbenchmarks:\n  - {{name: cns, family: cns, output: {out}, protocol: custom}}\n")
     card(TwoWay(), str(suite), name="later", output=str(tmp_path / "card"), preprocess=PRE, label_map=TWO, echo=lambda m: None)
     (entry,) = json.loads((tmp_path / "card" / "card.json").read_text())["benchmarks"]
     report = metrics(out)
@@ -135,16 +137,51 @@ def test_a_card_entry_carries_the_weighted_numbers_and_their_intervals(adaptive_
 
 
 # --------------------------------------------------------------------------- refine
-def test_refine_leaves_the_report_weighted(adaptive_out, tmp_path):
+def test_a_classifier_added_to_the_config_leaves_the_rounds_and_refine_the_report_weighted(adaptive_out, tmp_path):
+    """The brightness classifier of tests/test_refine.py added by a build of the config naming
+    it: it is classified on the committed images only (the rounds, steered by the classifiers
+    the pilot was made with, stay as they were); then one round of ``refine`` on it."""
+    from test_refine import GOLDFISH, bright_model, tables
+
+    from pipeline.analyses.refined import read_refined
     from pipeline.cli import main
 
     _, built = adaptive_out
     out = copied(built, tmp_path / "out")
     before = metrics(out)
-    assert main(["refine", str(out), "--classifier", "tiny-resnet", "--rounds", "1", "--runner", "local"]) == 0
+    samples, light = tables(out)
+    samples["b"] = samples["sample_id"].map(light)
+    gap, threshold, sign = max(
+        (s * (t["b"].iloc[0] - far), (t["b"].iloc[0] + far) / 2, s)
+        for _, t in samples[samples["class_id"] == GOLDFISH].sort_values("scale").groupby("trajectory_id")
+        for s, far in ((1.0, t["b"].iloc[1:].min()), (-1.0, t["b"].iloc[1:].max())))
+    assert gap > 0
+    bright_model(tmp_path / "bright.pt", threshold, sign)
+
+    def with_bright(raw: dict) -> None:
+        unequal(raw)
+        raw["classifiers"].append({"name": "bright", "kind": "torchscript", "model": "brightness",
+                                   "checkpoint": str(tmp_path / "bright.pt")})
+
+    assert build_here(tiny_config(tmp_path, with_bright, name="bright.yaml"), out) == 0
+    added = metrics(out)
+    design = {k: v for k, v in added["sampling"].items() if k != "failure_point_mean"}
+    assert design == {k: v for k, v in before["sampling"].items() if k != "failure_point_mean"}
+    assert [r for r in added["sampling"]["failure_point_mean"] if r["classifier"] != "bright"] == \
+        before["sampling"]["failure_point_mean"]
+    from pipeline.io.tables import load_samples
+
+    assert len(load_samples(OutputStore(str(out)))) == 66  # no trajectory beyond the design
+    assert [r for r in added["accuracy"] if r["classifier"] != "bright"] == before["accuracy"]
+    rows = [r for r in added["accuracy"] if r["classifier"] == "bright"]
+    assert len(rows) == 12 and all(r["accuracy_ci_low"] <= r["accuracy"] <= r["accuracy_ci_high"] for r in rows)
+
+    assert main(["refine", str(out), "--classifier", "bright", "--rounds", "1", "--runner", "local"]) == 0
+    refined = read_refined(OutputStore(str(out)))
+    assert (refined["status"] == "refined").any()
     after = metrics(out)
-    assert after["sampling"] == before["sampling"]
-    assert after["accuracy"] == before["accuracy"] and after["summary"] == before["summary"]
+    assert after["sampling"] == added["sampling"]
+    assert after["accuracy"] == added["accuracy"] and after["summary"] == added["summary"]
     assert (out / "report" / "failure_points_refined.csv").is_file()
 
 

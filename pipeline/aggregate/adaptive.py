@@ -99,14 +99,44 @@ def stratum_costs(cfg: BuildConfig, strata: list[Stratum]) -> tuple[list[int], l
     return [per_shift[s][0] for _, s in strata], [per_shift[s][1] for _, s in strata]
 
 
+def steering_classifiers(store: Any, cfg: BuildConfig) -> list[str] | None:
+    """The classifiers whose intervals steer the rounds: those the pilot was classified with
+    as it was made (the base predictions file of every committed shard holding a pilot
+    trajectory; a classifier added later has its own files), in the config's order.  So a
+    classifier added later (``evaluate``, or a config that names one more) leaves the rounds
+    already made as they were.  None while no pilot shard is committed."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    seeds = cfg.benchmark.seeds[: cfg.sampling.pilot]
+    pilot = {trajectory_id(s, c, seed) for c, s in strata_of(cfg.benchmark.classes, cfg.all_shifts()) for seed in seeds}
+    found: set[str] | None = None
+    for manifest in store.manifests():
+        base = f"predictions/{manifest.shard}.parquet"
+        if base not in manifest.files or not pilot.intersection(manifest.trajectories):
+            continue
+        table = pq.read_table(io.BytesIO(store.read_bytes(base)), columns=["classifier"])
+        names = set(table.column("classifier").to_pylist())
+        found = names if found is None else found & names
+    if found is None:
+        return None
+    order = [c.name for c in cfg.classifiers]
+    return [n for n in order if n in found] + sorted(found - set(order))
+
+
 def replay(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame,
-           attempted: set[str] | frozenset[str]) -> Schedule:
+           attempted: set[str] | frozenset[str], steering: list[str] | None = None) -> Schedule:
     """The rounds of ``cfg``'s adaptive build given the committed tables and the trajectories
     ``attempted`` (committed, or failed): each round is assessed on its own trajectories only,
-    so work committed beyond it (a round a kill interrupted) never changes the allocation."""
+    so work committed beyond it (a round a kill interrupted) never changes the allocation.
+    ``steering``: the classifiers whose intervals are assessed (:func:`steering_classifiers`;
+    None: every classifier of ``predictions``)."""
     spec = cfg.sampling
     strata = strata_of(cfg.benchmark.classes, cfg.all_shifts())
     seeds = cfg.benchmark.seeds
+    if steering is not None:
+        predictions = predictions[predictions["classifier"].isin(steering)]
     arrays = group_arrays(cfg, samples, predictions, strata)
     images, cost = stratum_costs(cfg, strata)
     top = max(max(g.scales) for g in cfg.family_groups())
