@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,9 @@ from pipeline.aggregate.metrics import Metrics, evaluated_rows
 from pipeline.config import BuildConfig
 from pipeline.plan import scale_tag, trajectory_id
 from pipeline.plan.adaptive import Schedule, Stratum, schedule, strata_of
+
+if TYPE_CHECKING:
+    from pipeline.io.store import OutputStore
 
 ESTIMATOR = ("stratified ratio estimator over (class, shift) strata, equal stratum weights (the uniform design's), "
              "linearised standard errors with the finite-population correction of benchmark.seeds, normal intervals")
@@ -99,7 +102,7 @@ def stratum_costs(cfg: BuildConfig, strata: list[Stratum]) -> tuple[list[int], l
     return [per_shift[s][0] for _, s in strata], [per_shift[s][1] for _, s in strata]
 
 
-def steering_classifiers(store: Any, cfg: BuildConfig) -> list[str] | None:
+def steering_classifiers(store: "OutputStore", cfg: BuildConfig) -> list[str] | None:
     """The classifiers whose intervals steer the rounds: those the pilot was classified with
     as it was made (the base predictions file of every committed shard holding a pilot
     trajectory; a classifier added later has its own files), in the config's order.  So a
@@ -107,6 +110,7 @@ def steering_classifiers(store: Any, cfg: BuildConfig) -> list[str] | None:
     already made as they were.  None while no pilot shard is committed."""
     import io
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     seeds = cfg.benchmark.seeds[: cfg.sampling.pilot]
@@ -116,7 +120,10 @@ def steering_classifiers(store: Any, cfg: BuildConfig) -> list[str] | None:
         base = f"predictions/{manifest.shard}.parquet"
         if base not in manifest.files or not pilot.intersection(manifest.trajectories):
             continue
-        table = pq.read_table(io.BytesIO(store.read_bytes(base)), columns=["classifier"])
+        try:
+            table = pq.read_table(io.BytesIO(store.read_bytes(base)), columns=["classifier"])
+        except (pa.ArrowInvalid, OSError):  # a damaged shard: left out, as the tables leave it out
+            continue
         names = set(table.column("classifier").to_pylist())
         found = names if found is None else found & names
     if found is None:
