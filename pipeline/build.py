@@ -72,7 +72,7 @@ def _adaptive(run: OutputRun, cfg: BuildConfig, stages: "Stages", aggregate: boo
               echo: Callable[[str], None]) -> BuildSummary:
     """An adaptive build: each round a build of the trajectories its allocation adds, the next
     allocation replayed from what is then committed (so a resumed build makes the same one)."""
-    from pipeline.aggregate.adaptive import replay
+    from pipeline.aggregate.adaptive import replay, steering_classifiers
     from pipeline.aggregate.run import load_sound_tables
     from pipeline.output_run import committed_trajectories
     from pipeline.plan.adaptive import adaptive_units, strata_of
@@ -87,7 +87,7 @@ def _adaptive(run: OutputRun, cfg: BuildConfig, stages: "Stages", aggregate: boo
     tried: set[str] = set()  # failed in this run: not retried round after round
     while True:
         samples, predictions, _ = load_sound_tables(run.store)
-        sched = replay(cfg, samples, predictions, done | failed)
+        sched = replay(cfg, samples, predictions, done | failed, steering_classifiers(run.store, cfg))
         if sched.stop is not None:
             echo(f"[cnsbench] adaptive build: {sched.stop} after {len(sched.rounds)} round(s), "
                  f"{sum(sched.current)} trajectories")

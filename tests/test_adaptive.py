@@ -152,3 +152,31 @@ def _hashed(cfg) -> dict:
     if data.get("sampling") is None:
         data.pop("sampling", None)
     return json.loads(json.dumps(data))
+
+
+def test_a_round_ends_once_its_targets_are_projected_met():
+    # Up to 10 trajectories, but 5 seeds in the uncertain stratum are projected to be enough.
+    assert allocate([2, 2], [0.0, 1.0], [1.0, 1.0], 10, 100, [6, 6], 10**6, lambda a: a[1] >= 5) == (2, 5)
+    # Projected at least one trajectory in: a round is never empty while a target is unmet.
+    assert allocate([2, 2], [0.0, 1.0], [1.0, 1.0], 10, 100, [6, 6], 10**6, lambda a: True) == (2, 3)
+    # The projection from a real cell: stratum 1 flips; its interval narrows as its seeds grow.
+    correct = np.ones((8, 1, 2))
+    correct[4:, 0, 1] = [1, 0, 1, 0]
+    found = stratified.cells(correct, np.ones((8, 1), dtype=bool), np.array([0] * 4 + [1] * 4),
+                             np.array([0, 0]), 1, [0.0, 1.0], 64, 0.95, 3.0)
+    assert not stratified.projected_met(found, 0.2, 3.0, np.array([4, 4]), 64, 0.95)
+    assert stratified.projected_met(found, 0.2, 3.0, np.array([4, 40]), 64, 0.95)
+
+
+def test_a_failure_point_not_seen_yet_is_not_taken_as_met():
+    # Two strata of one shift, every trajectory right at every scale: no failure point yet, so
+    # no estimate, but the mean failure point is not known to be within its target.
+    correct = np.ones((4, 1, 3))
+    args = (np.ones((4, 1), dtype=bool), np.array([0, 0, 1, 1]), np.array([0, 0]), 1, [0.0, 1.0, 2.0])
+    found = stratified.cells(correct, *args, 16, 0.95, 2.0)
+    assert np.isnan(found.fp_mean.estimate).all() and np.isnan(found.fp_mean.half).all()
+    load, met = stratified.assess(found, 0.5, 0.5)
+    assert not met and load[0] == pytest.approx(load[1]) and load[0] > 0
+    # Every seed of the range made: nothing is left to find.
+    _, met = stratified.assess(stratified.cells(correct, *args, 2, 0.95, 2.0), 0.5, 0.5)
+    assert met

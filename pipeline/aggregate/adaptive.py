@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,9 @@ from pipeline.aggregate.metrics import Metrics, evaluated_rows
 from pipeline.config import BuildConfig
 from pipeline.plan import scale_tag, trajectory_id
 from pipeline.plan.adaptive import Schedule, Stratum, schedule, strata_of
+
+if TYPE_CHECKING:
+    from pipeline.io.store import OutputStore
 
 ESTIMATOR = ("stratified ratio estimator over (class, shift) strata, equal stratum weights (the uniform design's), "
              "linearised standard errors with the finite-population correction of benchmark.seeds, normal intervals")
@@ -99,14 +102,48 @@ def stratum_costs(cfg: BuildConfig, strata: list[Stratum]) -> tuple[list[int], l
     return [per_shift[s][0] for _, s in strata], [per_shift[s][1] for _, s in strata]
 
 
+def steering_classifiers(store: "OutputStore", cfg: BuildConfig) -> list[str] | None:
+    """The classifiers whose intervals steer the rounds: those the pilot was classified with
+    as it was made (the base predictions file of every committed shard holding a pilot
+    trajectory; a classifier added later has its own files), in the config's order.  So a
+    classifier added later (``evaluate``, or a config that names one more) leaves the rounds
+    already made as they were.  None while no pilot shard is committed."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    seeds = cfg.benchmark.seeds[: cfg.sampling.pilot]
+    pilot = {trajectory_id(s, c, seed) for c, s in strata_of(cfg.benchmark.classes, cfg.all_shifts()) for seed in seeds}
+    found: set[str] | None = None
+    for manifest in store.manifests():
+        base = f"predictions/{manifest.shard}.parquet"
+        if base not in manifest.files or not pilot.intersection(manifest.trajectories):
+            continue
+        try:
+            table = pq.read_table(io.BytesIO(store.read_bytes(base)), columns=["classifier"])
+        except (pa.ArrowInvalid, OSError):  # a damaged shard: left out, as the tables leave it out
+            continue
+        names = set(table.column("classifier").to_pylist())
+        found = names if found is None else found & names
+    if found is None:
+        return None
+    order = [c.name for c in cfg.classifiers]
+    return [n for n in order if n in found] + sorted(found - set(order))
+
+
 def replay(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame,
-           attempted: set[str] | frozenset[str]) -> Schedule:
+           attempted: set[str] | frozenset[str], steering: list[str] | None = None) -> Schedule:
     """The rounds of ``cfg``'s adaptive build given the committed tables and the trajectories
     ``attempted`` (committed, or failed): each round is assessed on its own trajectories only,
-    so work committed beyond it (a round a kill interrupted) never changes the allocation."""
+    so work committed beyond it (a round a kill interrupted) never changes the allocation.
+    ``steering``: the classifiers whose intervals are assessed (:func:`steering_classifiers`;
+    None: every classifier of ``predictions``)."""
     spec = cfg.sampling
     strata = strata_of(cfg.benchmark.classes, cfg.all_shifts())
     seeds = cfg.benchmark.seeds
+    if steering is not None:
+        predictions = predictions[predictions["classifier"].isin(steering)]
     arrays = group_arrays(cfg, samples, predictions, strata)
     images, cost = stratum_costs(cfg, strata)
     top = max(max(g.scales) for g in cfg.family_groups())
@@ -114,14 +151,21 @@ def replay(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame,
     def present(alloc: tuple[int, ...]) -> bool:
         return all(trajectory_id(s, c, seed) in attempted for (c, s), n in zip(strata, alloc) for seed in seeds[:n])
 
-    def assess(alloc: tuple[int, ...]) -> tuple[list[float], bool]:
+    def assess(alloc: tuple[int, ...]):
         load, met = np.zeros(len(strata)), True
         limit = np.asarray(alloc)
+        cells = []
         for ga in arrays:
             found = group_cells(cfg, ga, ga.rank < limit[ga.stratum])
             part, ok = stratified.assess(found, spec.target, spec.fp_target(top))
             load, met = load + part, met and ok
-        return load.tolist(), met
+            cells.append(found)
+
+        def enough(n: tuple[int, ...]) -> bool:  # the round's end: every target projected met
+            return all(stratified.projected_met(f, spec.target, spec.fp_target(top), np.asarray(n), len(seeds), spec.level)
+                       for f in cells)
+
+        return load.tolist(), met, enough
 
     return schedule(strata, len(seeds), spec.pilot, spec.round_size, spec.max_images, images, cost, present, assess)
 
@@ -182,18 +226,48 @@ def weighted_metrics(cfg: BuildConfig, ga: GroupArrays, metrics: Metrics) -> tup
     fp["fp_mean_ci_low"], fp["fp_mean_ci_high"] = fp["fp_mean"] - fp["fp_mean_half_width"], fp["fp_mean"] + fp["fp_mean_half_width"]
     summary = metrics.summary.copy()
     if not summary.empty:
-        by = grid.groupby(["classifier", "scale"])[["accuracy", "accuracy_drop"]].mean()
+        # The mean over shifts of a (classifier, scale): the shifts' strata are disjoint, so
+        # their estimates are independent and the variances add (each weighs 1/shifts²).
+        def shift_mean(summary: pd.DataFrame, col: str, est: np.ndarray, half_k: np.ndarray, j: int, lo: float) -> None:
+            mean = dict(zip(ga.classifiers, est.reshape(c, h, s)[:, :, j].mean(axis=1)))
+            width = dict(zip(ga.classifiers, np.sqrt((half_k.reshape(c, h, s)[:, :, j] ** 2).sum(axis=1)) / h))
+            summary[col] = summary["classifier"].map(mean)
+            summary[f"{col}_ci_low"] = (summary[col] - summary["classifier"].map(width)).clip(lower=lo)
+            summary[f"{col}_ci_high"] = (summary[col] + summary["classifier"].map(width)).clip(upper=1.0)
+
         for j, scale in enumerate(scales):
-            col = f"acc_drop_{scale_tag(scale)}"
-            summary[col] = summary["classifier"].map(lambda k: by["accuracy_drop"].get((k, scale), np.nan))
-        summary["accuracy_scale0"] = summary["classifier"].map(lambda k: by["accuracy"].get((k, 0.0), np.nan))
+            shift_mean(summary, f"acc_drop_{scale_tag(scale)}", drop, dhalf, j, -1.0)
+        if 0.0 in scales:
+            shift_mean(summary, "accuracy_scale0", acc, half, scales.index(0.0), 0.0)
         for name, ratio in (("fp_avg", found.fp_all), ("margin_fp_avg", found.margin)):
             value = dict(zip(ga.classifiers, ratio.estimate))
             width = dict(zip(ga.classifiers, ratio.half))
             summary[name] = summary["classifier"].map(value)
             summary[f"{name}_ci_low"] = summary[name] - summary["classifier"].map(width)
             summary[f"{name}_ci_high"] = summary[name] + summary["classifier"].map(width)
-    return dataclasses.replace(metrics, accuracy=accuracy, summary=summary), fp
+    return dataclasses.replace(metrics, accuracy=accuracy, summary=summary,
+                               failure_point_table=weighted_fp_table(found, ga, metrics.failure_point_table)), fp
+
+
+def weighted_fp_table(found: stratified.Cells, ga: GroupArrays, table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (``failure_point_table``) with the stratified share of trajectories failing at
+    each scale, per shift and over every shift, its cumulative sum and the share's interval."""
+    from pipeline.aggregate.metrics import ALL_SHIFTS
+
+    c, h, s = found.shape
+    shifts, scales = list(ga.group.shifts), list(ga.group.scales)
+    per = pd.MultiIndex.from_product([ga.classifiers, shifts, scales], names=["classifier", "shift", "scale"]).to_frame(index=False)
+    per["fp_ratio"], per["fp_ratio_half_width"] = found.fp_ratio.estimate, found.fp_ratio.half
+    every = pd.MultiIndex.from_product([ga.classifiers, [ALL_SHIFTS], scales], names=["classifier", "shift", "scale"]).to_frame(index=False)
+    every["fp_ratio"], every["fp_ratio_half_width"] = found.fp_ratio_all.estimate, found.fp_ratio_all.half
+    grid = pd.concat([per, every], ignore_index=True)
+    grid["fp_ratio_cumulative"] = grid.groupby(["classifier", "shift"])["fp_ratio"].cumsum()
+    grid["fp_ratio_ci_low"] = _clip(grid["fp_ratio"] - grid["fp_ratio_half_width"], 0, 1)
+    grid["fp_ratio_ci_high"] = _clip(grid["fp_ratio"] + grid["fp_ratio_half_width"], 0, 1)
+    keys = ["classifier", "shift", "scale"]
+    base = table.drop(columns=[k for k in grid.columns if k in table.columns and k not in keys])
+    out = base.merge(grid, on=keys, how="left")
+    return out[[k for k in table.columns if k in out.columns] + [k for k in grid.columns if k not in table.columns]]
 
 
 def weighted_group(cfg: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame, metrics: Metrics,

@@ -43,16 +43,23 @@ class Ratio:
 
 
 def stratified_ratio(y: np.ndarray, x: np.ndarray, stratum: np.ndarray, weight: np.ndarray, n_pop: int,
-                     z: float, value_range: float = 1.0) -> Ratio:
+                     z: float, value_range: float = 1.0, unseen: bool = False) -> Ratio:
     """Ratio estimates of ``K`` cells from ``T`` trajectories: ``y``, ``x`` [T, K]; ``stratum``
     [T] indexes the ``H`` rows of ``weight`` [H, K] (each column: the cell's stratum weights,
-    summing to 1).  A cell with a weighted stratum that has no trajectory is NaN."""
+    summing to 1).  A cell with a weighted stratum that has no trajectory is NaN.
+
+    ``unseen``: a prospect, not an estimate: every stratum's ``x̄_h`` is at least that of half
+    a counted trajectory among ``n_h + 1`` (the variance floor's pseudo-observation), so a cell
+    that counts nothing yet (a mean failure point where nothing failed) has the variance it
+    would have with that half failure in each stratum."""
     n_h = weight.shape[0]
     y, x = np.asarray(y, dtype=float), np.asarray(x, dtype=float)
     onehot = (np.asarray(stratum)[None, :] == np.arange(n_h)[:, None]).astype(float)  # [H, T]
     n = onehot.sum(axis=1)  # [H]
     safe = np.where(n > 0, n, 1.0)[:, None]
     ybar, xbar = (onehot @ y) / safe, (onehot @ x) / safe  # [H, K]
+    if unseen:
+        xbar = np.maximum(xbar, (n[:, None] > 0) / (2.0 * (n[:, None] + 1.0)))
     missing = ((weight > 0) & (n[:, None] == 0)).any(axis=0)
     big_y, big_x = (weight * ybar).sum(axis=0), (weight * xbar).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -74,13 +81,18 @@ def stratified_ratio(y: np.ndarray, x: np.ndarray, stratum: np.ndarray, weight: 
 class Cells:
     """The headline numbers of one family group, each with its interval (docs/adaptive.md):
     ``accuracy`` and ``drop`` [C, shifts, S]; ``fp_mean`` [C, shifts] (mean failure point over
-    the failed trajectories of a shift); ``fp_all`` and ``margin`` [C] (over every shift)."""
+    the failed trajectories of a shift); ``fp_all`` and ``margin`` [C] (over every shift);
+    ``fp_ratio`` [C, shifts, S] and ``fp_ratio_all`` [C, S] (the share of evaluated trajectories
+    whose failure point is the scale, per shift and over every shift)."""
 
     accuracy: Ratio
     drop: Ratio
     fp_mean: Ratio
     fp_all: Ratio
     margin: Ratio
+    fp_ratio: Ratio
+    fp_ratio_all: Ratio
+    fp_unseen: Ratio  # fp_mean's prospect (stratified_ratio's ``unseen``): what assess uses where fp_mean has none
     shape: tuple[int, int, int]  # classifiers, shifts, scales
 
 
@@ -96,13 +108,13 @@ def cells(correct: np.ndarray, evaluated: np.ndarray, stratum: np.ndarray, shift
     ev = evaluated.astype(float)
     ok = correct * ev[:, :, None]
 
-    def per_shift(values: np.ndarray, counts: np.ndarray, rng: float) -> Ratio:
+    def per_shift(values: np.ndarray, counts: np.ndarray, rng: float, unseen: bool = False) -> Ratio:
         # values [T, C, S'] -> cells (C, shift, S'): each shift's column block of weights.
         k = values.shape[2]
         y = np.repeat(values[:, :, None, :], n_shifts, axis=2).reshape(t, -1)
         x = np.repeat(np.repeat(counts[:, :, None, None], n_shifts, axis=2), k, axis=3).reshape(t, -1)
         w = np.broadcast_to(w_shift[:, None, :, None], (h, c, n_shifts, k)).reshape(h, -1)
-        return stratified_ratio(y, x, stratum, w, n_pop, z, rng)
+        return stratified_ratio(y, x, stratum, w, n_pop, z, rng, unseen)
 
     accuracy = per_shift(ok, ev, 1.0)
     drop = per_shift((correct[:, :, :1] - correct) * ev[:, :, None], ev, 1.0)
@@ -116,22 +128,50 @@ def cells(correct: np.ndarray, evaluated: np.ndarray, stratum: np.ndarray, shift
     fp_all = stratified_ratio(fp_value, failed.astype(float), stratum, w_all, n_pop, z, top)
     censored = np.where(failed, fp_value, margin_max_scale)
     margin = stratified_ratio((margin_max_scale - censored) * ev, ev, stratum, w_all, n_pop, z, margin_max_scale)
-    return Cells(accuracy, drop, fp_mean, fp_all, margin, (c, n_shifts, s))
+    at_scale = (failed[:, :, None] & (np.argmax(wrong, axis=2)[:, :, None] == np.arange(s)[None, None, :])).astype(float)
+    fp_ratio = per_shift(at_scale, ev, 1.0)
+    fp_ratio_all = stratified_ratio(at_scale.reshape(t, -1), np.repeat(ev, s, axis=1), stratum,
+                                    np.repeat(w_all, s, axis=1), n_pop, z, 1.0)
+    fp_unseen = per_shift(fp_value[:, :, None], (failed & evaluated).astype(float), top, unseen=True)
+    return Cells(accuracy, drop, fp_mean, fp_all, margin, fp_ratio, fp_ratio_all, fp_unseen, (c, n_shifts, s))
+
+
+def _targeted(found: Cells, target: float, fp_target: float) -> list[tuple[Ratio, float, np.ndarray]]:
+    """(Ratio, goal, the cells with a target) of each kind of headline number.  A mean failure
+    point with no failure yet is not known to be within its target: its prospect
+    (``Cells.fp_unseen``) stands in until a failure is seen, or its strata's seeds show it rare."""
+    _, _, s = found.shape
+    drop_cells = np.ones(found.drop.half.shape, dtype=bool).reshape(-1, s)
+    drop_cells[:, 0] = False  # the drop at scale 0 is 0 by construction
+    none = np.isnan(found.fp_mean.half)
+    fp = Ratio(found.fp_mean.estimate, np.where(none, found.fp_unseen.half, found.fp_mean.half),
+               np.where(none[None, :], found.fp_unseen.load, found.fp_mean.load))
+    every = np.ones(found.accuracy.half.shape, dtype=bool)
+    return [(found.accuracy, target, every), (found.drop, target, drop_cells.ravel()),
+            (fp, fp_target, np.ones(fp.half.shape, dtype=bool))]
+
+
+def projected_met(found: Cells, target: float, fp_target: float, n: np.ndarray, n_pop: int, level: float) -> bool:
+    """Whether every cell with an estimate would be within its target with ``n`` seeds per
+    stratum, its per-stratum variances as estimated now (each cell's ``load``)."""
+    n = np.asarray(n, dtype=float)
+    fpc = np.clip(1.0 - n / float(n_pop), 0.0, 1.0) / np.maximum(n, 1.0)
+    z = z_of(level)
+    for ratio, goal, mask in _targeted(found, target, fp_target):
+        half = z * np.sqrt(np.maximum(fpc @ ratio.load, 0.0))
+        if (mask & np.isfinite(ratio.half) & (half > goal)).any():
+            return False
+    return True
 
 
 def assess(found: Cells, target: float, fp_target: float) -> tuple[np.ndarray, bool]:
     """(per-stratum load over the cells whose intervals are wider than their targets, each cell's
     load divided by its target squared; whether every cell is within its target).  A cell
-    without an estimate (a shift where a classifier never failed) has no interval to shrink."""
+    without trajectories has no interval to shrink."""
     load = np.zeros(found.accuracy.load.shape[0])
     met = True
-    _, _, s = found.shape
-    drop_cells = np.ones(found.drop.half.shape, dtype=bool).reshape(-1, s)
-    drop_cells[:, 0] = False  # the drop at scale 0 is 0 by construction
-    for ratio, goal, mask in ((found.accuracy, target, None), (found.drop, target, drop_cells.ravel()),
-                              (found.fp_mean, fp_target, None)):
-        half = ratio.half if mask is None else np.where(mask, ratio.half, 0.0)
-        wide = half > goal  # NaN (nothing to estimate: no failure, no evaluated trajectory) is not
+    for ratio, goal, mask in _targeted(found, target, fp_target):
+        wide = mask & (ratio.half > goal)  # NaN (no evaluated trajectory) is not
         if wide.any():
             met = False
             load += ratio.load[:, wide].sum(axis=1) / goal ** 2

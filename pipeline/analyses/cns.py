@@ -85,8 +85,13 @@ def adaptive_design(ctx: AnalysisContext, per_group: list) -> tuple[list, tuple[
         weighted, fp = adaptive.weighted_group(cfg, ctx.samples_of(group), ctx.predictions, metrics, group.kind)
         out.append((group, weighted))
         fps.append(fp.assign(family=group.kind) if len(per_group) > 1 else fp)
+    from pipeline.aggregate.images import ImageReader
+
     attempted = set(ctx.samples["trajectory_id"].astype(str))
-    doc = adaptive.design_json(cfg, adaptive.replay(cfg, ctx.samples, ctx.predictions, attempted))
+    # The classifiers that steered the rounds (a classifier added later did not), where the
+    # output's shards can be read.
+    steering = adaptive.steering_classifiers(ctx.read_image.store, cfg) if isinstance(ctx.read_image, ImageReader) else None
+    doc = adaptive.design_json(cfg, adaptive.replay(cfg, ctx.samples, ctx.predictions, attempted, steering))
     fp_mean = pd.concat(fps, ignore_index=True)
     doc["failure_point_mean"] = json.loads(fp_mean.to_json(orient="records"))
     return out, (doc, fp_mean)

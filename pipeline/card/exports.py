@@ -15,7 +15,8 @@
   by AlexNet's errors; one normalised by a classifier of the suite stays in card.json).
   Without those 15 no file is written (RobustBench's leaderboard code ranks by
   ``corruptions_acc`` and fails without it); ``card.html`` says why.
-* ``unaggregated.csv``: one row per (benchmark, family, shift, scale) with the accuracy and
+* ``unaggregated.csv``: one row per (benchmark, family, shift, scale) with the accuracy (an
+  adaptive build's: its stratified estimate, as its report's) and
   the number of images it counts (each entry's ``accuracy`` list).
 
 Each is computed from the card alone (:func:`card_exports`), so a test can check it
@@ -45,6 +46,7 @@ def accuracy_rows(config: BuildConfig, samples: pd.DataFrame, predictions: pd.Da
     from pipeline.aggregate.metrics import accuracy_table
 
     mine = predictions[predictions["classifier"] == model]
+    weighted = adaptive_accuracy(config, samples, mine, model) if config.sampling is not None else {}
     rows = []
     for group in config.family_groups():
         own = samples[samples["shift"].isin(group.shifts)]
@@ -52,10 +54,30 @@ def accuracy_rows(config: BuildConfig, samples: pd.DataFrame, predictions: pd.Da
         for r in table.itertuples(index=False):
             if r.shift == "all":
                 continue
-            acc = float(r.accuracy)
+            acc = weighted.get((group.kind, str(r.shift), round(float(r.scale) * 1000)), float(r.accuracy))
             rows.append({"family": group.kind, "shift": str(r.shift), "scale": float(r.scale),
                          "accuracy": acc if acc == acc else None, "n": int(r.n)})
     return rows
+
+
+def adaptive_accuracy(config: BuildConfig, samples: pd.DataFrame, predictions: pd.DataFrame,
+                      model: str) -> dict[tuple[str, str, int], float]:
+    """An adaptive build's stratified accuracy of ``model`` per (family, shift, milli-scale): the
+    number its report's ``accuracy.csv`` gives (docs/adaptive.md), not the pooled one."""
+    from pipeline.aggregate.adaptive import group_arrays, group_cells
+    from pipeline.plan.adaptive import strata_of
+
+    out = {}
+    for ga in group_arrays(config, samples, predictions, strata_of(config.benchmark.classes, config.all_shifts())):
+        if model not in ga.classifiers:
+            continue
+        found = group_cells(config, ga)
+        c, h, s = found.shape
+        est = found.accuracy.estimate.reshape(c, h, s)[ga.classifiers.index(model)]
+        for i, shift in enumerate(ga.group.shifts):
+            for j, scale in enumerate(ga.group.scales):
+                out[(ga.group.kind, str(shift), round(float(scale) * 1000))] = float(est[i, j])
+    return out
 
 
 def unaggregated(card: dict[str, Any]) -> pd.DataFrame:

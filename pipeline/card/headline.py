@@ -27,7 +27,8 @@ imagenet_e     mean accuracy drop at ImageNet-E's published levels
 Intervals are percentile bootstrap intervals (:mod:`pipeline.aggregate.bootstrap`, the
 output's ``aggregate.bootstrap`` level and seed; 1000 resamples where it asks for none):
 trajectories are resampled within (shift, class) and every statistic is recomputed on the
-resample.  For the robustness score the units are (class, seed) within class; its inner
+resample.  An adaptive build's CNS numbers (``sampling``, docs/adaptive.md) are its report's
+stratified estimates with their normal intervals instead (:func:`interval_design`).  For the robustness score the units are (class, seed) within class; its inner
 term, from linear probes trained per scenario, is held at its value.
 """
 
@@ -133,12 +134,20 @@ def cns(t: Tables) -> Headline:
     group = t.config.family_groups()[0]
     samples, preds, margin = _group_tables(t, group)
     m = compute_metrics(samples, preds, list(group.scales), margin, fp_std_ddof=t.config.aggregate.fp_std_ddof)
-    spec = t.spec
-    iv = bootstrap.intervals(samples, preds, m, resamples=spec.resamples, level=spec.level, seed=spec.seed)
+    if t.config.sampling is not None:
+        # An adaptive build: the report's stratified estimates and their intervals, as its
+        # pooled numbers are not the uniform design's (docs/adaptive.md).
+        from pipeline.aggregate.adaptive import weighted_group
+
+        m, _ = weighted_group(t.config, samples, preds, m, group.kind)
+        iv = None
+    else:
+        spec = t.spec
+        iv = bootstrap.intervals(samples, preds, m, resamples=spec.resamples, level=spec.level, seed=spec.seed)
     top = max(group.scales)
     tag = f"acc_drop_{scale_tag(top)}"
     summ = m.summary.set_index("classifier")
-    ci = iv.summary.set_index("classifier") if not iv.summary.empty else pd.DataFrame()
+    ci = summ if iv is None else iv.summary.set_index("classifier") if not iv.summary.empty else pd.DataFrame()
 
     def summary_value(col: str, metric: str, key: dict) -> Value:
         v = summ.at[t.model, col] if t.model in summ.index else None
@@ -149,12 +158,14 @@ def cns(t: Tables) -> Headline:
 
     head = summary_value(tag, "accuracy_drop", {"scale": top, "shift": "mean over shifts"})
     details = [summary_value("accuracy_scale0", "accuracy_clean", {"scale": 0.0})]
-    acc = m.accuracy.merge(iv.accuracy, on=["classifier", "shift", "scale"], how="left") if not iv.accuracy.empty else m.accuracy
+    acc = m.accuracy
+    if iv is not None and not iv.accuracy.empty:
+        acc = acc.merge(iv.accuracy, on=["classifier", "shift", "scale"], how="left")
     for r in acc[(acc["scale"] == top)].itertuples(index=False):
         details.append(Value("accuracy_drop", num(r.accuracy_drop), num(getattr(r, "accuracy_drop_ci_low", None)),
                              num(getattr(r, "accuracy_drop_ci_high", None)), {"shift": r.shift, "scale": float(r.scale)}))
     fpt = m.failure_point_table
-    if not iv.failure_point_table.empty:
+    if iv is not None and not iv.failure_point_table.empty:
         fpt = fpt.merge(iv.failure_point_table, on=["classifier", "shift", "scale"], how="left")
     for r in fpt[fpt["shift"] == ALL_SHIFTS].itertuples(index=False):
         details.append(Value("fp_ratio", num(r.fp_ratio), num(getattr(r, "fp_ratio_ci_low", None)),
@@ -166,6 +177,18 @@ def cns(t: Tables) -> Headline:
     return Headline(head.metric, head.value, head.ci_low, head.ci_high, higher_is_better("cns", head.metric),
                     f"accuracy(0) - accuracy({top:g}), mean over the {len(m.shifts)} shifts of family {group.kind}",
                     n, details)
+
+
+def interval_design(t: Tables) -> dict[str, Any]:
+    """A card entry's ``ci``: how its intervals were made.  An adaptive CNS build's are the
+    stratified normal intervals of its design at ``sampling.level``; others are bootstrap ones."""
+    spec = t.spec
+    if t.config.sampling is not None:
+        from pipeline.aggregate.adaptive import ESTIMATOR
+
+        return {"level": t.config.sampling.level, "resamples": 0, "seed": spec.seed, "method": "stratified",
+                "estimator": ESTIMATOR}
+    return {"level": spec.level, "resamples": spec.resamples, "seed": spec.seed}
 
 
 def refined_values(t: Tables) -> list[Value]:

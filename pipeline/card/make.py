@@ -29,7 +29,7 @@ from typing import Any, Callable
 from pipeline import __version__
 from pipeline.aggregate.page import zero_width
 from pipeline.card.exports import EXPORTS, accuracy_rows, card_exports
-from pipeline.card.headline import Tables, failure_point_block, headline
+from pipeline.card.headline import Tables, failure_point_block, headline, interval_design
 from pipeline.card.model import identity
 from pipeline.card.outputs import Prepared, prepare
 from pipeline.card.schema import (
@@ -185,7 +185,7 @@ def compute_entry(p: Prepared, suite: Suite, echo: Echo) -> dict[str, Any]:
         "output": p.uri,
         "preprocess": p.model.model_dump(mode="json").get("preprocess") or "model",
         "n_units": h.n_units,
-        "ci": {"level": spec.level, "resamples": spec.resamples, "seed": spec.seed},
+        "ci": interval_design(tables) if p.benchmark.family == "cns" else {"level": spec.level, "resamples": spec.resamples, "seed": spec.seed},
         "left_out_shards": sorted(left_out),
         "details": h.to_json()["details"],
         "accuracy": accuracy_rows(p.config, samples, predictions, p.model.name),  # unaggregated.csv

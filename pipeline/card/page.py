@@ -27,6 +27,11 @@ def _preprocess(p: Any) -> str:
     return p if isinstance(p, str) else json.dumps(p, sort_keys=True)
 
 
+def _interval_kind(ci: dict) -> str:
+    """How an entry's intervals were made: an adaptive build's stratified ones, or bootstrap resamples."""
+    return "stratified estimates" if ci.get("method") == "stratified" else f"{ci.get('resamples')} resamples"
+
+
 def card_html(card: dict[str, Any]) -> str:
     """``card.html`` of a card (the content of ``card.json``)."""
     model, suite = card["model"], card["suite"]
@@ -71,7 +76,7 @@ def card_html(card: dict[str, Any]) -> str:
         body = (
             f"<p>{e(b['description'])}: <b>{e(fmt(b['value']))}</b> [{e(fmt(b['ci_low']))}, {e(fmt(b['ci_high']))}]"
             + (f" ({e(ZERO_WIDTH)})" if zero_width(b["ci_low"], b["ci_high"]) else "") + " "
-            f"({e(str(b['ci']['level']))} interval, {e(str(b['ci']['resamples']))} resamples, {b['n_units']} units).</p>"
+            f"({e(str(b['ci']['level']))} interval, {e(_interval_kind(b['ci']))}, {b['n_units']} units).</p>"
             f"<p>Protocol <b>{e(proto['name'])}</b> ({e(proto['original'])}){': ' + e(proto['metric']) if proto.get('metric') else ''}; "
             f"the model's input here: <code>{e(_preprocess(b['preprocess']))}</code>.</p>"
             f"<p>Output <code>{e(b['output'])}</code>, config hash <code>{e(b['config_hash'])}</code>, benchmark hash "
