@@ -27,9 +27,11 @@ def world_output(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("corruption-world") / "out"
     # The tests read the report's tables; of its figures they draw the two this family adds
-    # (the others are tests/test_report_*'s).
+    # (the others are tests/test_report_*'s).  One slider shift of the config's three: what is
+    # tested is the corruptions beside a slider family on the same base images, and the three
+    # sliders' own effects are the demo world's (tests/test_world.py).
     assert main(["build", str(REPO / "configs" / "world_corruptions.yaml"), "--output", str(out), "--runner", "local",
-                 "--set", "aggregate.plots=false"]) == 0
+                 "--set", "aggregate.plots=false", "--set", "benchmark.shifts=[thick_strokes]"]) == 0
     return out
 
 
@@ -40,7 +42,7 @@ def test_corruption_world(world_output):
     acc = pd.read_csv(report / "accuracy.csv")
     from pipeline.families.corruption.params import ALL
 
-    assert set(ALL) <= set(acc["shift"]) and {"thick_strokes", "rotation", "blur"} <= set(acc["shift"])
+    assert set(acc["shift"]) == set(ALL) | {"thick_strokes"}
     noise = acc[(acc["classifier"] == "cnn") & (acc["shift"] == "gaussian_noise")].set_index("scale")["accuracy"]
     assert noise[0.0] - noise[5.0] >= 0.30, noise.to_dict()
 

@@ -1,7 +1,7 @@
 """``cnsbench refine --classifier all`` on the demo world: each classifier's rows are its lone run's.
 
 On a copy of the run's demo build (``demo_world``, shared by the demo world's modules):
-the contract's command refines the world's four classifiers together, three rounds, in
+the contract's command refines the world's four classifiers together, two rounds, in
 process.  Then each classifier is refined alone on the same output, one command
 each.  A lone run bisects from its own grid verdicts and asks for the probes its bisection
 needs; the points are committed by coordinates, so a probe the run together made is reused
@@ -44,21 +44,21 @@ def test_all_classifiers_together_equal_each_alone_with_fewer_images(demo_world,
 
     out = tmp_path / "out"
     shutil.copytree(demo_world, out)
-    assert main(["refine", str(out), "--classifier", "all", "--rounds", "3", "--runner", "local"]) == 0
+    assert main(["refine", str(out), "--classifier", "all", "--rounds", "2", "--runner", "local"]) == 0
     rows, made = _rows(out), _points(out)
     names = ["linear", "cnn", "vit", "clip-zs"]
     assert sorted(set(rows["classifier"])) == sorted(names)
 
     each_alone = 0
     for name in names:
-        s = refine(str(out), name, rounds=3, runner="local", aggregate=False, echo=lambda m: None)
+        s = refine(str(out), name, rounds=2, runner="local", aggregate=False, echo=lambda m: None)
         mine = _rows(out)
         mine = mine[mine["classifier"] == name].reset_index(drop=True)
         theirs = rows[rows["classifier"] == name].reset_index(drop=True)
         # Alone, its bisections visit one probe a round, and every one was made by the run together.
         assert s.points_made == 0 and s.points_reused == s.per_classifier[name] == int(mine["rounds"].sum()) > 0, name
         assert (theirs["status"] == "refined").any(), name
-        assert (theirs.loc[theirs["status"] == "refined", "rounds"] == 3).all(), name
+        assert (theirs.loc[theirs["status"] == "refined", "rounds"] == 2).all(), name
         pd.testing.assert_frame_equal(theirs, mine, check_exact=True)
         each_alone += s.per_classifier[name]
 
