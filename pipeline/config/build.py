@@ -16,6 +16,7 @@ from pipeline.config.output import AggregateSpec, OutputSpec
 from pipeline.config.refine import RefineSpec
 from pipeline.config.resources import Resources
 from pipeline.config.training import SliderTrainingSpec
+from pipeline.errors import CnsbenchError, UnknownKey
 from pipeline.io import bounds
 
 
@@ -50,7 +51,7 @@ class BuildConfig(Strict):
         for g in self.family_groups():
             if shift in g.shifts:
                 return list(g.scales)
-        raise KeyError(f"shift {shift!r} is not part of this build")
+        raise UnknownKey(f"shift {shift!r} is not part of this build")
 
     def shift_words(self, shift: str) -> str:
         """Words of a shift in prompts and reports (``benchmark.shift_words``, else '_' -> ' ')."""
@@ -75,12 +76,12 @@ class BuildConfig(Strict):
         names = [c.name for c in self.classifiers]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"classifier names must be unique, duplicated: {dup}")
+            raise CnsbenchError(f"classifier names must be unique, duplicated: {dup}")
         from pipeline.config.vqa import check_distractor_sources
 
         check_distractor_sources(self.classifiers)  # a vlm's distractor classifier is in the pool
         if self.aggregate.margin_max_scale < max(self.benchmark.scales):
-            raise ValueError(
+            raise CnsbenchError(
                 f"aggregate.margin_max_scale ({self.aggregate.margin_max_scale}) must be >= the largest scale"
             )
         return self
@@ -88,13 +89,13 @@ class BuildConfig(Strict):
 
 def _check_scales(scales: list[float], where: str) -> list[float]:
     if 0.0 not in scales:
-        raise ValueError(f"{where}: scales must include 0 (the unshifted reference image of every trajectory)")
+        raise CnsbenchError(f"{where}: scales must include 0 (the unshifted reference image of every trajectory)")
     if sorted(set(scales)) != list(scales):
-        raise ValueError(f"{where}: scales must be unique and ascending, got {scales}")
+        raise CnsbenchError(f"{where}: scales must be unique and ascending, got {scales}")
     try:
         bounds.check_scales(scales)
     except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
+        raise CnsbenchError(f"{where}: {err}") from None
     return [float(v) for v in scales]
 
 
@@ -112,28 +113,28 @@ def _resolve_groups(cfg: "BuildConfig") -> list[FamilyGroup]:
         try:
             family = FAMILIES.get(kind)
         except KeyError as err:
-            raise ValueError(f"{where}.kind: {err.args[0]}") from None
+            raise CnsbenchError(f"{where}.kind: {err.args[0]}") from None
         try:
             opts = family.Options.model_validate(options)
         except _VE as err:
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise ValueError(f"{where}.options: {detail}") from None
+            raise CnsbenchError(f"{where}.options: {detail}") from None
         for s in shifts:
             if not SHIFT_NAME.fullmatch(s):
-                raise ValueError(f"{where}.shifts: shift {s!r} must match {SHIFT_NAME.pattern}")
+                raise CnsbenchError(f"{where}.shifts: shift {s!r} must match {SHIFT_NAME.pattern}")
             if s in seen:
-                raise ValueError(f"{where}.shifts: shift {s!r} is already a shift of {seen[s]}")
+                raise CnsbenchError(f"{where}.shifts: shift {s!r} is already a shift of {seen[s]}")
             seen[s] = where
         problems = family.check_shifts(list(shifts), opts)
         if problems:
-            raise ValueError(f"{where}.shifts: " + "; ".join(problems))
+            raise CnsbenchError(f"{where}.shifts: " + "; ".join(problems))
         if scales is None:
             scales = family.default_scales
             if scales is None:
-                raise ValueError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
+                raise CnsbenchError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
         grid = _check_scales(list(scales), f"{where}.scales")
         problems = family.check_scales(grid)
         if problems:
-            raise ValueError(f"{where}.scales: " + "; ".join(problems))
+            raise CnsbenchError(f"{where}.scales: " + "; ".join(problems))
         groups.append(FamilyGroup(kind, tuple(shifts), tuple(grid), opts, primary=(n == 0)))
     return groups

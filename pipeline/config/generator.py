@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import REFERENCE_NEGATIVE_PROMPT, Strict
+from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 
 
@@ -27,7 +28,7 @@ class ClassTokens(Strict):
     @model_validator(mode="after")
     def _path(self) -> "ClassTokens":
         if self.kind != "none" and not self.path:
-            raise ValueError(f"class_tokens.path is required for kind {self.kind!r}")
+            raise CnsbenchError(f"class_tokens.path is required for kind {self.kind!r}")
         return self
 
 
@@ -65,7 +66,7 @@ class GeneratorSpec(Strict):
     @classmethod
     def _res(cls, value: int) -> int:
         if value % 8:
-            raise ValueError(f"resolution must be a multiple of 8, got {value}")
+            raise CnsbenchError(f"resolution must be a multiple of 8, got {value}")
         return value
 
     @field_validator("prompt")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.webdataset import tar_members
 from pipeline.plan import schema
 from pipeline.serve.errors import NotFound, as_flag, is_missing, json_number, read_listed
@@ -380,9 +381,9 @@ class BenchmarkIndex:
                     fh.seek(offset)
                     data = fh.read(size)
                 if len(data) != size:
-                    raise ValueError(f"{self.store.url(shard)} is truncated at member {key}.{ext}")
+                    raise CnsbenchError(f"{self.store.url(shard)} is truncated at member {key}.{ext}")
                 return data, mime
-        raise ValueError(f"{self.store.url(shard)} has no image member for sample {key!r}")
+        raise CnsbenchError(f"{self.store.url(shard)} has no image member for sample {key!r}")
 
     def _members(self, shard: str) -> dict[str, dict[str, tuple[int, int]]]:
         """Member key -> {extension: (data offset, size)} of a tar shard; read once, then cached."""
@@ -396,7 +397,7 @@ class BenchmarkIndex:
                     for key, ext, info in tar_members(tar):
                         index.setdefault(key, {})[ext] = (info.offset_data, info.size)
             except (tarfile.TarError, EOFError) as err:
-                raise ValueError(f"malformed WebDataset shard {self.store.url(shard)}: {err}") from None
+                raise CnsbenchError(f"malformed WebDataset shard {self.store.url(shard)}: {err}") from None
             self._tar_index[shard] = index
             return index
 

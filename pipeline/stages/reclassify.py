@@ -166,6 +166,8 @@ class ReclassifyStage(Stage):
         for rel in (r for r in manifest.files if r.startswith("images/")):
             for key, members in iter_tar(store.read_bytes(rel), store.url(rel)):
                 images[key] = next(v for k, v in members.items() if k != "json")
+        if not images and samples:  # an evaluation output: the images are its benchmark's (pipeline.io.image_refs)
+            images = referenced_images(store, samples)
 
         have = manifest.classifiers if manifest.classifiers is not None else list(self.built_with)
         sources = self._sources(names, have)
@@ -210,3 +212,14 @@ class ReclassifyStage(Stage):
             "unet_evals": 0.0,
             "gen_seconds": 0.0,
         }
+
+
+def referenced_images(store: OutputStore, samples: list[dict[str, Any]]) -> dict[str, bytes]:
+    """Image bytes by member key of a shard whose sample rows name another output's shards."""
+    import pandas as pd
+
+    from pipeline.aggregate.images import ImageReader
+
+    rows = pd.DataFrame(samples)
+    found = ImageReader(store, rows).many([str(s) for s in rows["sample_id"]])
+    return {str(k): found[str(s)] for s, k in zip(rows["sample_id"], rows["key"])}
