@@ -44,6 +44,7 @@ def build(
     from pipeline.build import build as run_build
 
     with user_errors():
+        check_runner(runner)
         overrides = None
         if filter_thresholds:  # a `cnsbench calibrate-filter` result
             from pipeline.models.calibrate import threshold_overrides
@@ -52,8 +53,7 @@ def build(
         cfg = load_config_file(config, sets, overrides)
         where = _path(output, "output") if output is not None else cfg.output.path
         if not where:
-            raise CnsbenchError("no output: pass output= (--output DIR) or set output.path in the config")
-        check_runner(runner)
+            raise CnsbenchError("no output: pass --output or set output.path in the config")
         return run_build(cfg, where, address=address, runner=runner, new_version=new_version, verify=verify, echo=echo)
 
 
@@ -111,9 +111,9 @@ def card(
     from pipeline.demo.assets import ensure_config_assets
 
     dest = _path(output, "output")
-    if refine is not None and not 1 <= refine <= MAX_ROUNDS:
-        raise CnsbenchError(f"card: refine must be 1..{MAX_ROUNDS} rounds, got {refine}")
     with user_errors():
+        if refine is not None and not 1 <= refine <= MAX_ROUNDS:
+            raise CnsbenchError(f"card: --refine must be 1..{MAX_ROUNDS} rounds, got {refine}")
         check_runner(runner)
         s = load_suite(_path(suite, "suite"), None if outputs is None else _path(outputs, "outputs"))
         shared = shared_output_problems(s)
@@ -153,16 +153,23 @@ def _card_model(model: Any, suite: Any, *, name: str | None, preprocess: Any, la
 
 def config_loaders(suite: Any) -> list[Callable[[], Any]]:
     """Loaders of the configs of the suite's entries (a build's or a release's config, an
-    existing output's), where a model named by a classifier name is looked up."""
+    existing output's, and the benchmark's an evaluation output refers to), where a model
+    named by a classifier name is looked up."""
     from pipeline.aggregate.run import load_output_config
     from pipeline.io.store import OutputStore
+
+    from pipeline.io.image_refs import referenced
 
     loaders: list[Callable[[], Any]] = []
     for b in suite.benchmarks:
         if b.kind in ("build", "release"):
             loaders.append(b.load_config)
         elif b.kind == "output":
-            loaders.append(lambda b=b: load_output_config(OutputStore(b.output)))
+            store = OutputStore(b.output)
+            loaders.append(lambda store=store: load_output_config(store))
+            bench = referenced(store) if store.exists("config.json") else None
+            if bench is not None:  # an evaluation output: the classifiers of its benchmark's config too
+                loaders.append(lambda bench=bench: load_output_config(bench))
     return loaders
 
 

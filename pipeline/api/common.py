@@ -35,15 +35,42 @@ def user_message(err: BaseException) -> str | None:
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Raise a user's mistake inside the block as :class:`CnsbenchError` (same message)."""
+    from pipeline.runtime.progress import quiet_unless_verbose
+
+    quiet_unless_verbose()
     try:
         yield
-    except CnsbenchError:
+    except CnsbenchError as err:
+        api_words(err)
         raise
     except (OSError, StorageAccessError) as err:
         msg = user_message(err)
         if msg is None:
             raise
         raise CnsbenchError(msg) from err
+
+
+# The command line's flags -> the API's arguments, in a message raised to a Python caller.
+_FLAGS = (("--output", "output"), ("--new-version", "new_version=True"), ("--name", "name"), ("--runner", "runner"),
+          ("--classifiers", "classifiers"), ("--in-place", "in_place=True"), ("--refine", "refine"),
+          ("--rounds", "rounds"), ("--suite", "suite"), ("--classifier", "classifier"), ("--config", "config"),
+          ("--filter", "filter=True"), ("--force", "force=True"))
+
+
+def api_words(err: CnsbenchError) -> None:
+    """Word ``err`` for the API: its flags become the API's arguments; the command line's own
+    wording stays in ``err.command_line``, which the command prints."""
+    import re
+
+    text = str(err)
+    if "--" not in text or getattr(err, "command_line", None):
+        return
+    worded = text
+    for flag, arg in _FLAGS:
+        worded = re.sub(re.escape(flag) + r"(?![\w-])", arg, worded)
+    if worded != text:
+        err.command_line = text  # type: ignore[attr-defined]
+        err.args = (worded, *err.args[1:])
 
 
 def load_config_file(

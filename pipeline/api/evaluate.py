@@ -68,12 +68,12 @@ def evaluate(
         check_runner(runner)
         same = _same_place(where, dest)
         if same and not in_place:
-            raise CnsbenchError(f"output {dest} is the source itself: evaluate writes its results to another output; "
-                                "pass in_place=True (--in-place) to add the classifiers to the source")
+            raise CnsbenchError(f"--output {dest} is the source itself: evaluate writes its results to another output; "
+                                "pass --in-place to add the classifiers to the source")
         if in_place and not same:
-            raise CnsbenchError(f"in_place=True adds to the source, but output {dest} is not the source {where}")
+            raise CnsbenchError(f"--in-place adds to the source, but --output {dest} is not the source {where}")
         if not same and _inside(dest, where):
-            raise CnsbenchError(f"output {dest} lies inside the source {where}: the source is only read; "
+            raise CnsbenchError(f"--output {dest} lies inside the source {where}: the source is only read; "
                                 "give an output outside it")
         base = _base_config(where, config, sets, filter_thresholds)
         chosen, held = _classifiers(classifiers, base, name=name, preprocess=preprocess, label_map=label_map)
@@ -120,8 +120,8 @@ def _base_config(source: str, config: Any, sets: Sequence[str], filter_threshold
         return load_config_file(config, sets, overrides)
     cfg = source_config(source)
     if cfg is None:
-        raise CnsbenchError(f"evaluate: {source} is no built benchmark (no config.json): pass config= (--config "
-                            "CONFIG), which supplies the classifiers, filter and resources")
+        raise CnsbenchError(f"evaluate: {source} is no built benchmark (no config.json): pass --config CONFIG, "
+                            "which supplies the classifiers, filter and resources")
     if overrides or sets:
         raw = apply_overrides(deep_merge(resolved_dict(cfg), overrides or {}), list(sets))
         cfg = parse_config(raw, source=f"{source}/config.json")

@@ -62,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StorageError as err:  # out of retries, or a full disk: committed work is kept
         print(f"cnsbench {args.command}: {err.strerror or err}", file=sys.stderr)
         return 1
-    except CnsbenchError as err:  # the user's input, named in the message
-        print(f"cnsbench {args.command}: error: {err}", file=sys.stderr)
+    except CnsbenchError as err:  # the user's input, named in the message (in the command's words)
+        print(f"cnsbench {args.command}: error: {getattr(err, 'command_line', None) or err}", file=sys.stderr)
         return 2
     except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
         # An object store's "Forbidden" names no file: say which URL, with which credentials.
