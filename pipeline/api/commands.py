@@ -138,14 +138,9 @@ def _card_model(model: Any, suite: Any, *, name: str | None, preprocess: Any, la
         return resolve_model(os.fspath(model), kind=model_kind, checkpoint=checkpoint,
                              model_config_file=model_config_file, name=name, configs=config_loaders(suite))
     from pipeline.api.evaluate import _check_held
-    from pipeline.api.models import _output_config, module_entry
+    from pipeline.api.models import _output_config, held_entry
 
-    if name is None or not str(name).strip():
-        raise CnsbenchError("a model held in memory needs name= (its name on the card and in the outputs)")
-    if preprocess is None:
-        raise CnsbenchError(f"classifier {name!r}: a model held in memory needs preprocess= ('cns' or a mapping of "
-                            "resize, crop, interpolation, mean, std)")
-    spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
+    spec = held_entry(model, name=name, preprocess=preprocess, label_map=label_map, where="on the card and in the outputs")
     for b in suite.benchmarks:
         _check_held(spec, b.load_config() if b.kind != "output" else _output_config(b.output), runner)
     return spec

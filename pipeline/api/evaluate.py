@@ -140,7 +140,7 @@ def source_config(location: str) -> "BuildConfig | None":
 def _classifiers(classifiers: Any, base: "BuildConfig", *, name: str | None, preprocess: Any,
                  label_map: dict[int, int] | None) -> tuple[list["ClassifierSpec"], dict[str, Any]]:
     """The entries to score, and the models they hold in memory by name."""
-    from pipeline.api.models import module_entry
+    from pipeline.api.models import held_entry
     from pipeline.config import ClassifierSpec
     from pipeline.evaluate import select_classifiers
 
@@ -166,12 +166,8 @@ def _classifiers(classifiers: Any, base: "BuildConfig", *, name: str | None, pre
             detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<entry>'}: {e['msg']}" for e in err.errors())
             raise CnsbenchError(f"classifiers (an entry): {detail}"[:900]) from None
         return [spec], {}
-    if name is None or not str(name).strip():
-        raise CnsbenchError("a model held in memory needs name= (its name in the output and the report)")
-    if preprocess is None:
-        raise CnsbenchError(f"classifier {name!r}: a model held in memory needs preprocess= ('cns' or a mapping of "
-                            "resize, crop, interpolation, mean, std)")
-    spec = module_entry(classifiers, name=name, preprocess=preprocess, label_map=label_map)
+    spec = held_entry(classifiers, name=name, preprocess=preprocess, label_map=label_map,
+                      where="in the output and the report")
     return [spec], {spec.name: classifiers}
 
 

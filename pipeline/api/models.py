@@ -45,6 +45,17 @@ def module_entry(model: Any, *, name: str, preprocess: Any, label_map: dict[int,
     return spec.holding(model)
 
 
+def held_entry(model: Any, *, name: str | None, preprocess: Any, label_map: dict[int, int] | None, where: str) -> Any:
+    """:func:`module_entry` of a model the user passed, its ``name`` and ``preprocess`` required
+    (``where``: what the name means there)."""
+    if name is None or not str(name).strip():
+        raise CnsbenchError(f"a model held in memory needs name= (its name {where})")
+    if preprocess is None:
+        raise CnsbenchError(f"classifier {name!r}: a model held in memory needs preprocess= ('cns' or a mapping of "
+                            "resize, crop, interpolation, mean, std)")
+    return module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
+
+
 def check_preprocess(name: str, preprocess: Any) -> None:
     """Refuse a ``preprocess`` naming the documented form it was meant as and what is wrong:
     the word ``'cns'``, or the numbers (a mapping of resize, crop, interpolation, mean, std)."""
@@ -72,7 +83,7 @@ def _output_config(output: str) -> Any:
 
     try:
         return load_output_config(OutputStore(output))
-    except (FileNotFoundError, ValueError) as err:
+    except FileNotFoundError as err:  # not an output: the input's
         raise CnsbenchError(str(err)) from None
 
 
@@ -89,23 +100,17 @@ def _probe(spec: Any, labels: Any) -> None:
     returns no tensor, NaN or logits the label space cannot take is refused before any write."""
     from pipeline.registry import CLASSIFIERS
 
-    try:
-        CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)
-    except ValueError as err:
-        raise CnsbenchError(str(err)) from None
+    CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)  # its refusals are CnsbenchErrors; anything else is a bug
 
 
 def _check_weights(output: str, spec: Any) -> None:
     """Refuse a name whose earlier predictions in ``output`` were made by other weights (both digests named)."""
-    from pipeline.assets.weights import WeightsChanged, check_weights, weights_digest
+    from pipeline.assets.weights import check_weights, weights_digest
     from pipeline.io.ownership import read_marker
     from pipeline.io.store import OutputStore
 
-    try:
-        check_weights(output, read_marker(OutputStore(output)), {spec.name: weights_digest(spec)},
-                      "pass another name to score these weights (the earlier predictions stay under the old one)")
-    except WeightsChanged as err:
-        raise CnsbenchError(str(err)) from None
+    check_weights(output, read_marker(OutputStore(output)), {spec.name: weights_digest(spec)},
+                  "pass another name to score these weights (the earlier predictions stay under the old one)")
 
 
 def with_entry(cfg: Any, spec: Any, batch_size: int | None = None) -> Any:
@@ -126,10 +131,7 @@ def with_entry(cfg: Any, spec: Any, batch_size: int | None = None) -> Any:
         raw["classifiers"].append(entry)
     if batch_size is not None:
         raw.setdefault("resources", {}).setdefault("classify", {})["batch_size"] = batch_size
-    try:
-        parsed = parse_config(raw, source=f"the output's config with classifier {spec.name!r}")
-    except ValueError as err:
-        raise CnsbenchError(str(err)) from None
+    parsed = parse_config(raw, source=f"the output's config with classifier {spec.name!r}")
     from pipeline.evaluate import attach_held
 
     return attach_held(parsed, {spec.name: spec.held})
