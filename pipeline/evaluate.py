@@ -155,6 +155,7 @@ def evaluate(
         running.store.write_text("source.json", strict_dumps(source.describe(), indent=1))
         if refers_to_images(source, run.done):  # a built benchmark: its images are referred to, not copied
             write_reference(running.store, source.location)
+            echo(f"[cnsbench] images: those of {source.location}, referred to (not copied; keep it where it is)")
         echo(
             f"[cnsbench] {source.kind} source {source.location}: {total} trajectories ({source.n_images} images), "
             f"{total - len(todo)} already done, {len(todo)} to evaluate"

@@ -310,13 +310,16 @@ def test_evaluate_build_output_reproduces_its_predictions(tiny_assets, tmp_path)
         assert sa[col].tolist() == sb[col].tolist(), col
     for col in ("clip_text", "clip_shift_text", "clip_image", "dino_image", "clip_shift_alignment"):
         assert np.allclose(sa[col], sb[col], atol=1e-4), col
-    # the images are stored unchanged (PNG bytes of the build)
+    # the build's images are referred to, not copied: the reader gets the build's PNG bytes
+    from pipeline.aggregate.images import ImageReader
+    from pipeline.io.store import OutputStore
     from pipeline.io.webdataset import iter_tar
 
     def members(root: Path) -> dict:
         return {k: m["png"] for t in sorted(root.glob("images/*.tar")) for k, m in iter_tar(t.read_bytes(), str(t))}
 
-    assert members(built) == members(out)
+    assert not list(out.rglob("*.tar")) and json.loads((out / "images.json").read_text())["images"] == str(built)
+    assert ImageReader(OutputStore(str(out)), sb).many(list(sb["sample_id"])) == members(built)
 
     # the tars alone: coordinates and labels from each member's JSON
     bare = tmp_path / "tars"

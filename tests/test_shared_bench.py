@@ -72,6 +72,12 @@ def test_two_evaluations_at_once_of_a_read_only_benchmark_refer_to_its_images(be
         sid = opened.samples()["sample_id"].iloc[0]
         assert opened.image(sid).size == cnsbench.open_output(bench).image(sid).size
 
+    # the two evaluation outputs side by side (their images read through the benchmark)
+    from pipeline.cli import main
+
+    assert main(["compare", str(outs["cnn"]), str(outs["linear"]), "--output", str(tmp_path / "cmp"), "--image-check", "0"]) == 0
+    assert (tmp_path / "cmp" / "compare.json").is_file()
+
     # refine and card of the configured classifier on its evaluation output, the benchmark still read-only
     ev = outs["cnn"]
     for argv in (["refine", str(ev), "--classifier", "cnn", "--rounds", "1", "--runner", "local"],

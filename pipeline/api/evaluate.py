@@ -77,8 +77,11 @@ def evaluate(
                                 "give an output outside it")
         base = _base_config(where, config, sets, filter_thresholds)
         chosen, held = _classifiers(classifiers, base, name=name, preprocess=preprocess, label_map=label_map)
-        if in_place:
-            return _in_place(where, base, chosen, held, batch_size=batch_size, runner=runner, echo=echo)
+        if in_place:  # the entries chosen (from config= too) join the benchmark's own config
+            own = source_config(where) if config is not None else base
+            if own is None:
+                raise CnsbenchError(f"--in-place adds to a built benchmark; {where} is none (no config.json)")
+            return _in_place(where, own, chosen, held, batch_size=batch_size, runner=runner, echo=echo)
         return _into_output(where, dest, base, chosen, held, use_filter=filter, source_kind=source_kind,
                             source_labels=source_labels, follow_symlinks=follow_symlinks, batch_size=batch_size,
                             runner=runner, address=address, echo=echo)

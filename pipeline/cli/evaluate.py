@@ -43,9 +43,10 @@ def register(subparsers: Any) -> None:
     s = subparsers.add_parser(
         "evaluate",
         help="run the classifiers (and optionally the OOC filter) over existing images",
-        description="Evaluate existing images: the published CNS-Bench layout (annotations_cns.json), "
-        "a WebDataset / build output, or class folders. Output and report as for `build`; "
-        "running it again on the same --output resumes.",
+        description="Evaluate existing images: a built benchmark, the published CNS-Bench layout "
+        "(annotations_cns.json), WebDataset tars, or class folders. The source is only read: predictions and "
+        "report go to --output (of a built benchmark: its own keep decisions, its images referred to, not "
+        "copied). Running it again on the same --output resumes. The same as cnsbench.evaluate.",
     )
     s.add_argument("source", help="directory or URI of the images (or an annotations_cns.json file)")
     s.add_argument("--config", help="config supplying classifiers, filter, resources (default: a build output's own)")

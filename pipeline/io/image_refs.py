@@ -18,8 +18,11 @@ IMAGES_FILE = "images.json"
 
 
 def write_reference(store: OutputStore, benchmark: str) -> None:
-    """Record that ``store``'s sample rows name ``benchmark``'s image shards."""
-    store.write_text(IMAGES_FILE, json.dumps({"images": OutputStore(benchmark).uri}, indent=1))
+    """Record that ``store``'s sample rows name ``benchmark``'s image shards (an evaluation
+    output as the benchmark: the one whose images it refers to)."""
+    source = OutputStore(benchmark)
+    holder = referenced(source) or source
+    store.write_text(IMAGES_FILE, json.dumps({"images": holder.uri}, indent=1))
 
 
 def referenced(store: OutputStore) -> OutputStore | None:

@@ -377,13 +377,20 @@ class BenchmarkIndex:
         for ext, mime in IMAGE_TYPES.items():
             if ext in members:
                 offset, size = members[ext]
-                with self.store.fs.open(self.store.path(shard), "rb") as fh:
+                holder = self._holder(shard)
+                with holder.fs.open(holder.path(shard), "rb") as fh:
                     fh.seek(offset)
                     data = fh.read(size)
                 if len(data) != size:
-                    raise CnsbenchError(f"{self.store.url(shard)} is truncated at member {key}.{ext}")
+                    raise CnsbenchError(f"{holder.url(shard)} is truncated at member {key}.{ext}")
                 return data, mime
-        raise CnsbenchError(f"{self.store.url(shard)} has no image member for sample {key!r}")
+        raise CnsbenchError(f"{self._holder(shard).url(shard)} has no image member for sample {key!r}")
+
+    def _holder(self, shard: str):
+        """The store holding ``shard``: this output's, or the benchmark an evaluation output refers to."""
+        from pipeline.io.image_refs import ShardStores
+
+        return ShardStores(self.store)(shard)
 
     def _members(self, shard: str) -> dict[str, dict[str, tuple[int, int]]]:
         """Member key -> {extension: (data offset, size)} of a tar shard; read once, then cached."""
@@ -392,12 +399,13 @@ class BenchmarkIndex:
             if cached is not None:
                 return cached
             index: dict[str, dict[str, tuple[int, int]]] = {}
+            holder = self._holder(shard)
             try:
-                with self.store.fs.open(self.store.path(shard), "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
+                with holder.fs.open(holder.path(shard), "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
                     for key, ext, info in tar_members(tar):
                         index.setdefault(key, {})[ext] = (info.offset_data, info.size)
             except (tarfile.TarError, EOFError) as err:
-                raise CnsbenchError(f"malformed WebDataset shard {self.store.url(shard)}: {err}") from None
+                raise CnsbenchError(f"malformed WebDataset shard {holder.url(shard)}: {err}") from None
             self._tar_index[shard] = index
             return index
 
