@@ -7,7 +7,6 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import REFERENCE_SCALES, SHIFT_NAME, Strict
-from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 from pipeline.labels import LabelSpace, label_space
 
@@ -35,16 +34,16 @@ class BenchmarkSpec(Strict):
         if isinstance(value, str):
             return bounds.seed_range(value)  # bounded before the list is made
         if isinstance(value, list) and len(value) > bounds.MAX_SEEDS:
-            raise CnsbenchError(f"{len(value)} seeds; at most {bounds.MAX_SEEDS} are allowed")
+            raise ValueError(f"{len(value)} seeds; at most {bounds.MAX_SEEDS} are allowed")
         return value
 
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, value: list[int]) -> list[int]:
         if len(set(value)) != len(value):
-            raise CnsbenchError("seeds must be unique")
+            raise ValueError("seeds must be unique")
         if any(s < 0 or s >= 2**63 for s in value):
-            raise CnsbenchError("seeds must be in [0, 2**63)")
+            raise ValueError("seeds must be in [0, 2**63)")
         return value
 
     @model_validator(mode="after")
@@ -55,9 +54,9 @@ class BenchmarkSpec(Strict):
             try:
                 ids.append(space.resolve(v))
             except ValueError as err:
-                raise CnsbenchError(f"classes[{i}]: {err}") from None
+                raise ValueError(f"classes[{i}]: {err}") from None
         if len(set(ids)) != len(ids):
-            raise CnsbenchError(f"classes contain duplicates after resolving names: {ids}")
+            raise ValueError(f"classes contain duplicates after resolving names: {ids}")
         # Assigning through __dict__ keeps validate_assignment from re-running this validator.
         self.__dict__["classes"] = ids
         return self
@@ -74,17 +73,17 @@ class BenchmarkSpec(Strict):
     def _shifts(cls, value: list[str]) -> list[str]:
         for s in value:
             if not SHIFT_NAME.fullmatch(s):
-                raise CnsbenchError(f"shift {s!r} must match {SHIFT_NAME.pattern} (e.g. 'painting_style')")
+                raise ValueError(f"shift {s!r} must match {SHIFT_NAME.pattern} (e.g. 'painting_style')")
         if len(set(value)) != len(value):
-            raise CnsbenchError("shifts must be unique")
+            raise ValueError("shifts must be unique")
         return value
 
     @field_validator("scales")
     @classmethod
     def _scales(cls, value: list[float]) -> list[float]:
         if 0.0 not in value:
-            raise CnsbenchError("scales must include 0 (the unshifted reference image of every trajectory)")
+            raise ValueError("scales must include 0 (the unshifted reference image of every trajectory)")
         if sorted(set(value)) != list(value):
-            raise CnsbenchError(f"scales must be unique and ascending, got {value}")
+            raise ValueError(f"scales must be unique and ascending, got {value}")
         bounds.check_scales(value)
         return [float(v) for v in value]

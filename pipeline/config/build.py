@@ -16,7 +16,6 @@ from pipeline.config.output import AggregateSpec, OutputSpec
 from pipeline.config.refine import RefineSpec
 from pipeline.config.resources import Resources
 from pipeline.config.training import SliderTrainingSpec
-from pipeline.errors import CnsbenchError, UnknownKey
 from pipeline.io import bounds
 
 
@@ -51,7 +50,7 @@ class BuildConfig(Strict):
         for g in self.family_groups():
             if shift in g.shifts:
                 return list(g.scales)
-        raise UnknownKey(f"shift {shift!r} is not part of this build")
+        raise KeyError(f"shift {shift!r} is not part of this build")
 
     def shift_words(self, shift: str) -> str:
         """Words of a shift in prompts and reports (``benchmark.shift_words``, else '_' -> ' ')."""
@@ -76,12 +75,12 @@ class BuildConfig(Strict):
         names = [c.name for c in self.classifiers]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise CnsbenchError(f"classifier names must be unique, duplicated: {dup}")
+            raise ValueError(f"classifier names must be unique, duplicated: {dup}")
         from pipeline.config.vqa import check_distractor_sources
 
         check_distractor_sources(self.classifiers)  # a vlm's distractor classifier is in the pool
         if self.aggregate.margin_max_scale < max(self.benchmark.scales):
-            raise CnsbenchError(
+            raise ValueError(
                 f"aggregate.margin_max_scale ({self.aggregate.margin_max_scale}) must be >= the largest scale"
             )
         return self
@@ -89,13 +88,13 @@ class BuildConfig(Strict):
 
 def _check_scales(scales: list[float], where: str) -> list[float]:
     if 0.0 not in scales:
-        raise CnsbenchError(f"{where}: scales must include 0 (the unshifted reference image of every trajectory)")
+        raise ValueError(f"{where}: scales must include 0 (the unshifted reference image of every trajectory)")
     if sorted(set(scales)) != list(scales):
-        raise CnsbenchError(f"{where}: scales must be unique and ascending, got {scales}")
+        raise ValueError(f"{where}: scales must be unique and ascending, got {scales}")
     try:
         bounds.check_scales(scales)
     except ValueError as err:
-        raise CnsbenchError(f"{where}: {err}") from None
+        raise ValueError(f"{where}: {err}") from None
     return [float(v) for v in scales]
 
 
@@ -113,28 +112,28 @@ def _resolve_groups(cfg: "BuildConfig") -> list[FamilyGroup]:
         try:
             family = FAMILIES.get(kind)
         except KeyError as err:
-            raise CnsbenchError(f"{where}.kind: {err.args[0]}") from None
+            raise ValueError(f"{where}.kind: {err.args[0]}") from None
         try:
             opts = family.Options.model_validate(options)
         except _VE as err:
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise CnsbenchError(f"{where}.options: {detail}") from None
+            raise ValueError(f"{where}.options: {detail}") from None
         for s in shifts:
             if not SHIFT_NAME.fullmatch(s):
-                raise CnsbenchError(f"{where}.shifts: shift {s!r} must match {SHIFT_NAME.pattern}")
+                raise ValueError(f"{where}.shifts: shift {s!r} must match {SHIFT_NAME.pattern}")
             if s in seen:
-                raise CnsbenchError(f"{where}.shifts: shift {s!r} is already a shift of {seen[s]}")
+                raise ValueError(f"{where}.shifts: shift {s!r} is already a shift of {seen[s]}")
             seen[s] = where
         problems = family.check_shifts(list(shifts), opts)
         if problems:
-            raise CnsbenchError(f"{where}.shifts: " + "; ".join(problems))
+            raise ValueError(f"{where}.shifts: " + "; ".join(problems))
         if scales is None:
             scales = family.default_scales
             if scales is None:
-                raise CnsbenchError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
+                raise ValueError(f"{where}.scales: family {kind!r} has no default scale grid; set scales")
         grid = _check_scales(list(scales), f"{where}.scales")
         problems = family.check_scales(grid)
         if problems:
-            raise CnsbenchError(f"{where}.scales: " + "; ".join(problems))
+            raise ValueError(f"{where}.scales: " + "; ".join(problems))
         groups.append(FamilyGroup(kind, tuple(shifts), tuple(grid), opts, primary=(n == 0)))
     return groups

@@ -8,7 +8,6 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, TypeAdapter, field_
 
 from pipeline.config.base import Strict
 from pipeline.config.filter import Preprocessing
-from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 
 
@@ -68,7 +67,7 @@ class ClassifierSpec(Strict):
         if cls is ClassifierSpec and isinstance(data, dict):
             foreign = [k for k in VLM_ONLY if data.get(k) is not None]
             if foreign:
-                raise CnsbenchError(
+                raise ValueError(
                     f"{' / '.join(foreign)}: only a classifier of kind vlm takes them (kind is {data.get('kind', 'timm')!r})"
                 )
             data = {k: v for k, v in data.items() if k not in VLM_ONLY}
@@ -124,13 +123,13 @@ class VLMSpec(ClassifierSpec):
         # still fills them with its own (pipeline.sources.release_protocol).
         self.__dict__["protocol"] = resolve_protocol(self.protocol, "protocol")
         if self.dtype not in (None, *VLM_DTYPES):
-            raise CnsbenchError(f"dtype: must be float32, float16 or bfloat16, got {self.dtype!r}")
+            raise ValueError(f"dtype: must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.prompt_template not in (None, *PROMPT_TEMPLATES):
-            raise CnsbenchError(f"prompt_template: must be 'original' or 'model', got {self.prompt_template!r}")
+            raise ValueError(f"prompt_template: must be 'original' or 'model', got {self.prompt_template!r}")
         if self.vision_dtype not in (None, *VLM_DTYPES):
-            raise CnsbenchError(f"vision_dtype: must be float32, float16 or bfloat16, got {self.vision_dtype!r}")
+            raise ValueError(f"vision_dtype: must be float32, float16 or bfloat16, got {self.vision_dtype!r}")
         if self.image_aspect_ratio not in (None, *IMAGE_ASPECT_RATIOS):
-            raise CnsbenchError(f"image_aspect_ratio: must be 'model' or 'pad', got {self.image_aspect_ratio!r}")
+            raise ValueError(f"image_aspect_ratio: must be 'model' or 'pad', got {self.image_aspect_ratio!r}")
         self.__dict__["dtype"] = self.dtype or "float32"
         self.__dict__["prompt_template"] = self.prompt_template or "model"
         return self

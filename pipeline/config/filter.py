@@ -7,7 +7,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Strict
-from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 
 
@@ -37,9 +36,9 @@ class PreprocessSpec(Strict):
     @model_validator(mode="after")
     def _sizes(self) -> "PreprocessSpec":
         if self.crop > self.resize:
-            raise CnsbenchError(f"crop ({self.crop}) must be <= resize ({self.resize})")
+            raise ValueError(f"crop ({self.crop}) must be <= resize ({self.resize})")
         if len(self.mean) != len(self.std) or any(v <= 0 for v in self.std):
-            raise CnsbenchError(f"mean and std need the same length and std > 0, got mean={self.mean}, std={self.std}")
+            raise ValueError(f"mean and std need the same length and std > 0, got mean={self.mean}, std={self.std}")
         return self
 
 

@@ -7,7 +7,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import REFERENCE_NEGATIVE_PROMPT, Strict
-from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 
 
@@ -28,7 +27,7 @@ class ClassTokens(Strict):
     @model_validator(mode="after")
     def _path(self) -> "ClassTokens":
         if self.kind != "none" and not self.path:
-            raise CnsbenchError(f"class_tokens.path is required for kind {self.kind!r}")
+            raise ValueError(f"class_tokens.path is required for kind {self.kind!r}")
         return self
 
 
@@ -66,7 +65,7 @@ class GeneratorSpec(Strict):
     @classmethod
     def _res(cls, value: int) -> int:
         if value % 8:
-            raise CnsbenchError(f"resolution must be a multiple of 8, got {value}")
+            raise ValueError(f"resolution must be a multiple of 8, got {value}")
         return value
 
     @field_validator("prompt")

@@ -7,7 +7,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from pipeline.config.base import Strict
-from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 
 
@@ -53,7 +52,7 @@ class AggregateSpec(Strict):
     def _analyses(cls, value: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
         for i, entry in enumerate(value):
             if isinstance(entry, dict) and not isinstance(entry.get("name"), str):
-                raise CnsbenchError(f"analyses[{i}]: an entry with options needs a 'name' key")
+                raise ValueError(f"analyses[{i}]: an entry with options needs a 'name' key")
         return value
 
     def analysis_entries(self) -> list[tuple[str, dict[str, Any]]]:

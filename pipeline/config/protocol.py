@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.errors import CnsbenchError
-
 PROTOCOLS = ("cns", "custom")
 KERAS_CLASS_INDEX = Path(__file__).resolve().parents[1] / "data" / "keras_imagenet_class_index.json"
 
@@ -140,13 +138,13 @@ def resolve(cfg: Any) -> Any:
     if class_names is None:
         class_names = "keras" if cns and is_imagenet(cfg.benchmark.labels) else "labels"
     if class_names == "keras" and not is_imagenet(cfg.benchmark.labels):
-        raise CnsbenchError(
+        raise ValueError(
             "filter.class_names: 'keras' names exist for the ImageNet-1k label space only; "
             f"benchmark.labels is {cfg.benchmark.labels!r} (use 'labels')"
         )
     unknown = sorted(set(flt.shift_text) - set(cfg.benchmark.shifts) - {s for f in cfg.families for s in f.shifts})
     if unknown:
-        raise CnsbenchError(f"filter.shift_text: {unknown} are not shifts of this build")
+        raise ValueError(f"filter.shift_text: {unknown} are not shifts of this build")
     own = "cns" if cns else "model"
     dino = flt.dino if flt.dino.preprocess is not None else _filled(flt.dino, preprocess=own)
     flt = _filled(flt, class_names=class_names, dino=dino,

@@ -12,7 +12,6 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Strict
-from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 
 
@@ -29,7 +28,7 @@ class StageResources(Strict):
     @model_validator(mode="after")
     def _pool(self) -> "StageResources":
         if self.max_pool_size is not None and self.max_pool_size < self.pool_size:
-            raise CnsbenchError(f"max_pool_size ({self.max_pool_size}) must be >= pool_size ({self.pool_size})")
+            raise ValueError(f"max_pool_size ({self.max_pool_size}) must be >= pool_size ({self.pool_size})")
         return self
 
 
@@ -75,7 +74,7 @@ class ModelStageResources(StageResources):
     def _batch(cls, value: object) -> object:
         whole = isinstance(value, int) and not isinstance(value, bool)
         if value != "auto" and not (whole and 1 <= value <= bounds.MAX_BATCH):  # type: ignore[operator]
-            raise CnsbenchError(f"must be auto or an integer in 1..{bounds.MAX_BATCH}")
+            raise ValueError(f"must be auto or an integer in 1..{bounds.MAX_BATCH}")
         return value
 
 
@@ -124,7 +123,7 @@ class Resources(Strict):
             if res.batch_size == "auto" and res.memory_budget_gb is None and not (
                 self.device_memory_gb and res.num_gpus > 0
             ):
-                raise CnsbenchError(
+                raise ValueError(
                     f"resources.{name}.batch_size: auto needs a memory to fit: set resources.{name}.memory_budget_gb, "
                     f"or resources.device_memory_gb with resources.{name}.num_gpus > 0"
                 )

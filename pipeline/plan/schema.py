@@ -11,7 +11,6 @@ from __future__ import annotations
 import pyarrow as pa
 
 # The stored tables and the per-image score columns are the output's format: pipeline.io.tables.
-from pipeline.errors import CnsbenchError
 from pipeline.io.tables import (  # noqa: E402,F401
     FAILURES, PREDICTIONS, REALISATION_COLUMNS, SAMPLES, SCORE_COLUMNS, UNIT_COORDINATES,
 )
@@ -104,7 +103,7 @@ def trajectory_row(
     if error is not None:
         scales, images, params = [], [], None
     if params is not None and len(params) != len(scales):
-        raise CnsbenchError(f"params has {len(params)} entries for {len(scales)} scales")
+        raise ValueError(f"params has {len(params)} entries for {len(scales)} scales")
     return {
         "trajectory_id": plan.trajectory_id(shift, class_id, seed),
         "unit_id": plan.unit_id(class_id, seed),
