@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote
 
 from pipeline.errors import CnsbenchError
+from pipeline.io.image_refs import ShardStores
 from pipeline.io.webdataset import tar_members
 from pipeline.plan import schema
 from pipeline.serve.errors import NotFound, as_flag, is_missing, json_number, read_listed
@@ -377,20 +378,14 @@ class BenchmarkIndex:
         for ext, mime in IMAGE_TYPES.items():
             if ext in members:
                 offset, size = members[ext]
-                holder = self._holder(shard)
+                holder = ShardStores(self.store)(shard)  # an evaluation output's: its benchmark's
                 with holder.fs.open(holder.path(shard), "rb") as fh:
                     fh.seek(offset)
                     data = fh.read(size)
                 if len(data) != size:
                     raise CnsbenchError(f"{holder.url(shard)} is truncated at member {key}.{ext}")
                 return data, mime
-        raise CnsbenchError(f"{self._holder(shard).url(shard)} has no image member for sample {key!r}")
-
-    def _holder(self, shard: str):
-        """The store holding ``shard``: this output's, or the benchmark an evaluation output refers to."""
-        from pipeline.io.image_refs import ShardStores
-
-        return ShardStores(self.store)(shard)
+        raise CnsbenchError(f"{ShardStores(self.store)(shard).url(shard)} has no image member for sample {key!r}")
 
     def _members(self, shard: str) -> dict[str, dict[str, tuple[int, int]]]:
         """Member key -> {extension: (data offset, size)} of a tar shard; read once, then cached."""
@@ -399,7 +394,7 @@ class BenchmarkIndex:
             if cached is not None:
                 return cached
             index: dict[str, dict[str, tuple[int, int]]] = {}
-            holder = self._holder(shard)
+            holder = ShardStores(self.store)(shard)  # an evaluation output's: its benchmark's
             try:
                 with holder.fs.open(holder.path(shard), "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
                     for key, ext, info in tar_members(tar):
