@@ -137,12 +137,11 @@ def _card_model(model: Any, suite: Any, *, name: str | None, preprocess: Any, la
                                 "entry states its own")
         return resolve_model(os.fspath(model), kind=model_kind, checkpoint=checkpoint,
                              model_config_file=model_config_file, name=name, configs=config_loaders(suite))
-    from pipeline.api.evaluate import _check_held
-    from pipeline.api.models import _output_config, held_entry
+    from pipeline.api.models import check_held, held_entry, output_config
 
     spec = held_entry(model, name=name, preprocess=preprocess, label_map=label_map, where="on the card and in the outputs")
     for b in suite.benchmarks:
-        _check_held(spec, b.load_config() if b.kind != "output" else _output_config(b.output), runner)
+        check_held(spec, b.load_config() if b.kind != "output" else output_config(b.output), runner)
     return spec
 
 

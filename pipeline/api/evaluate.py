@@ -174,27 +174,17 @@ def _classifiers(classifiers: Any, base: "BuildConfig", *, name: str | None, pre
     return [spec], {spec.name: classifiers}
 
 
-def _check_held(spec: "ClassifierSpec", cfg: "BuildConfig", runner: str) -> None:
-    from pipeline.api.models import _check_label_map, _probe
-    from pipeline.executors import executor_class
-
-    labels = cfg.benchmark.label_space
-    _check_label_map(spec, labels)
-    _probe(spec, labels)
-    executor_class(runner).check_held(spec)
-
-
 def _in_place(where: str, base: "BuildConfig", chosen: list["ClassifierSpec"], held: dict[str, Any], *,
               batch_size: int | None, runner: str, echo: Echo) -> "BuildSummary":
     """Add the classifiers to the benchmark itself (the one driver, :func:`pipeline.evaluate.add_classifiers`)."""
-    from pipeline.api.models import _check_weights, with_entry
+    from pipeline.api.models import check_held, check_same_weights, with_entry
     from pipeline.evaluate import add_classifiers
 
     cfg = base
     for spec in chosen:
         if spec.held is not None:
-            _check_held(spec, cfg, runner)
-            _check_weights(where, spec)
+            check_held(spec, cfg, runner)
+            check_same_weights(where, spec)
         cfg = with_entry(cfg, spec, batch_size)
     return add_classifiers(where, cfg, command="evaluate", runner=runner, echo=echo)
 
@@ -210,7 +200,7 @@ def _into_output(where: str, dest: str, base: "BuildConfig", chosen: list["Class
 
     for spec in chosen:
         if spec.held is not None:
-            _check_held(spec, base, runner)
+            check_held(spec, base, runner)
     raw = resolved_dict(base)
     raw["classifiers"] = [s.model_dump(mode="json", exclude_unset=True) for s in chosen]
     if batch_size is not None:

@@ -77,7 +77,7 @@ def check_preprocess(name: str, preprocess: Any) -> None:
         raise CnsbenchError(f"{where} (the numbers form: resize, crop, interpolation, mean, std): {detail}"[:900]) from None
 
 
-def _output_config(output: str) -> Any:
+def output_config(output: str) -> Any:
     from pipeline.aggregate.run import load_output_config
     from pipeline.io.store import OutputStore
 
@@ -87,7 +87,7 @@ def _output_config(output: str) -> Any:
         raise CnsbenchError(str(err)) from None
 
 
-def _check_label_map(spec: Any, labels: Any) -> None:
+def check_label_map(spec: Any, labels: Any) -> None:
     mapping = spec.label_map if isinstance(spec.label_map, dict) else {}
     outside = sorted({v for v in mapping.values() if not 0 <= v < len(labels)})
     if outside:
@@ -95,7 +95,7 @@ def _check_label_map(spec: Any, labels: Any) -> None:
                             f"label space {labels.key!r} ({len(labels)} classes: 0..{len(labels) - 1})")
 
 
-def _probe(spec: Any, labels: Any) -> None:
+def probe(spec: Any, labels: Any) -> None:
     """Build the classifier once here (it runs the model on a probe batch): a model that raises,
     returns no tensor, NaN or logits the label space cannot take is refused before any write."""
     from pipeline.registry import CLASSIFIERS
@@ -103,7 +103,7 @@ def _probe(spec: Any, labels: Any) -> None:
     CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)  # its refusals are CnsbenchErrors; anything else is a bug
 
 
-def _check_weights(output: str, spec: Any) -> None:
+def check_same_weights(output: str, spec: Any) -> None:
     """Refuse a name whose earlier predictions in ``output`` were made by other weights (both digests named)."""
     from pipeline.assets.weights import check_weights, weights_digest
     from pipeline.io.ownership import read_marker
@@ -149,3 +149,14 @@ def classifier_metrics(output: str, name: str) -> dict[str, Any]:
     for key in ("summary", "accuracy", "failure_point_table"):
         out[key] = [r for r in doc.get(key) or [] if r.get("classifier") == name]
     return out
+
+
+def check_held(spec: Any, cfg: Any, runner: str) -> None:
+    """A model held in memory against a benchmark's config before any write: its label map, its
+    output on a probe batch, and whether it can travel to ``runner``'s workers."""
+    from pipeline.executors import executor_class
+
+    labels = cfg.benchmark.label_space
+    check_label_map(spec, labels)
+    probe(spec, labels)
+    executor_class(runner).check_held(spec)
