@@ -193,6 +193,7 @@ def _into_output(where: str, dest: str, base: "BuildConfig", chosen: list["Class
                  use_filter: bool, source_kind: str | None, source_labels: str | None, follow_symlinks: bool,
                  batch_size: int | None, runner: str, address: str | None, echo: Echo) -> "BuildSummary":
     """Read the source's images, score them, and write predictions and report to ``dest``."""
+    from pipeline.api.models import check_held
     from pipeline.config import parse_config, resolved_dict
     from pipeline.evaluate import attach_held, effective_config
     from pipeline.evaluate import evaluate as run_evaluate
