@@ -19,3 +19,11 @@ def describe_os_error(err: OSError) -> str:
     path = err.filename if err.filename is not None else ""
     reason = (err.strerror or str(err)).lower() if err.strerror else str(err)
     return f"{path}: {reason}" if path else reason
+
+
+class UnknownKey(KeyError, CnsbenchError):
+    """A name the user gave that a table of known names lacks (a kind, a corruption, a slider).
+    A ``KeyError`` for lookups that catch one, worded as its message (not quoted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -24,7 +24,7 @@ spec behind a classifier's name, filter on/off, thresholds, scales) is refused.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pipeline.sources import release_protocol
 from pipeline.sources.detect import protocol_of
@@ -35,6 +35,7 @@ from pipeline.config import (
     resolved_dict,
 )
 from pipeline.executors import Chain, StageSpec
+from pipeline.io.image_refs import write_reference
 from pipeline.output_run import BuildSummary, OutputRun
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.sources import Source
@@ -89,6 +90,17 @@ def effective_config(
     return parse_config(raw, source=f"evaluate config for {source.location}")
 
 
+def refers_to_images(source: Source, done: set[str]) -> bool:
+    """Whether a new evaluation output refers to ``source``'s images instead of copying them: a
+    built cnsbench benchmark (its sample rows name each image's shard and key), scored into an
+    output that holds no shard yet (an output that copied its images keeps doing so)."""
+    from pipeline.io.store import OutputStore
+
+    if source.kind != "webdataset" or done or not source.rows or "source_filter" not in source.rows[0]:
+        return False
+    return OutputStore(source.location).exists("config.json")
+
+
 def _check_assets(cfg: BuildConfig) -> None:
     """Missing filter/classifier files, all at once (the generator is not used here)."""
     from pipeline.assets import resolve_assets
@@ -141,6 +153,9 @@ def evaluate(
         total = len(source.rows)
         running = run.start(total, total - len(todo), what="evaluate")
         running.store.write_text("source.json", strict_dumps(source.describe(), indent=1))
+        if refers_to_images(source, run.done):  # a built benchmark: its images are referred to, not copied
+            write_reference(running.store, source.location)
+            echo(f"[cnsbench] images: those of {source.location}, referred to (not copied; keep it where it is)")
         echo(
             f"[cnsbench] {source.kind} source {source.location}: {total} trajectories ({source.n_images} images), "
             f"{total - len(todo)} already done, {len(todo)} to evaluate"
@@ -153,3 +168,32 @@ def evaluate(
         running.run_chain(todo, _stages(cfg, running.commit_kwargs()), num_blocks=min(len(todo), 1000))
         # 5. report and summary
         return running.finish(aggregate=aggregate, run_name="-evaluate", run_info={"source": source.describe()})
+
+
+def attach_held(cfg: BuildConfig, held: Mapping[str, Any]) -> BuildConfig:
+    """``cfg`` whose entries named in ``held`` hold those objects (models in memory, kind
+    ``module``).  A config parsed from its dict form holds nothing; this is the one place a
+    held model is put back into one."""
+    if not held:
+        return cfg
+    return cfg.model_copy(update={"classifiers": [c.holding(held[c.name]) if c.name in held else c
+                                                  for c in cfg.classifiers]})
+
+
+def held_of(cfg: BuildConfig) -> dict[str, Any]:
+    """The objects ``cfg``'s entries hold, by name (for :func:`attach_held` after a re-parse)."""
+    return {c.name: c.held for c in cfg.classifiers if c.held is not None}
+
+
+def add_classifiers(uri: str, cfg: BuildConfig, *, command: str, runner: str, echo: Callable[[str], None] = print,
+                    report: bool = True, weights_hint: str | None = None) -> BuildSummary:
+    """The one driver that adds classifiers to existing images: ``cfg``'s classifiers the
+    committed shards of ``uri`` lack are run on them (the reclassify stage), then (with
+    ``report``) the report is aggregated again, under the output's lease and without planning
+    any new image.  ``evaluate`` in place, ``card`` and a model held in memory all come here."""
+    kwargs = {} if weights_hint is None else {"weights_hint": weights_hint}
+    with OutputRun.claim(uri, command, echo, runner=runner) as run:
+        run.prepare(cfg, repair=False, **kwargs)
+        running = run.start_on_committed(command)
+        running.add_classifiers()
+        return running.finish(aggregate=report, run_name=f"-{command}")

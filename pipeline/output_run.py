@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator
 from pipeline import __version__
 from pipeline.config import BuildConfig, config_hash, dump_yaml, resolved_dict
 from pipeline.config.resources import OUTPUT_CHANGING
+from pipeline.errors import CnsbenchError
 from pipeline.executors import Chain, StageSpec, get_executor
 from pipeline.io.dataset_card import CARD, dataset_card
 from pipeline.io.lease_file import LEASE
@@ -64,7 +65,7 @@ WEIGHTS_HINT = ("give the classifier another name (its predictions are then made
                 "or pass --new-version to archive the output and build it again")
 
 
-class IncompatibleOutput(ValueError):
+class IncompatibleOutput(CnsbenchError):
     """The output was made with settings that would change existing rows."""
 
 

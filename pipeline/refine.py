@@ -255,7 +255,10 @@ def check_output(store, cfg: BuildConfig, classifiers: list[str], pairs: set[tup
         if lacking or not manifests:
             raise RefineError(f"{store.uri} holds no predictions of {classifier!r} ({len(lacking)} shard(s) lack them); "
                               f"`cnsbench build` its config with {classifier!r} first")
-    if evaluated_source(store) is not None:
+    from pipeline.io.image_refs import referenced
+
+    # an evaluation of a built benchmark refers to its images and carries its generator's config
+    if evaluated_source(store) is not None and referenced(store) is None:
         raise RefineError(f"{store.uri} was made by `cnsbench evaluate` from released images: "
                           "refinement generates images, which needs the generator of a build")
     try:
@@ -378,9 +381,14 @@ def with_models(cfg: BuildConfig, models: dict[str, Any], store: Any) -> BuildCo
     if unknown:
         raise RefineError(f"models: {', '.join(map(repr, unknown))} not among the output's classifiers "
                           f"({', '.join(sorted(names))})")
-    held = [c.holding(models[c.name]) if c.name in models else c for c in cfg.classifiers]
-    cfg = cfg.model_copy(update={"classifiers": held})
-    digests = {c.name: weights_digest(c) for c in held if c.name in models}
+    from pipeline.evaluate import attach_held
+
+    configured = sorted(c.name for c in cfg.classifiers if c.name in models and c.kind != "module")
+    if configured:
+        raise RefineError(f"models: {', '.join(map(repr, configured))} are configured classifiers of the output "
+                          "(their entries load their own weights); models= holds models in memory only")
+    cfg = attach_held(cfg, models)
+    digests = {c.name: weights_digest(c) for c in cfg.classifiers if c.name in models}
     try:
         check_weights(store.uri, read_marker(store), digests, "pass the model whose predictions the output holds")
     except WeightsChanged as err:

@@ -17,10 +17,12 @@ import importlib
 import inspect
 from typing import Any, Generic, TypeVar
 
+from pipeline.errors import CnsbenchError, UnknownKey
+
 T = TypeVar("T")
 
 
-class PluginError(TypeError):
+class PluginError(TypeError, CnsbenchError):
     """A registered entry that is not what its registry holds (the message names it)."""
 
 
@@ -70,7 +72,7 @@ class Registry(Generic[T]):
         if key not in self._entries:
             close = difflib.get_close_matches(key, self.keys(), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise KeyError(f"unknown {self.kind} {key!r}{hint}; registered: {', '.join(self.keys())}")
+            raise UnknownKey(f"unknown {self.kind} {key!r}{hint}; registered: {', '.join(self.keys())}")
 
     def get(self, key: str) -> T:
         self.check(key)

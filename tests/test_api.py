@@ -1,6 +1,6 @@
-"""The Python API over the session's demo build: ``pipeline.open_output`` and the loaders of the ecosystem.
+"""The Python API over the session's demo build: ``cnsbench.open_output`` and the loaders of the ecosystem.
 
-``import pipeline`` stays light; a :class:`Benchmark` gives the output's tables, the
+``import cnsbench`` stays light; a :class:`Benchmark` gives the output's tables, the
 report's numbers and its images, and reads the same kept samples, labels and scales as
 ``datasets`` (``hf_dataset``, ``load_dataset`` through the output's dataset card) and
 ``webdataset`` over the shards.  Bad input raises ``CnsbenchError`` with the command line's
@@ -19,30 +19,66 @@ import pandas as pd
 import pyarrow.dataset
 import pytest
 
-import pipeline
+import cnsbench
+
 from pipeline.errors import CnsbenchError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_is_light_and_names_are_lazy():
-    code = ("import pipeline, sys; pipeline.open_output; pipeline.build; pipeline.refine; pipeline.leaderboard; "
-            "pipeline.CnsbenchError; assert 'torch' not in sys.modules, 'torch imported'")
+    code = ("import cnsbench, sys; cnsbench.open_output; cnsbench.build; cnsbench.refine; cnsbench.leaderboard; "
+            "cnsbench.evaluate; cnsbench.card; cnsbench.Benchmark; cnsbench.CnsbenchError; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    # pipeline/card/ is a package: importing it leaves pipeline.card the API's name
-    code = ("import pipeline, pipeline.card.suite, types; from pipeline.card.make import make_card; "
-            "assert 'card' not in vars(pipeline) and not isinstance(getattr(pipeline, 'card', None), types.ModuleType)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 or "pipeline.api.models" in done.stderr, done.stderr  # (the function's module may be absent)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        pipeline.nothing  # noqa: B018
-    assert pipeline.CnsbenchError is CnsbenchError and issubclass(CnsbenchError, ValueError)
+        cnsbench.nothing  # noqa: B018
+    assert cnsbench.CnsbenchError is CnsbenchError and issubclass(CnsbenchError, ValueError)
+    assert set(cnsbench.__all__) == {"__version__", "open_output", "Benchmark", "build", "evaluate", "refine", "card",
+                                     "leaderboard", "CnsbenchError"}
+
+
+def test_a_users_pipeline_py_does_not_shadow_the_package(tmp_path):
+    """A user's own ``pipeline.py`` in the working folder (a common name) is not the implementation."""
+    (tmp_path / "pipeline.py").write_text("")
+    code = ("import cnsbench, sys; cnsbench.open_output; cnsbench.evaluate; assert 'torch' not in sys.modules; "
+            "import pipeline.api.output; print(sys.modules['pipeline'].__file__)")
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(REPO / "pipeline" / "__init__.py")
+
+
+def test_pipeline_names_no_api_and_swaps_no_module_class():
+    import ast
+
+    source = (REPO / "pipeline" / "__init__.py").read_text()
+    tree = ast.parse(source)
+    assigned = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert not (assigned | defined) & {"open_output", "Benchmark", "build", "evaluate", "refine", "card",
+                                        "leaderboard", "CnsbenchError", "_API", "__getattr__"}
+    assert "__class__" not in source
+    import pipeline.card
+
+    assert isinstance(pipeline.card, type(pipeline))  # the subpackage, nothing else
+
+
+def test_the_stub_names_every_export_with_its_signature():
+    import ast
+    import inspect
+
+    stub = ast.parse((REPO / "cnsbench" / "__init__.pyi").read_text())
+    named = {a.asname or a.name for n in stub.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert named == set(cnsbench.__all__) - {"__version__"}
+    assert list(inspect.signature(cnsbench.evaluate).parameters)[:3] == ["classifiers", "source", "output"]
+    assert inspect.signature(cnsbench.evaluate).parameters["output"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 @pytest.fixture(scope="module")
 def bench(demo_world):
-    return pipeline.open_output(demo_world)
+    return cnsbench.open_output(demo_world)
 
 
 def test_samples_predictions_and_report_numbers(bench, demo_world):
@@ -116,7 +152,7 @@ def test_evaluate_says_which_trajectories_its_metrics_count(demo_world):
     counts = json.loads((demo_world / "report" / "metrics.json").read_text())["counts"]
     line = counted_line(str(demo_world), filtered=False)
     assert f"count {counts['n_trajectories_complete']} of {counts['n_trajectories_total']} trajectories" in line
-    assert "without --filter every image is kept" in line
+    assert "without --filter a built benchmark's own keep decisions" in line
 
 
 def test_hf_dataset_without_datasets_names_the_extra(bench, monkeypatch):
@@ -140,7 +176,7 @@ def test_bad_paths_get_the_command_lines_message(tmp_path, capsys):
 
     missing = tmp_path / "nothing"
     with pytest.raises(CnsbenchError) as err:
-        pipeline.open_output(missing)
+        cnsbench.open_output(missing)
     assert main(["aggregate", str(missing)]) == 2
     assert capsys.readouterr().err.strip() == f"cnsbench aggregate: error: {err.value}"
 
@@ -148,9 +184,9 @@ def test_bad_paths_get_the_command_lines_message(tmp_path, capsys):
     card.mkdir()
     (card / "cnsbench-card.json").write_text('{"cnsbench": "card", "model": "m"}')
     with pytest.raises(CnsbenchError, match="robustness card's folder"):
-        pipeline.open_output(card)
+        cnsbench.open_output(card)
     with pytest.raises(CnsbenchError, match="path is empty"):
-        pipeline.open_output("")
+        cnsbench.open_output("")
 
 
 def test_unknown_sample_and_classifier_are_named(bench):

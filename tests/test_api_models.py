@@ -1,4 +1,4 @@
-"""pipeline.api.models: a model held in memory evaluated on a committed demo output, and carded.
+"""cnsbench.evaluate / cnsbench.card of a model held in memory, added in place to a copy of the demo build.
 
 On a copy of the session's demo build (``demo_world``): the model's predictions join every
 committed image, its weights are its identity (other weights under the same name are refused,
@@ -39,6 +39,15 @@ def output(demo_world, tmp_path):
     return str(out)
 
 
+def evaluate(model, output: str, **kwargs):
+    """``cnsbench.evaluate`` adding ``model`` to ``output`` itself; the report's numbers of its name."""
+    import cnsbench
+    from pipeline.api.models import classifier_metrics
+
+    cnsbench.evaluate(model, output, output=output, in_place=True, **kwargs)
+    return classifier_metrics(output, kwargs["name"])
+
+
 def _marker(output: str) -> bytes:
     with open(f"{output}/config.json", "rb") as f:
         return f.read()
@@ -47,7 +56,6 @@ def _marker(output: str) -> bytes:
 def test_evaluate_adds_the_model_to_every_committed_image_and_returns_the_reports_numbers(output):
     import json
 
-    from pipeline.api.models import evaluate
     from pipeline.io.store import OutputStore
     from pipeline.io.tables import load_predictions, load_samples
     from pipeline.models.module import state_digest
@@ -106,8 +114,6 @@ class _Raises(SmallCNN):
     (SmallCNN(), {"label_map": {0: 10}}, r"classifiers\[bad\]\.label_map: class ids \[10\] are outside"),
 ])
 def test_bad_input_is_refused_naming_the_classifier_before_any_write(output, model, kwargs, message):
-    from pipeline.api.models import evaluate
-
     before = _marker(output)
     with pytest.raises(CnsbenchError, match=message):
         evaluate(model, output, name="bad", **{"preprocess": PRE, **kwargs}, echo=lambda m: None)
@@ -115,14 +121,12 @@ def test_bad_input_is_refused_naming_the_classifier_before_any_write(output, mod
 
 
 def test_a_path_that_is_not_an_output_is_refused(tmp_path):
-    from pipeline.api.models import evaluate
-
-    with pytest.raises(CnsbenchError, match="not a cnsbench build output|does not exist"):
+    with pytest.raises(CnsbenchError, match="no built benchmark|not a cnsbench build output|does not exist"):
         evaluate(SmallCNN(), str(tmp_path / "nothing"), name="m", preprocess=PRE)
 
 
 def test_the_card_of_a_model_in_memory_equals_the_card_of_its_pt2_export(output, tmp_path):
-    from pipeline.api.models import card
+    from cnsbench import card
     from pipeline.cli import main
     from pipeline.models.exported import export_classifier
 
@@ -177,8 +181,6 @@ class _Locked(SmallCNN):
 
 
 def test_a_model_that_cannot_travel_to_ray_is_refused_before_any_write(output):
-    from pipeline.api.models import evaluate
-
     before = _marker(output)
     with pytest.raises(CnsbenchError, match=r"classifiers\[locked\]: its model cannot be sent to the Ray workers .*lock"):
         evaluate(_Locked(), output, name="locked", preprocess=PRE, runner="ray", echo=lambda m: None)

@@ -310,13 +310,16 @@ def test_evaluate_build_output_reproduces_its_predictions(tiny_assets, tmp_path)
         assert sa[col].tolist() == sb[col].tolist(), col
     for col in ("clip_text", "clip_shift_text", "clip_image", "dino_image", "clip_shift_alignment"):
         assert np.allclose(sa[col], sb[col], atol=1e-4), col
-    # the images are stored unchanged (PNG bytes of the build)
+    # the build's images are referred to, not copied: the reader gets the build's PNG bytes
+    from pipeline.aggregate.images import ImageReader
+    from pipeline.io.store import OutputStore
     from pipeline.io.webdataset import iter_tar
 
     def members(root: Path) -> dict:
         return {k: m["png"] for t in sorted(root.glob("images/*.tar")) for k, m in iter_tar(t.read_bytes(), str(t))}
 
-    assert members(built) == members(out)
+    assert not list(out.rglob("*.tar")) and json.loads((out / "images.json").read_text())["images"] == str(built)
+    assert ImageReader(OutputStore(str(out)), sb).many(list(sb["sample_id"])) == members(built)
 
     # the tars alone: coordinates and labels from each member's JSON
     bare = tmp_path / "tars"
@@ -325,8 +328,10 @@ def test_evaluate_build_output_reproduces_its_predictions(tiny_assets, tmp_path)
         shutil.copy(t, bare / t.name)
     src = open_source(str(bare), IMAGENET)
     ref = open_source(str(built), IMAGENET)
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("paths",)} for r in rows]  # noqa: E731
+    # (a build output's rows also carry its filter's decisions: `source_filter`, which bare tars lack)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("paths", "source_filter")} for r in rows]  # noqa: E731
     assert src.kind == "webdataset" and strip(src.rows) == strip(ref.rows)
+    assert all("source_filter" in r for r in ref.rows) and not any("source_filter" in r for r in src.rows)
 
 
 def test_class_folders_with_label_map(tiny_assets, tmp_path):

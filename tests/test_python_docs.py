@@ -30,8 +30,9 @@ def python_blocks() -> list[str]:
 def test_the_page_has_its_walk_and_every_block_compiles():
     blocks = python_blocks()
     text = "\n".join(blocks)
-    for call in ("pipeline.open_output(", "pipeline.evaluate(", ".failure_points(", "pipeline.refine(", "pipeline.card(",
-                 "pipeline.leaderboard(", ".torch_dataset(", ".hf_dataset(", "datasets.load_dataset(", "export_classifier("):
+    assert "import cnsbench" in text and "import pipeline\n" not in text
+    for call in ("cnsbench.open_output(", "cnsbench.evaluate(", ".failure_points(", "cnsbench.refine(", "cnsbench.card(",
+                 "cnsbench.leaderboard(", ".torch_dataset(", ".hf_dataset(", "datasets.load_dataset(", "export_classifier("):
         assert call in text, f"docs/python.md lost its {call} step"
     for i, block in enumerate(blocks):
         compile(block, f"{DOC}: python block {i + 1}", "exec")
@@ -42,21 +43,25 @@ def test_the_page_has_its_walk_and_every_block_compiles():
 @pytest.mark.slow
 @pytest.mark.skipif(not (REPO / "assets" / "world" / "world.json").is_file(), reason="assets/world not trained")
 def test_the_page_runs_and_the_exported_model_scores_the_same(demo_world, tmp_path, monkeypatch):
-    import pipeline
+    import cnsbench
     from pipeline.cli import main
+    from shared_bench import tree_digest
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))  # load_dataset's cache, not the home folder's
-    shutil.copytree(demo_world, tmp_path / "runs" / "demo")  # the page writes to runs/demo
+    shutil.copytree(demo_world, tmp_path / "runs" / "demo")  # the page reads runs/demo
+    before = tree_digest("runs/demo")
     namespace: dict = {"__name__": "python_doc"}
     for i, block in enumerate(python_blocks()):
         exec(compile(block, f"{DOC}: python block {i + 1}", "exec"), namespace)  # noqa: S102 (our own docs)
-    refined = pd.read_csv(tmp_path / "runs" / "demo" / "refine" / "failure_points_refined.csv")
+    refined = pd.read_csv(tmp_path / "runs" / "small-cnn" / "refine" / "failure_points_refined.csv")
     assert set(refined["classifier"]) == {"small-cnn"} and (refined["status"] == "refined").any()
 
     assert main(["card", "--model-kind", "exported", "--model", "small-cnn", "--checkpoint", "runs/small-cnn.pt2",
-                 "--name", "small-cnn-pt2", "--suite", "runs/demo", "--output", "runs/cards/small-cnn-pt2", "--runner", "local"]) == 0
-    bench = pipeline.open_output("runs/demo")
+                 "--name", "small-cnn-pt2", "--suite", "runs/small-cnn", "--output", "runs/cards/small-cnn-pt2",
+                 "--runner", "local"]) == 0
+    assert tree_digest("runs/demo") == before  # the walk only read the benchmark
+    bench = cnsbench.open_output("runs/small-cnn")
     summary = pd.DataFrame(bench.metrics()["summary"]).set_index("classifier")
     drops = [c for c in summary.columns if c.startswith("acc_drop_") or c in ("fp_avg", "accuracy_scale0")]
     np.testing.assert_allclose(summary.loc["small-cnn-pt2", drops].astype(float),

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.aggregate.metrics import ALL_SHIFTS, Metrics, evaluated_rows
+from pipeline.errors import CnsbenchError
 from pipeline.plan import scale_tag
 
 CI_LOW, CI_HIGH = "_ci_low", "_ci_high"
@@ -202,9 +203,9 @@ def intervals(
 ) -> Intervals:
     """Bootstrap intervals of ``metrics`` (computed by ``compute_metrics`` from the same tables)."""
     if not 0.0 < level < 1.0:
-        raise ValueError(f"bootstrap level must lie in (0, 1), got {level}")
+        raise CnsbenchError(f"bootstrap level must lie in (0, 1), got {level}")
     if resamples < 1:
-        raise ValueError(f"bootstrap resamples must be >= 1, got {resamples}")
+        raise CnsbenchError(f"bootstrap resamples must be >= 1, got {resamples}")
     d = design(samples, predictions, metrics)
     if not d.trajectories or not d.classifiers:
         empty = pd.DataFrame()

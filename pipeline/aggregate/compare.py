@@ -34,10 +34,11 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import BuildConfig
+from pipeline.errors import CnsbenchError
 from pipeline.io.store import OutputStore
 
 
-class NotComparable(ValueError):
+class NotComparable(CnsbenchError):
     """The outputs do not hold the same benchmark (images, sample ids or scales)."""
 
 
@@ -55,12 +56,12 @@ def labels_for(outputs: Sequence[str], labels: Sequence[str] | None) -> list[str
     """``labels`` checked, or unique names from the outputs' last path parts."""
     if labels:
         if len(labels) != len(outputs):
-            raise ValueError(f"--labels: {len(labels)} labels for {len(outputs)} outputs")
+            raise CnsbenchError(f"--labels: {len(labels)} labels for {len(outputs)} outputs")
         bad = [lab for lab in labels if not re.fullmatch(r"[A-Za-z0-9_\-]+", lab)]
         if bad:
-            raise ValueError(f"--labels: {bad[0]!r} is not a label (letters, digits, '_' and '-' only)")
+            raise CnsbenchError(f"--labels: {bad[0]!r} is not a label (letters, digits, '_' and '-' only)")
         if len(set(labels)) != len(labels):
-            raise ValueError(f"--labels: labels must differ, got {list(labels)}")
+            raise CnsbenchError(f"--labels: labels must differ, got {list(labels)}")
         return list(labels)
     out: list[str] = []
     for uri in outputs:
@@ -178,7 +179,7 @@ def compare_outputs(
     from pipeline.io.ownership import claim_compare_output, write_compare_marker
 
     if len(outputs) < 2:
-        raise ValueError("compare needs at least two outputs")
+        raise CnsbenchError("compare needs at least two outputs")
     names = labels_for(outputs, labels)
     store = OutputStore(dest)
     progress = Progress("compare", 0, unit="steps", echo=None if echo is print else echo)

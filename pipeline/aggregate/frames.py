@@ -11,19 +11,21 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from pipeline.errors import CnsbenchError
+
 
 def check_scales(scales: Iterable[float]) -> list[float]:
     """The benchmark's scales as floats: non-empty, with 0, unique, ascending, at least 0.001 apart (ValueError)."""
     values = [float(s) for s in scales]
     if not values:
-        raise ValueError("scales must not be empty")
+        raise CnsbenchError("scales must not be empty")
     if 0.0 not in values:
-        raise ValueError(f"scales must include 0 (the reference of every trajectory), got {values}")
+        raise CnsbenchError(f"scales must include 0 (the reference of every trajectory), got {values}")
     if sorted(set(values)) != values:
-        raise ValueError(f"scales must be unique and ascending, got {values}")
+        raise CnsbenchError(f"scales must be unique and ascending, got {values}")
     milli = [round(v * 1000) for v in values]
     if len(set(milli)) != len(milli):
-        raise ValueError(f"scales must differ by at least 0.001, got {values}")
+        raise CnsbenchError(f"scales must differ by at least 0.001, got {values}")
     return values
 
 
@@ -41,7 +43,7 @@ def require_columns(df: pd.DataFrame, columns: list[str], name: str) -> pd.DataF
         if len(df) == 0:
             # An empty frame built without a schema (pd.DataFrame()) is still "no data".
             return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-        raise ValueError(f"{name} table lacks columns {missing}; has {list(df.columns)}")
+        raise CnsbenchError(f"{name} table lacks columns {missing}; has {list(df.columns)}")
     return df
 
 

@@ -13,6 +13,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from pipeline.errors import UnknownKey
 from pipeline.io.store import OutputStore
 from pipeline.io.webdataset import iter_tar
 
@@ -23,7 +24,10 @@ class ImageReader:
     """``reader(sample_id) -> bytes`` and ``reader.many(ids) -> {id: bytes}`` for one output."""
 
     def __init__(self, store: OutputStore, samples: pd.DataFrame) -> None:
+        from pipeline.io.image_refs import ShardStores
+
         self.store = store
+        self._stores = ShardStores(store)  # an evaluation output reads its benchmark's shards
         cols = [c for c in ("sample_id", "shard", "key") if c in samples.columns]
         rows = samples[cols].dropna() if len(cols) == 3 else pd.DataFrame(columns=["sample_id", "shard", "key"])
         self._where = {str(s): (str(sh), str(k)) for s, sh, k in rows.itertuples(index=False, name=None)}
@@ -36,17 +40,18 @@ class ImageReader:
         wanted: dict[str, dict[str, str]] = {}
         for sid in sample_ids:
             if sid not in self._where:
-                raise KeyError(f"sample {sid!r} has no image in {self.store.uri} (no shard/key in the samples table)")
+                raise UnknownKey(f"sample {sid!r} has no image in {self.store.uri} (no shard/key in the samples table)")
             shard, key = self._where[sid]
             wanted.setdefault(shard, {})[key] = sid
         out: dict[str, bytes] = {}
         for shard, keys in wanted.items():
-            for key, members in iter_tar(self.store.read_bytes(shard), source=self.store.url(shard)):
+            holder = self._stores(shard)
+            for key, members in iter_tar(holder.read_bytes(shard), source=holder.url(shard)):
                 if key in keys:
                     data = next((members[e] for e in IMAGE_EXTENSIONS if e in members), None)
                     if data is not None:
                         out[keys[key]] = data
             missing = [sid for sid in keys.values() if sid not in out]
             if missing:
-                raise KeyError(f"{self.store.url(shard)} lacks the image of {missing[0]!r}")
+                raise UnknownKey(f"{holder.url(shard)} lacks the image of {missing[0]!r}")
         return out

@@ -54,6 +54,7 @@ from pipeline.aggregate.frames import (
     require_columns,
 )
 from pipeline.aggregate.realisation import empty_realisation, shift_realisation
+from pipeline.errors import CnsbenchError
 from pipeline.plan import scale_tag
 
 ALL_SHIFTS = "all"
@@ -105,20 +106,20 @@ def _evaluate(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence
     s = s[s["milli"].isin(list(canonical))]
     if s["sample_id"].duplicated().any():
         dup = s.loc[s["sample_id"].duplicated(), "sample_id"].iloc[0]
-        raise ValueError(f"samples table has duplicated sample_id values, e.g. {dup!r}")
+        raise CnsbenchError(f"samples table has duplicated sample_id values, e.g. {dup!r}")
     if s.duplicated(["trajectory_id", "milli"]).any():
         row = s.loc[s.duplicated(["trajectory_id", "milli"])].iloc[0]
-        raise ValueError(f"trajectory {row['trajectory_id']!r} has several samples at scale {row['scale']}")
+        raise CnsbenchError(f"trajectory {row['trajectory_id']!r} has several samples at scale {row['scale']}")
     s["scale"] = s["milli"].map(canonical).astype(float)
     shifts = sorted(str(x) for x in pd.unique(s["shift"]))
     if ALL_SHIFTS in shifts:
-        raise ValueError(f"a shift may not be named {ALL_SHIFTS!r}: that name is reserved for the all-shift rows")
+        raise CnsbenchError(f"a shift may not be named {ALL_SHIFTS!r}: that name is reserved for the all-shift rows")
 
     p = predictions.loc[predictions["correct"].notna(), _PREDICTION_COLUMNS]
     rows = s.drop(columns="milli").merge(p, on="sample_id", how="inner")
     if rows.duplicated(["sample_id", "classifier"]).any():
         row = rows.loc[rows.duplicated(["sample_id", "classifier"])].iloc[0]
-        raise ValueError(f"predictions table has several rows for ({row['sample_id']!r}, {row['classifier']!r})")
+        raise CnsbenchError(f"predictions table has several rows for ({row['sample_id']!r}, {row['classifier']!r})")
     # Keep a (trajectory, classifier) only when every scale has a prediction, so every
     # scale of a (classifier, shift) is measured on the same trajectories.
     n_pred = rows.groupby(["trajectory_id", "classifier"])["sample_id"].transform("size")
@@ -383,7 +384,7 @@ def summary_table(
       all evaluated trajectories of the classifier (over all shifts).
     """
     if margin_max_scale < max(check_scales(scales)):
-        raise ValueError(f"margin_max_scale ({margin_max_scale}) must be >= the largest scale")
+        raise CnsbenchError(f"margin_max_scale ({margin_max_scale}) must be >= the largest scale")
     ev = _evaluate(samples, predictions, scales)
     return _summary(ev, _accuracy(ev), _failure_points(ev), float(margin_max_scale), fp_std_ddof)
 
@@ -487,7 +488,7 @@ def compute_metrics(
     """
     scale_list = check_scales(scales)
     if margin_max_scale < max(scale_list):
-        raise ValueError(f"margin_max_scale ({margin_max_scale}) must be >= the largest scale ({max(scale_list)})")
+        raise CnsbenchError(f"margin_max_scale ({margin_max_scale}) must be >= the largest scale ({max(scale_list)})")
     ev = _evaluate(samples, predictions, scale_list)
     acc = _accuracy(ev)
     fps = _failure_points(ev)

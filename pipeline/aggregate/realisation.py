@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.aggregate.frames import check_scales, empty_frame, kept_flags, milli_keys
+from pipeline.errors import CnsbenchError
 
 REALISATION_TABLE_COLUMNS = ["shift", "scale", "n", "clip_shift_alignment_delta", "dino_similarity"]
 REALISATION_DTYPES = {"scale": float, "n": "int64", "clip_shift_alignment_delta": float, "dino_similarity": float}
@@ -51,7 +52,7 @@ def shift_realisation(samples: pd.DataFrame, scales: Sequence[float], kept_only:
     missing = [c for c in required if c not in samples.columns]
     if missing or samples.empty:
         if missing and len(samples):
-            raise ValueError(f"samples table lacks columns {missing}; has {list(samples.columns)}")
+            raise CnsbenchError(f"samples table lacks columns {missing}; has {list(samples.columns)}")
         return empty_realisation()
 
     def score(column: str) -> Any:
@@ -74,7 +75,7 @@ def shift_realisation(samples: pd.DataFrame, scales: Sequence[float], kept_only:
     df = df[df["milli"].isin(list(canonical))]
     if df.duplicated(["trajectory_id", "milli"]).any():
         row = df.loc[df.duplicated(["trajectory_id", "milli"])].iloc[0]
-        raise ValueError(f"trajectory {row['trajectory_id']!r} has several samples at scale {row['milli'] / 1000}")
+        raise CnsbenchError(f"trajectory {row['trajectory_id']!r} has several samples at scale {row['milli'] / 1000}")
     # The reference is the trajectory's own scale-0 sample, taken before the kept_only
     # selection: an unkept scale-0 image is still what the shift departs from.
     ref = df.loc[df["milli"] == 0].set_index("trajectory_id")["align"]

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.config import BuildConfig, parse_config
+from pipeline.errors import CnsbenchError
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 from pipeline.io.tables import PREDICTIONS, SAMPLES, read_shard_tables
@@ -74,7 +75,7 @@ def evaluated_source(store: OutputStore) -> dict | None:
     where = store.url("source.json")
     doc = loads(store.read_bytes("source.json"), where)
     if not isinstance(doc, dict) or not all(isinstance(doc.get(k), int) for k in ("trajectories", "images")):
-        raise ValueError(f"{where}: not the record of an evaluated source (integer 'trajectories' and 'images' expected)")
+        raise CnsbenchError(f"{where}: not the record of an evaluated source (integer 'trajectories' and 'images' expected)")
     return doc
 
 

@@ -38,6 +38,7 @@ import pandas as pd
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 from pipeline.aggregate.page import NA, float_format
+from pipeline.errors import CnsbenchError
 
 ALEXNET_FILE = Path(__file__).resolve().parents[1] / "data" / "imagenet_c_alexnet.json"
 SEVERITIES = (1.0, 2.0, 3.0, 4.0, 5.0)
@@ -93,7 +94,7 @@ def corruption_table(
     from pipeline.families.corruption.params import BENCHMARK, CATEGORY
 
     if baseline is not None and baseline not in set(errors["classifier"]):
-        raise ValueError(f"corruption_error: baseline classifier {baseline!r} has no predictions in this output")
+        raise CnsbenchError(f"corruption_error: baseline classifier {baseline!r} has no predictions in this output")
     table: dict[tuple[str, str], dict[int | float, float]] = {}
     counts: dict[tuple[str, str], int] = {}
     for r in errors.itertuples(index=False):
@@ -232,7 +233,7 @@ def run(ctx: AnalysisContext) -> AnalysisResult:
     baseline = ctx.options.get("baseline")
     names = [c.name for c in ctx.config.classifiers]
     if baseline is not None and baseline not in names:
-        raise ValueError(f"aggregate.analyses[corruption_error].baseline: {baseline!r} is not a classifier of this build ({', '.join(names)})")
+        raise CnsbenchError(f"aggregate.analyses[corruption_error].baseline: {baseline!r} is not a classifier of this build ({', '.join(names)})")
     use_alexnet = bool(ctx.options.get("alexnet", True))
     errors = severity_errors(ctx.samples, ctx.predictions, corruptions)
     table = corruption_table(errors, baseline, alexnet_errors() if use_alexnet else None, _failure(ctx, groups))

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult, read_images
 from pipeline.aggregate.page import NA, float_format
+from pipeline.errors import CnsbenchError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class HardMiningOptions(BaseModel):
     export: bool = Field(True, description="write report/hard_set/ (WebDataset) with the hard images")
 
 
-class HardMiningError(ValueError):
+class HardMiningError(CnsbenchError):
     """Options that do not fit the build (unknown surrogate, k > n)."""
 
 
@@ -73,9 +74,9 @@ def hard_mask(wrong: np.ndarray, k: int) -> np.ndarray:
     """``wrong[image, surrogate]`` (bool) -> hard (bool per image): at least ``k`` surrogates wrong."""
     w = np.asarray(wrong, dtype=bool)
     if w.ndim != 2:
-        raise ValueError(f"wrong must be [images, surrogates], got shape {w.shape}")
+        raise CnsbenchError(f"wrong must be [images, surrogates], got shape {w.shape}")
     if not 1 <= k <= w.shape[1]:
-        raise ValueError(f"k must be in 1..{w.shape[1]} (the number of surrogates), got {k}")
+        raise CnsbenchError(f"k must be in 1..{w.shape[1]} (the number of surrogates), got {k}")
     return w.sum(axis=1) >= k
 
 
@@ -136,7 +137,7 @@ def transfer_table(
     """
     missing = [s for s in surrogates if s not in correct.columns]
     if missing:
-        raise ValueError(f"surrogates {missing} have no column in the correctness table")
+        raise CnsbenchError(f"surrogates {missing} have no column in the correctness table")
     wrong = correct[surrogates].to_numpy() == 0
     hard = hard_mask(wrong, k)
     rows = []

@@ -38,6 +38,7 @@ from matplotlib.figure import Figure
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult
 from pipeline.aggregate.images import ImageReader
 from pipeline.aggregate.metrics import ALL_SHIFTS
+from pipeline.errors import CnsbenchError
 
 REFINED_CSV = "refine/failure_points_refined.csv"
 """Where ``cnsbench refine`` keeps its table, relative to the output."""
@@ -59,7 +60,7 @@ def read_refined(store: Any, rel: str = REFINED_CSV) -> pd.DataFrame | None:
     table = pd.read_csv(io.BytesIO(store.read_bytes(rel)))
     missing = [c for c in REFINED_COLUMNS if c not in table.columns]
     if missing:
-        raise ValueError(f"{store.url(rel)}: columns {missing} missing (expected {REFINED_COLUMNS})")
+        raise CnsbenchError(f"{store.url(rel)}: columns {missing} missing (expected {REFINED_COLUMNS})")
     return table
 
 

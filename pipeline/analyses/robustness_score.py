@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.aggregate.analysis import AnalysisContext, AnalysisResult, read_images
 from pipeline.aggregate.page import NA, float_format
+from pipeline.errors import CnsbenchError
 
 ORIGINAL = "original"  # the scale-0 images, as a scenario of the tables
 # The eight scenarios of the published Table 2 (its column order), as scenario names here.
@@ -176,7 +177,7 @@ def parse_options(options: dict[str, Any]) -> RobustnessOptions:
         return RobustnessOptions.model_validate(options)
     except ValidationError as err:
         detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise ValueError(f"aggregate.analyses[robustness_score]: {detail}") from None
+        raise CnsbenchError(f"aggregate.analyses[robustness_score]: {detail}") from None
 
 
 def default_scenarios(shifts: Sequence[str]) -> list[str]:

@@ -47,8 +47,11 @@ class TorchView(Dataset):
         from pipeline.io.webdataset import iter_tar
 
         if shard not in self._shards:
+            from pipeline.io.image_refs import ShardStores
+
+            holder = ShardStores(self.store)(shard)
             images = {}
-            for key, members in iter_tar(self.store.read_bytes(shard), source=self.store.url(shard)):
+            for key, members in iter_tar(holder.read_bytes(shard), source=holder.url(shard)):
                 data = next((members[e] for e in IMAGE_EXTENSIONS if e in members), None)
                 if data is not None:
                     images[key] = data

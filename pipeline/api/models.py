@@ -1,7 +1,6 @@
-"""A model held in memory, evaluated on a committed output and carded over a suite, from Python.
+"""A model held in memory as a classifier entry: what ``cnsbench.evaluate`` and ``cnsbench.card`` check.
 
-``pipeline.evaluate`` and ``pipeline.card`` (exposed lazily by ``import pipeline``).  The model
-becomes a classifier entry of kind ``module`` (:mod:`pipeline.models.module`) holding it, and
+The model becomes a classifier entry of kind ``module`` (:mod:`pipeline.models.module`) holding it, and
 goes the way a configured classifier goes: :meth:`pipeline.output_run.OutputRun.add_classifiers`
 adds its predictions to the committed shards (as ``cnsbench evaluate`` / ``card`` do), so the
 report, ``refine``, ``compare`` and cards see it.  Everything is checked before anything is
@@ -40,27 +39,59 @@ def module_entry(model: Any, *, name: str, preprocess: Any, label_map: dict[int,
                             "model in memory does not state; give 'cns' or resize, crop, interpolation, mean, std")
     if hasattr(preprocess, "model_dump"):
         preprocess = preprocess.model_dump()
+    check_preprocess(name, preprocess)
     try:
         spec = ClassifierSpec(name=name, kind="module", model=qualified_name(model), preprocess=preprocess,
                               label_map=label_map)
     except ValidationError as err:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<entry>'}: {e['msg']}" for e in err.errors())
-        raise CnsbenchError(f"classifier {name!r}: {detail} (preprocess is 'cns' or a mapping of resize, crop, "
-                            f"interpolation, mean, std)"[:900]) from None
+        raise CnsbenchError(f"classifier {name!r}: {detail}"[:900]) from None
     return spec.holding(model)
 
 
-def _output_config(output: str) -> Any:
+def held_entry(model: Any, *, name: str | None, preprocess: Any, label_map: dict[int, int] | None, where: str) -> Any:
+    """:func:`module_entry` of a model the user passed, its ``name`` and ``preprocess`` required
+    (``where``: what the name means there)."""
+    if name is None or not str(name).strip():
+        raise CnsbenchError(f"a model held in memory needs name= (its name {where})")
+    if preprocess is None:
+        raise CnsbenchError(f"classifier {name!r}: a model held in memory needs preprocess= ('cns' or a mapping of "
+                            "resize, crop, interpolation, mean, std)")
+    return module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
+
+
+def check_preprocess(name: str, preprocess: Any) -> None:
+    """Refuse a ``preprocess`` naming the documented form it was meant as and what is wrong:
+    the word ``'cns'``, or the numbers (a mapping of resize, crop, interpolation, mean, std)."""
+    from pipeline.config import PreprocessSpec
+
+    where = f"classifier {name!r}: preprocess"
+    if isinstance(preprocess, str):
+        if preprocess != "cns":
+            raise CnsbenchError(f"{where} {preprocess!r}: as a word it is 'cns' (CNS-Bench's transform); "
+                                "otherwise give the numbers: a mapping of resize, crop, interpolation, mean, std")
+        return
+    if not isinstance(preprocess, dict):
+        raise CnsbenchError(f"{where}: 'cns' or a mapping of resize, crop, interpolation, mean, std, "
+                            f"got a {type(preprocess).__name__}")
+    try:
+        PreprocessSpec.model_validate(preprocess)
+    except ValidationError as err:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the mapping'}: {e['msg']}" for e in err.errors())
+        raise CnsbenchError(f"{where} (the numbers form: resize, crop, interpolation, mean, std): {detail}"[:900]) from None
+
+
+def output_config(output: str) -> Any:
     from pipeline.aggregate.run import load_output_config
     from pipeline.io.store import OutputStore
 
     try:
         return load_output_config(OutputStore(output))
-    except (FileNotFoundError, ValueError) as err:
+    except FileNotFoundError as err:  # not an output: the input's
         raise CnsbenchError(str(err)) from None
 
 
-def _check_label_map(spec: Any, labels: Any) -> None:
+def check_label_map(spec: Any, labels: Any) -> None:
     mapping = spec.label_map if isinstance(spec.label_map, dict) else {}
     outside = sorted({v for v in mapping.values() if not 0 <= v < len(labels)})
     if outside:
@@ -68,28 +99,22 @@ def _check_label_map(spec: Any, labels: Any) -> None:
                             f"label space {labels.key!r} ({len(labels)} classes: 0..{len(labels) - 1})")
 
 
-def _probe(spec: Any, labels: Any) -> None:
+def probe(spec: Any, labels: Any) -> None:
     """Build the classifier once here (it runs the model on a probe batch): a model that raises,
     returns no tensor, NaN or logits the label space cannot take is refused before any write."""
     from pipeline.registry import CLASSIFIERS
 
-    try:
-        CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)
-    except ValueError as err:
-        raise CnsbenchError(str(err)) from None
+    CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)  # its refusals are CnsbenchErrors; anything else is a bug
 
 
-def _check_weights(output: str, spec: Any) -> None:
+def check_same_weights(output: str, spec: Any) -> None:
     """Refuse a name whose earlier predictions in ``output`` were made by other weights (both digests named)."""
-    from pipeline.assets.weights import WeightsChanged, check_weights, weights_digest
+    from pipeline.assets.weights import check_weights, weights_digest
     from pipeline.io.ownership import read_marker
     from pipeline.io.store import OutputStore
 
-    try:
-        check_weights(output, read_marker(OutputStore(output)), {spec.name: weights_digest(spec)},
-                      "pass another name to score these weights (the earlier predictions stay under the old one)")
-    except WeightsChanged as err:
-        raise CnsbenchError(str(err)) from None
+    check_weights(output, read_marker(OutputStore(output)), {spec.name: weights_digest(spec)},
+                  "pass another name to score these weights (the earlier predictions stay under the old one)")
 
 
 def with_entry(cfg: Any, spec: Any, batch_size: int | None = None) -> Any:
@@ -110,13 +135,10 @@ def with_entry(cfg: Any, spec: Any, batch_size: int | None = None) -> Any:
         raw["classifiers"].append(entry)
     if batch_size is not None:
         raw.setdefault("resources", {}).setdefault("classify", {})["batch_size"] = batch_size
-    try:
-        parsed = parse_config(raw, source=f"the output's config with classifier {spec.name!r}")
-    except ValueError as err:
-        raise CnsbenchError(str(err)) from None
-    from pipeline.card.outputs import holding
+    parsed = parse_config(raw, source=f"the output's config with classifier {spec.name!r}")
+    from pipeline.evaluate import attach_held
 
-    return holding(parsed, spec)
+    return attach_held(parsed, {spec.name: spec.held})
 
 
 def classifier_metrics(output: str, name: str) -> dict[str, Any]:
@@ -133,60 +155,12 @@ def classifier_metrics(output: str, name: str) -> dict[str, Any]:
     return out
 
 
-def evaluate(model: Any, output: str, *, name: str, preprocess: Any, label_map: dict[int, int] | None = None,
-             batch_size: int = 64, runner: str = "local", echo: Echo = print) -> dict[str, Any]:
-    """Add ``model``'s predictions to the committed output ``output`` as classifier ``name`` and
-    return its metrics as the report states them (:func:`classifier_metrics`).
-
-    ``model``: a ``torch.nn.Module`` or any callable from a float batch ``[N, C, H, W]`` (the
-    ``preprocess`` transform's) to logits ``[N, K]``; ``label_map``: output index -> class id
-    of the output's label space (identity when K is its size).  ``runner``: ``local`` (this
-    process) or ``ray`` (the model travels to the actors by ``ray.put``).  The same name with
-    other weights is refused, naming both digests; nothing committed is touched."""
+def check_held(spec: Any, cfg: Any, runner: str) -> None:
+    """A model held in memory against a benchmark's config before any write: its label map, its
+    output on a probe batch, and whether it can travel to ``runner``'s workers."""
     from pipeline.executors import executor_class
-    from pipeline.output_run import OutputRun
 
-    spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
-    cfg = _output_config(output)
     labels = cfg.benchmark.label_space
-    _check_label_map(spec, labels)
-    _probe(spec, labels)
+    check_label_map(spec, labels)
+    probe(spec, labels)
     executor_class(runner).check_held(spec)
-    _check_weights(output, spec)
-    cfg = with_entry(cfg, spec, batch_size)
-    try:
-        with OutputRun.claim(output, "evaluate", echo, runner=runner) as run:
-            running = run.prepare(cfg, repair=False).start_on_committed("evaluate")
-            running.add_classifiers()
-            running.finish(aggregate=True, run_name="-evaluate")
-    except ValueError as err:  # the output's refusals, the model's own on a later batch
-        raise CnsbenchError(str(err) if name in str(err) else f"classifiers[{name}]: {err}") from None
-    return classifier_metrics(output, name)
-
-
-def card(model: Any, suite: str, *, name: str, output: str, preprocess: Any, label_map: dict[int, int] | None = None,
-         runner: str = "local", echo: Echo = print) -> dict[str, Any]:
-    """The robustness card (``card.json``'s content, written with ``card.html`` into ``output``) of
-    ``model`` over the suite file ``suite``, as ``cnsbench card`` makes it for a configured model;
-    its identity is the model's class, its ``state_dict`` digest and the transform as numbers."""
-    from pipeline.card.make import make_card
-    from pipeline.card.suite import load_suite, shared_output_problems
-    from pipeline.executors import executor_class
-
-    spec = module_entry(model, name=name, preprocess=preprocess, label_map=label_map)
-    try:
-        s = load_suite(suite)
-    except (FileNotFoundError, ValueError) as err:
-        raise CnsbenchError(str(err)) from None
-    shared = shared_output_problems(s)
-    if shared:
-        raise CnsbenchError(f"invalid suite {s.path}:\n" + "\n".join(f"  {p}" for p in shared))
-    for b in s.benchmarks:
-        cfg = b.load_config() if b.kind != "output" else _output_config(b.output)
-        _check_label_map(spec, cfg.benchmark.label_space)
-        _probe(spec, cfg.benchmark.label_space)
-    executor_class(runner).check_held(spec)
-    try:
-        return make_card(spec, s, output, runner=runner, echo=echo)
-    except ValueError as err:
-        raise CnsbenchError(str(err) if name in str(err) else f"classifiers[{name}]: {err}") from None

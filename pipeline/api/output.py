@@ -176,11 +176,15 @@ class Benchmark:
         from pipeline.aggregate.images import IMAGE_EXTENSIONS
         from pipeline.io.webdataset import iter_tar
 
+        from pipeline.io.image_refs import ShardStores
+
         rows = self._rows(kept_only)
+        stores = ShardStores(self.store)
         for shard, group in rows.groupby("shard", sort=True):
             wanted = {str(k): r for k, r in zip(group["key"], group.to_dict("records"))}
             with user_errors():
-                for key, members in iter_tar(self.store.read_bytes(shard), source=self.store.url(shard)):
+                holder = stores(shard)
+                for key, members in iter_tar(holder.read_bytes(shard), source=holder.url(shard)):
                     if key in wanted:
                         data = next((members[e] for e in IMAGE_EXTENSIONS if e in members), None)
                         if data is not None:

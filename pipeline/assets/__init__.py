@@ -22,12 +22,13 @@ from pipeline.assets.hub import (  # noqa: F401 (hub weights: pipeline.assets.hu
     remote_weights_not_cached,
 )
 from pipeline.config import BuildConfig
+from pipeline.errors import CnsbenchError
 from pipeline.io.files import exists
 from pipeline.models.diffusion import class_token_files, is_local_path
 from pipeline.registry import CLASSIFIERS, FAMILIES, FILTERS, MASKS, SOURCES
 
 
-class AssetError(FileNotFoundError):
+class AssetError(FileNotFoundError, CnsbenchError):
     """One or more files a build needs are missing; the message lists all of them."""
 
 

@@ -22,12 +22,13 @@ import os
 from typing import Any
 
 from pipeline.config import BuildConfig, ClassifierSpec
+from pipeline.errors import CnsbenchError
 from pipeline.io.regular import dir_sha256, file_sha256, regular_file, walk_regular
 from pipeline.registry import CLASSIFIERS
 
 
 
-class WeightsChanged(ValueError):
+class WeightsChanged(CnsbenchError):
     """A classifier's weights differ from those that made its predictions in an output."""
 
 

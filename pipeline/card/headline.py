@@ -47,6 +47,7 @@ from pipeline.card.schema import higher_is_better
 from pipeline.card.suite import ALEXNET, headline_function
 from pipeline.config import BuildConfig
 from pipeline.config.output import BootstrapSpec
+from pipeline.errors import CnsbenchError
 
 CHUNK_CELLS = 4_000_000  # resamples x units per chunk of the corruption and score bootstraps
 
@@ -245,7 +246,7 @@ def corruptions(t: Tables) -> Headline:
 
     names = corruption_names(t.config)
     if not names:
-        raise ValueError("the output holds no corruption (no family corruption, no ImageNet-C corruption names)")
+        raise CnsbenchError("the output holds no corruption (no family corruption, no ImageNet-C corruption names)")
     base = t.baseline
     who = [t.model] + ([base] if base and base != ALEXNET and base != t.model else [])
     preds = t.predictions[t.predictions["classifier"].isin(who)]

@@ -41,6 +41,7 @@ import pandas as pd
 
 from pipeline.aggregate.compare import NotComparable
 from pipeline.card.schema import TMP, CardError, higher_is_better, read_card, read_json
+from pipeline.errors import CnsbenchError
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
@@ -257,7 +258,7 @@ def claim_folder(store: OutputStore) -> None:
     marker (:data:`LEADERBOARD_MARKER`, its content checked); anything else is refused
     naming what is there, and nothing is written."""
     if store.local and os.path.lexists(store.root) and not os.path.isdir(store.root):
-        raise ValueError(f"--output {store.uri} is not a folder")
+        raise CnsbenchError(f"--output {store.uri} is not a folder")
     if not store.exists(""):
         return
     if store.exists(LEADERBOARD_MARKER) or (store.local and os.path.lexists(store.path(LEADERBOARD_MARKER))):
@@ -265,14 +266,14 @@ def claim_folder(store: OutputStore) -> None:
         try:
             doc = read_json(store, LEADERBOARD_MARKER, "leaderboard marker")
         except CardError as err:
-            raise ValueError(f"{err}; refusing to write into {store.uri}") from None
+            raise CnsbenchError(f"{err}; refusing to write into {store.uri}") from None
         if not isinstance(doc, dict) or doc.get("cnsbench") != "leaderboard":
-            raise ValueError(f"{where} is not a cnsbench leaderboard marker; refusing to write into {store.uri}")
+            raise CnsbenchError(f"{where} is not a cnsbench leaderboard marker; refusing to write into {store.uri}")
         return
     names = [n for n in store.top_level() if not TMP.fullmatch(n)]
     if names:
         shown = ", ".join(names[:8]) + (f", ... ({len(names)} entries)" if len(names) > 8 else "")
-        raise ValueError(f"--output {store.uri} is not empty and holds no leaderboard (no {LEADERBOARD_MARKER}); "
+        raise CnsbenchError(f"--output {store.uri} is not empty and holds no leaderboard (no {LEADERBOARD_MARKER}); "
                          f"found: {shown}. Give a new or empty folder, or an earlier leaderboard's; nothing was changed.")
 
 
@@ -281,7 +282,7 @@ def make_leaderboard(locations: Sequence[str], dest: str, *, echo: Callable[[str
     from pipeline.card.page import leaderboard_html
 
     if not locations:
-        raise ValueError("leaderboard needs at least one card")
+        raise CnsbenchError("leaderboard needs at least one card")
     cards = [load_card(os.fspath(loc)) for loc in locations]
     check_comparable(cards)
     store = OutputStore(dest)

@@ -46,6 +46,7 @@ from pipeline.card.schema import (
 )
 from pipeline.card.suite import ALEXNET, Suite, benchmark_hash
 from pipeline.config import BuildConfig, ClassifierSpec
+from pipeline.errors import CnsbenchError
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
@@ -53,7 +54,7 @@ MARKER = "card.json"
 Echo = Callable[[str], None]
 
 
-class NotACardFolder(ValueError):
+class NotACardFolder(CnsbenchError):
     """The card's folder holds something else than an earlier card."""
 
 

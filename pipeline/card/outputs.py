@@ -156,16 +156,11 @@ def needs_build(
 
 
 def add_to_output(uri: str, cfg: BuildConfig, *, runner: str, echo: Echo, report: bool = True) -> None:
-    """Add ``cfg``'s new classifiers to the committed shards of ``uri`` (the reclassify stage)
-    and (with ``report``) aggregate the report again, under the output's lease (as a build
-    that adds classifiers does, without planning any new image)."""
-    from pipeline.output_run import OutputRun
+    """Add ``cfg``'s new classifiers to the committed shards of ``uri`` and (with ``report``)
+    aggregate the report again (:func:`pipeline.evaluate.add_classifiers`, the one driver)."""
+    from pipeline.evaluate import add_classifiers
 
-    with OutputRun.claim(uri, "card", echo, runner=runner) as run:
-        run.prepare(cfg, repair=False, weights_hint=WEIGHTS_HINT)
-        running = run.start_on_committed("card")
-        running.add_classifiers()
-        running.finish(aggregate=report, run_name="-card")
+    add_classifiers(uri, cfg, command="card", runner=runner, echo=echo, report=report, weights_hint=WEIGHTS_HINT)
 
 
 def stale_classifiers(store: OutputStore, marker: dict[str, Any] | None) -> set[str]:
@@ -215,12 +210,10 @@ def _kept_classifiers(raw: dict[str, Any], marker: dict[str, Any] | None) -> dic
 
 
 def holding(cfg: BuildConfig, model: ClassifierSpec) -> BuildConfig:
-    """``cfg`` whose entry of the model holds what the model holds in memory (kind ``module``):
-    a config parsed from its dict form holds nothing."""
-    if model.held is None:
-        return cfg
-    return cfg.model_copy(update={"classifiers": [c.holding(model.held) if c.name == model.name else c
-                                                  for c in cfg.classifiers]})
+    """``cfg`` whose entry of the model holds what the model holds in memory (kind ``module``)."""
+    from pipeline.evaluate import attach_held
+
+    return attach_held(cfg, {model.name: model.held} if model.held is not None else {})
 
 
 def reused_output(b: Benchmark, cfg: BuildConfig) -> str | None:

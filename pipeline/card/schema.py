@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from pipeline.card.suite import NAME, card_benchmarks
+from pipeline.errors import CnsbenchError
 from pipeline.io.regular import read_bounded
 from pipeline.io.safejson import loads as safe_loads
 from pipeline.io.store import OutputStore
@@ -46,7 +47,7 @@ _NAME = re.compile(NAME)
 TMP = re.compile(r"\.tmp-[0-9a-f]{32}-.+")
 
 
-class CardError(ValueError):
+class CardError(CnsbenchError):
     """A card file that is not a card; the message names the file and the key."""
 
 

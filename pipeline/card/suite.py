@@ -45,6 +45,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.config import BuildConfig, ConfigError, resolved_dict
 from pipeline.config.base import Strict
+from pipeline.errors import CnsbenchError
 from pipeline.io import bounds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,7 +106,7 @@ class BenchmarkEntry(Strict):
     def _family(cls, value: str) -> str:
         known = card_benchmarks()
         if value not in known:
-            raise ValueError(f"unknown card benchmark {value!r}; one of {', '.join(known)} (the registered "
+            raise CnsbenchError(f"unknown card benchmark {value!r}; one of {', '.join(known)} (the registered "
                              "families' headlines)")
         return value
 
@@ -113,13 +114,13 @@ class BenchmarkEntry(Strict):
     def _kind(self) -> "BenchmarkEntry":
         if self.release is not None:
             if not self.config:
-                raise ValueError("a release entry needs `config` (the evaluate config: label space, resources)")
+                raise CnsbenchError("a release entry needs `config` (the evaluate config: label space, resources)")
         elif not (self.config or self.output):
-            raise ValueError("give `config` (a build config), `output` (an existing output) or `release`")
+            raise CnsbenchError("give `config` (a build config), `output` (an existing output) or `release`")
         elif self.source_kind is not None or self.filter:
-            raise ValueError("`source_kind` and `filter` belong to release entries")
+            raise CnsbenchError("`source_kind` and `filter` belong to release entries")
         if self.reuse and (self.release is not None or not self.config):
-            raise ValueError("`reuse` belongs to build entries (a `config` without `release`)")
+            raise CnsbenchError("`reuse` belongs to build entries (a `config` without `release`)")
         return self
 
 
@@ -135,7 +136,7 @@ class SuiteSpec(Strict):
         names = [b.name for b in self.benchmarks]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ValueError(f"benchmark names repeat: {twice}")
+            raise CnsbenchError(f"benchmark names repeat: {twice}")
         return self
 
 

@@ -3,7 +3,9 @@
 Every command is reachable in-process as ``main(argv) -> exit code`` (tests call it
 that way); errors in the user's input print one clear message and return 2, a stop by
 Ctrl-C or SIGTERM returns 130 after saying how to resume, a writer whose output lease was
-taken over returns 1 saying so.  Each command module has
+taken over returns 1 saying so.  A user's mistake is a :class:`pipeline.errors.CnsbenchError`
+(the one base of every such error) or an unusable path (an ``OSError``); anything else is
+a bug and keeps its traceback.  Each command module has
 ``register(subparsers)`` (its arguments) and ``run(args) -> int``.  The library never
 imports this package.
 """
@@ -17,8 +19,7 @@ import sys
 from typing import Sequence
 
 from pipeline.runtime.checkout import DEMO_CONFIG, REPO_ROOT, TINY_CONFIG  # noqa: F401 (for callers and tests)
-from pipeline.config import ConfigError
-from pipeline.errors import describe_os_error  # noqa: F401 (the message of an unusable path)
+from pipeline.errors import CnsbenchError, describe_os_error
 from pipeline.io.access import StorageAccessError, access_error
 from pipeline.io.lease import LeaseLost
 from pipeline.io.retry import StorageError
@@ -61,9 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StorageError as err:  # out of retries, or a full disk: committed work is kept
         print(f"cnsbench {args.command}: {err.strerror or err}", file=sys.stderr)
         return 1
-    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"cnsbench {args.command}: error: {msg}", file=sys.stderr)
+    except CnsbenchError as err:  # the user's input, named in the message (in the command's words)
+        print(f"cnsbench {args.command}: error: {getattr(err, 'command_line', None) or err}", file=sys.stderr)
         return 2
     except OSError as err:  # a path of the wrong kind, unreadable or unwritable, a full disk
         # An object store's "Forbidden" names no file: say which URL, with which credentials.

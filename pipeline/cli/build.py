@@ -8,10 +8,10 @@ from pipeline.cli.options import add_max_gpus, add_max_gpus_argument, add_set_ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.api.commands import build
+    from pipeline.api import commands
 
     add_max_gpus(args)
-    summary = build(
+    summary = commands.build(
         args.config, args.output, sets=args.sets, filter_thresholds=getattr(args, "filter_thresholds", None),
         address=args.address, runner=args.runner, new_version=args.new_version, verify=args.verify,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from pipeline.config import ConfigError
-from pipeline.config.refine import MAX_ROUNDS
 
 
 def validate_suite(path: str, outputs: str | None = None) -> int:
@@ -25,44 +24,19 @@ def validate_suite(path: str, outputs: str | None = None) -> int:
     return 0
 
 
-def config_loaders(suite) -> list:
-    """Loaders of the configs of the suite's entries (a build's or a release's config, an
-    existing output's), where a model named by a classifier name is looked up."""
-    from pipeline.aggregate.run import load_output_config
-    from pipeline.io.store import OutputStore
-
-    loaders = []
-    for b in suite.benchmarks:
-        if b.kind in ("build", "release"):
-            loaders.append(b.load_config)
-        elif b.kind == "output":
-            loaders.append(lambda b=b: load_output_config(OutputStore(b.output)))
-    return loaders
-
-
 def run(args: argparse.Namespace) -> int:
-    from pipeline.card.make import make_card
-    from pipeline.card.model import resolve_model
-    from pipeline.card.suite import load_suite, shared_output_problems
-    from pipeline.demo.assets import ensure_config_assets
+    from pipeline.api import commands
 
     model = args.model_arg or args.model
     if args.model_arg and args.model and args.model_arg != args.model:
         raise ConfigError(f"card: the model is named twice ({args.model_arg!r} and --model {args.model!r})")
-    if not args.output.strip():
-        raise ConfigError("card: --output is empty: give the card's folder")
-    suite = load_suite(args.suite, args.outputs)
-    shared = shared_output_problems(suite)
-    if shared:
-        raise ConfigError(f"invalid suite {suite.path}:\n" + "\n".join(f"  {p}" for p in shared))
-    spec = resolve_model(
-        model, kind=args.model_kind, checkpoint=args.checkpoint, model_config_file=args.model_config_file,
-        name=args.name, configs=config_loaders(suite),
+    if not model:
+        raise ConfigError("card: name the model (MODEL or --model)")
+    card = commands.card(
+        model, args.suite, output=args.output, name=args.name, model_kind=args.model_kind, checkpoint=args.checkpoint,
+        model_config_file=args.model_config_file, outputs=args.outputs, refine=args.refine, force=args.force,
+        report=not args.no_report, runner=args.runner,
     )
-    if args.refine is not None and not 1 <= args.refine <= MAX_ROUNDS:
-        raise ConfigError(f"card: --refine must be 1..{MAX_ROUNDS} rounds, got {args.refine}")
-    card = make_card(spec, suite, args.output, runner=args.runner, ready=ensure_config_assets, report=not args.no_report,
-                     force=args.force, refine=args.refine)
     for b in card["benchmarks"]:
         value = "n/a" if b["value"] is None else f"{b['value']:.4f}"
         ci = "" if b["ci_low"] is None else f" [{b['ci_low']:.4f}, {b['ci_high']:.4f}]"

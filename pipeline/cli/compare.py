@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.aggregate.compare import compare_outputs
+from pipeline.errors import CnsbenchError
 
 
 def register(sub) -> None:
@@ -18,7 +19,7 @@ def register(sub) -> None:
 
 def _cmd_compare(args) -> int:
     if args.image_check < 0:
-        raise ValueError(f"--image-check must be >= 0, got {args.image_check}")
+        raise CnsbenchError(f"--image-check must be >= 0, got {args.image_check}")
     labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
     url = compare_outputs(args.outputs, args.output, labels=labels, image_check=args.image_check)
     print(f"[cnsbench] comparison: {url}")

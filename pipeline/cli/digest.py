@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipeline.errors import CnsbenchError
+
 PARTS = ("samples", "predictions", "images")
 
 
@@ -15,9 +17,9 @@ def digest_of(location: str) -> dict[str, str]:
 
     store = OutputStore(location)
     if not store.exists(""):
-        raise ValueError(f"{location}: not found")
+        raise CnsbenchError(f"{location}: not found")
     if next(iter(store.manifests()), None) is None:
-        raise ValueError(f"{location}: no committed shards (not a cnsbench output, or nothing committed yet)")
+        raise CnsbenchError(f"{location}: no committed shards (not a cnsbench output, or nothing committed yet)")
     return output_digest(location)
 
 

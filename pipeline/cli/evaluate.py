@@ -5,45 +5,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeline.cli.options import add_set_argument, load_cli_config
-from pipeline.config import (
-    BuildConfig,
-    ConfigError,
-    deep_merge,
-    parse_config,
-    resolved_dict,
-)
-from pipeline.config.overrides import apply_overrides
-from pipeline.evaluate import effective_config, evaluate
-from pipeline.sources import SOURCE_KINDS, open_source
+from pipeline.cli.options import add_set_argument
+from pipeline.sources import SOURCE_KINDS
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """``cnsbench evaluate``: exit 0, 3 when trajectories failed; bad input raises (the CLI maps it to 2)."""
-    overrides = None
-    if args.filter_thresholds:  # a `cnsbench calibrate-filter` result
-        from pipeline.models.calibrate import threshold_overrides
+    from pipeline.api import evaluate as api
 
-        overrides = threshold_overrides(args.filter_thresholds)
-    if args.config:
-        cfg = load_cli_config(args, overrides)
-    else:
-        cfg = output_config(args.source)
-        if cfg is None:
-            raise ConfigError("evaluate: pass --config CONFIG (it supplies the classifiers, filter and resources)")
-        if overrides or args.sets:
-            raw = apply_overrides(deep_merge(resolved_dict(cfg), overrides or {}), args.sets)
-            cfg = parse_config(raw, source=f"{args.source}/config.json")
-    names = [n.strip() for n in args.classifiers.split(",") if n.strip()] if args.classifiers else None
-    source = open_source(
-        args.source,
-        cfg.benchmark.label_space,
-        kind=args.source_kind,
-        label_map=args.label_map,
-        follow_symlinks=args.follow_symlinks,
+    summary = api.evaluate(
+        args.classifiers, args.source, output=args.output, in_place=args.in_place, config=args.config,
+        sets=args.sets, filter=args.filter, filter_thresholds=args.filter_thresholds,
+        source_kind=args.source_kind, source_labels=args.label_map, follow_symlinks=args.follow_symlinks,
+        runner=args.runner, address=args.address,
     )
-    eff = effective_config(cfg, source, use_filter=args.filter, classifiers=names)
-    summary = evaluate(eff, source, args.output, runner=args.runner, address=args.address)
     for line in summary.lines():
         print(f"[cnsbench] {line}")
     if summary.report:
@@ -57,7 +32,7 @@ def counted_line(output: str, filtered: bool) -> str:
 
     counts = open_output(output).metrics().get("counts", {})
     why = ("the filter's keep decisions as it ran here" if filtered
-           else "without --filter every image is kept, so every trajectory with all its scales counts")
+           else "without --filter a built benchmark's own keep decisions, other images all kept")
     return (f"metrics count {counts.get('n_trajectories_complete')} of {counts.get('n_trajectories_total')} "
             f"trajectories: the complete ones (every scale present and kept; {why})")
 
@@ -68,15 +43,19 @@ def register(subparsers: Any) -> None:
     s = subparsers.add_parser(
         "evaluate",
         help="run the classifiers (and optionally the OOC filter) over existing images",
-        description="Evaluate existing images: the published CNS-Bench layout (annotations_cns.json), "
-        "a WebDataset / build output, or class folders. Output and report as for `build`; "
-        "running it again on the same --output resumes.",
+        description="Evaluate existing images: a built benchmark, the published CNS-Bench layout "
+        "(annotations_cns.json), WebDataset tars, or class folders. The source is only read: predictions and "
+        "report go to --output (of a built benchmark: its own keep decisions, its images referred to, not "
+        "copied). Running it again on the same --output resumes. The same as cnsbench.evaluate.",
     )
     s.add_argument("source", help="directory or URI of the images (or an annotations_cns.json file)")
     s.add_argument("--config", help="config supplying classifiers, filter, resources (default: a build output's own)")
     add_set_argument(s)
-    s.add_argument("--output", required=True, help="output directory or URI")
-    s.add_argument("--filter", action="store_true", help="also run the OOC filter (default: keep every image)")
+    s.add_argument("--output", required=True, help="output directory or URI (the source is only read)")
+    s.add_argument("--in-place", action="store_true",
+                   help="add the classifiers to the source itself (a built benchmark; --output names it too)")
+    s.add_argument("--filter", action="store_true",
+                   help="run the OOC filter again (default: a built benchmark's own keep decisions; other images all kept)")
     s.add_argument("--classifiers", help="comma-separated classifier names of the config (default: all)")
     s.add_argument("--source-kind", choices=SOURCE_KINDS, help="skip auto-detection of the source layout")
     s.add_argument("--label-map", help="class folders: JSON file {folder name: class id}")
@@ -87,12 +66,3 @@ def register(subparsers: Any) -> None:
     s.add_argument("--runner", choices=("ray", "local"), default="ray", help="'local' runs in-process, no Ray")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     s.set_defaults(func=run_cli)
-
-
-def output_config(location: str) -> BuildConfig | None:
-    """The config a build output was made with, so ``evaluate BUILD_OUTPUT`` needs no --config."""
-    from pipeline.aggregate.run import load_output_config
-    from pipeline.io.store import OutputStore
-
-    store = OutputStore(location)
-    return load_output_config(store) if store.exists("config.json") else None

@@ -6,9 +6,9 @@ import argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.api.commands import leaderboard
+    from pipeline.api import commands
 
-    leaderboard(args.cards, args.output)
+    commands.leaderboard(args.cards, output=args.output)  # it says where its page is
     return 0
 
 

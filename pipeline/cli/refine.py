@@ -6,9 +6,9 @@ import argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.api.commands import refine
+    from pipeline.api import commands
 
-    summary = refine(args.output, args.classifier, rounds=args.rounds, runner=args.runner, address=args.address)
+    summary = commands.refine(args.classifier, args.output, rounds=args.rounds, runner=args.runner, address=args.address)
     print(f"[cnsbench] table: {summary.table}")
     if summary.build is not None and summary.build.report:
         print(f"[cnsbench] report: {summary.build.report}")

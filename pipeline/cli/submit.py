@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from pipeline.cli.options import add_max_gpus, add_max_gpus_argument, add_set_argument, load_cli_config
+from pipeline.errors import CnsbenchError
 from pipeline.runtime.jobs import (
     ADDRESS_ENVS,
     job_logs,
@@ -27,7 +28,7 @@ def _address(args: argparse.Namespace) -> str | None:
     for env in ADDRESS_ENVS:
         if os.environ.get(env):
             return None  # Ray resolves it from the environment
-    raise ValueError("no cluster address: pass --address http://127.0.0.1:8265 or set RAY_API_SERVER_ADDRESS")
+    raise CnsbenchError("no cluster address: pass --address http://127.0.0.1:8265 or set RAY_API_SERVER_ADDRESS")
 
 
 def _report(err: BaseException) -> int:

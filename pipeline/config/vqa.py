@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.errors import CnsbenchError
 from pipeline.registry import VQA_PROTOCOLS
 
 # Distractor sources, explicit (``distractors``): the release's questions, a classifier's ranking, random.
@@ -21,7 +22,7 @@ CLASSIFIER = "classifier:"  # ``distractors: classifier:NAME``: that classifier'
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a classifier name (ClassifierSpec.name)
 
 
-class ProtocolError(ValueError):
+class ProtocolError(CnsbenchError):
     """A protocol entry that cannot be used; the message names the key."""
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from pipeline.errors import CnsbenchError
+
 TINY_CLIP_NAME = "tiny-clip-demo"
 
 # open_clip architecture.  The text tower keeps the real 49408-token BPE vocabulary (the
@@ -123,7 +125,7 @@ def make_tiny_timm_classifier(
     dict ``{"name", "kind", "model", "checkpoint", "model_kwargs"}``.
     """
     if arch not in TINY_CLASSIFIERS:
-        raise ValueError(f"unknown tiny classifier arch {arch!r}; choose from {sorted(TINY_CLASSIFIERS)}")
+        raise CnsbenchError(f"unknown tiny classifier arch {arch!r}; choose from {sorted(TINY_CLASSIFIERS)}")
     model, base, input_size = TINY_CLASSIFIERS[arch]
     spec = _timm_tiny(
         Path(out_dir), f"tiny_{arch}_{seed}.pth", model, {**base, **kwargs}, input_size, seed

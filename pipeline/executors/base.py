@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+from pipeline.errors import CnsbenchError
 from pipeline.executors.chain import Chain
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,7 +80,7 @@ def executor_class(runner: str) -> type[Executor]:
     try:
         return EXECUTORS.get(EXECUTOR_ALIASES.get(runner, runner))
     except KeyError as err:
-        raise ValueError(f"--runner: {err.args[0]} (or one of {', '.join(EXECUTOR_ALIASES)})") from None
+        raise CnsbenchError(f"--runner: {err.args[0]} (or one of {', '.join(EXECUTOR_ALIASES)})") from None
 
 
 def get_executor(runner: str, cfg: "BuildConfig", address: str | None = None, notice=None) -> Executor:

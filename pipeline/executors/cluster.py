@@ -22,6 +22,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from pipeline.errors import CnsbenchError
 from pipeline.executors import ray_private
 
 LOCAL = "local"
@@ -65,10 +66,10 @@ def check_auto() -> None:
     path = ray_private.bootstrap_file()
     address = ray_private.bootstrap_address()
     if not address:
-        raise ValueError(f"--address auto: no Ray cluster was started on this host by `ray start` ({path} "
+        raise CnsbenchError(f"--address auto: no Ray cluster was started on this host by `ray start` ({path} "
                          "does not exist); start one, give its address, or leave --address out to use a local Ray")
     if not _reachable(address):
-        raise ValueError(f"--address auto: the Ray cluster named in {path} ({address}) is not running (a stale "
+        raise CnsbenchError(f"--address auto: the Ray cluster named in {path} ({address}) is not running (a stale "
                          "file from a cluster that stopped); start one, or leave --address out to use a local Ray")
 
 

@@ -20,12 +20,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from pipeline.errors import CnsbenchError
+
 GIB = 1024**3
 KEYS = ("CPU", "GPU", "memory")
 MIN_CPU = 0.01  # the smallest CPU share a scaled actor asks for (Ray counts in 1e-4 steps)
 
 
-class Unplaceable(ValueError):
+class Unplaceable(CnsbenchError):
     """A pool whose actors no node of the cluster can hold (exit 2: bad input for this cluster)."""
 
 

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.base import BaseImage, CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.families.slider import prompt_evals
 from pipeline.perf.evals import UnetCost
@@ -54,9 +55,9 @@ def _check_template(template: str, where: str) -> str:
     fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     unknown = sorted(fields - _PLACEHOLDERS)
     if unknown:
-        raise ValueError(f"{where}: unknown placeholder(s) {unknown}; allowed: {{token}}, {{class_name}}, {{nuisance}}")
+        raise CnsbenchError(f"{where}: unknown placeholder(s) {unknown}; allowed: {{token}}, {{class_name}}, {{nuisance}}")
     if "{token}" not in template and "{class_name}" not in template:
-        raise ValueError(f"{where}: the template must name the object ({{token}} or {{class_name}})")
+        raise CnsbenchError(f"{where}: the template must name the object ({{token}} or {{class_name}})")
     return template
 
 
@@ -81,15 +82,15 @@ class PromptNuisanceOptions(BaseModel):
     def _vocabulary(cls, value: Any) -> Any:
         if isinstance(value, str):
             if value != "imagenet_d":
-                raise ValueError(f"vocabulary must be 'imagenet_d' or a mapping {{kind: CSV file | [names]}}, got {value!r}")
+                raise CnsbenchError(f"vocabulary must be 'imagenet_d' or a mapping {{kind: CSV file | [names]}}, got {value!r}")
             return value
         if not value:
-            raise ValueError("vocabulary mapping is empty")
+            raise CnsbenchError("vocabulary mapping is empty")
         for kind, names in value.items():
             if not kind or not kind.replace("_", "").isalnum():
-                raise ValueError(f"vocabulary: kind {kind!r} must be a word (letters, digits, '_')")
+                raise CnsbenchError(f"vocabulary: kind {kind!r} must be a word (letters, digits, '_')")
             if isinstance(names, list) and not names:
-                raise ValueError(f"vocabulary.{kind}: empty list")
+                raise CnsbenchError(f"vocabulary.{kind}: empty list")
         return value
 
     @field_validator("templates")
@@ -108,7 +109,7 @@ class PromptNuisanceOptions(BaseModel):
     @classmethod
     def _plain(cls, value: str | None) -> str | None:
         if value is not None and "{token}" not in value:
-            raise ValueError("plain_prompt must contain '{token}'")
+            raise CnsbenchError("plain_prompt must contain '{token}'")
         return value
 
     # ------------------------------------------------------------ vocabulary
@@ -128,7 +129,7 @@ class PromptNuisanceOptions(BaseModel):
                     lists[kind] = [str(n) for n in names]
                 else:
                     if not os.path.isfile(names):
-                        raise ValueError(f"vocabulary.{kind}: file not found: {names}")
+                        raise CnsbenchError(f"vocabulary.{kind}: file not found: {names}")
                     with open(names, encoding="utf-8") as fh:
                         lists[kind] = D.parse_nuisance_csv(fh.read(), names)
         out: dict[str, tuple[str, str]] = {}
@@ -136,9 +137,9 @@ class PromptNuisanceOptions(BaseModel):
             for name in names:
                 shift = D.shift_name(name)
                 if not shift:
-                    raise ValueError(f"vocabulary.{kind}: nuisance {name!r} has no letters or digits")
+                    raise CnsbenchError(f"vocabulary.{kind}: nuisance {name!r} has no letters or digits")
                 if shift in out and out[shift] != (kind, D.nuisance_words(name)):
-                    raise ValueError(
+                    raise CnsbenchError(
                         f"vocabulary.{kind}: nuisance {name!r} has the shift name {shift!r} of a {out[shift][0]} nuisance"
                     )
                 out[shift] = (kind, D.nuisance_words(name))

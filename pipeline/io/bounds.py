@@ -14,6 +14,8 @@ import string
 from pathlib import Path
 from typing import Any, Iterable
 
+from pipeline.errors import CnsbenchError
+
 MAX_CONFIG_BYTES = 8 * 1024 * 1024  # a YAML config larger than this is refused unread
 MAX_NODES = 1_000_000  # values in a config after expanding YAML aliases
 MAX_DEPTH = 64  # nesting of mappings/lists in a config
@@ -29,11 +31,11 @@ MAX_FORMAT_WIDTH = 256  # width and precision in a template's format spec ({clas
 def _count(node: Any, path: str, budget: list[int], depth: int, source: str) -> None:
     budget[0] -= 1
     if budget[0] < 0:
-        raise ValueError(
+        raise CnsbenchError(
             f"{source}: more than {MAX_NODES} values after expanding YAML aliases (an alias bomb?); refused"
         )
     if depth > MAX_DEPTH:
-        raise ValueError(f"{source}: nested deeper than {MAX_DEPTH} levels at {path or '<root>'} (a recursive alias?)")
+        raise CnsbenchError(f"{source}: nested deeper than {MAX_DEPTH} levels at {path or '<root>'} (a recursive alias?)")
     if isinstance(node, dict):
         for k, v in node.items():
             _count(v, f"{path}.{k}" if path else str(k), budget, depth + 1, source)
@@ -57,17 +59,17 @@ def load_yaml(path: str | Path) -> Any:
         raise FileNotFoundError(f"{p}: {what}")
     size = p.stat().st_size
     if size > MAX_CONFIG_BYTES:
-        raise ValueError(f"{p}: {size} bytes; a config may have at most {MAX_CONFIG_BYTES}")
+        raise CnsbenchError(f"{p}: {size} bytes; a config may have at most {MAX_CONFIG_BYTES}")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{p}: not UTF-8 text: {err}") from None
+        raise CnsbenchError(f"{p}: not UTF-8 text: {err}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ValueError(f"invalid YAML in {p}: {err}") from None
+        raise CnsbenchError(f"invalid YAML in {p}: {err}") from None
     except RecursionError:
-        raise ValueError(f"invalid YAML in {p}: nested too deeply") from None
+        raise CnsbenchError(f"invalid YAML in {p}: nested too deeply") from None
     check_expansion(data, str(p))
     return data
 
@@ -94,12 +96,12 @@ def seed_range(text: str, limit: int = MAX_SEEDS) -> list[int]:
     """``"1..50"`` -> [1, ..., 50]; ValueError for other text or more than ``limit`` seeds (nothing allocated)."""
     m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", text)
     if not m or int(m.group(1)) > int(m.group(2)):
-        raise ValueError(f"seed range must look like '1..50', got {text!r}")
+        raise CnsbenchError(f"seed range must look like '1..50', got {text!r}")
     lo, hi = int(m.group(1)), int(m.group(2))
     if hi - lo + 1 > limit:
-        raise ValueError(f"seed range {text!r} has {hi - lo + 1} seeds; at most {limit} are allowed")
+        raise CnsbenchError(f"seed range {text!r} has {hi - lo + 1} seeds; at most {limit} are allowed")
     if hi >= 2**63:
-        raise ValueError(f"seed range {text!r}: seeds must be < 2**63")
+        raise CnsbenchError(f"seed range {text!r}: seeds must be < 2**63")
     return list(range(lo, hi + 1))
 
 
@@ -112,14 +114,14 @@ def check_scales(scales: Iterable[float]) -> None:
     values = list(scales)
     for s in values:
         if not math.isfinite(s):
-            raise ValueError(f"scales must be finite numbers, got {s}")
+            raise CnsbenchError(f"scales must be finite numbers, got {s}")
         if abs(s) > MAX_ABS_SCALE:
-            raise ValueError(f"scale {s} is outside +-{MAX_ABS_SCALE:g}")
+            raise CnsbenchError(f"scale {s} is outside +-{MAX_ABS_SCALE:g}")
     milli: dict[int, float] = {}
     for s in values:
         key = round(s / SCALE_RESOLUTION)
         if key in milli:
-            raise ValueError(
+            raise CnsbenchError(
                 f"scales {milli[key]} and {s} are closer than {SCALE_RESOLUTION} (the resolution of sample ids); "
                 "they would get the same ids"
             )
@@ -134,10 +136,10 @@ def _check_format_spec(template_text: str, field_name: str, spec: str) -> None:
     """Refuse nested fields and widths/precisions over :data:`MAX_FORMAT_WIDTH` (``{x:>999999999}``
     would allocate that many characters per prompt, or exhaust memory)."""
     if "{" in spec or "}" in spec:
-        raise ValueError(f"{template_text}: nested field in the format spec of {{{field_name}:{spec}}}; not allowed")
+        raise CnsbenchError(f"{template_text}: nested field in the format spec of {{{field_name}:{spec}}}; not allowed")
     digits = max(re.findall(r"\d+", spec), key=lambda n: (len(n.lstrip("0")), n.lstrip("0")), default="0")
     if len(digits.lstrip("0")) > 9 or int(digits) > MAX_FORMAT_WIDTH:
-        raise ValueError(
+        raise CnsbenchError(
             f"{template_text[:200]}: the format spec of {{{field_name}:{spec[:40]}}} asks for a width or precision "
             f"of {digits.lstrip('0')[:40]}; at most {MAX_FORMAT_WIDTH} is allowed"
         )
@@ -154,7 +156,7 @@ def check_template(template: str, allowed: Iterable[str], required: Iterable[str
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as err:
-        raise ValueError(f"{template_text} is not a valid format string: {err} (write '{{{{' for a literal brace)") from None
+        raise CnsbenchError(f"{template_text} is not a valid format string: {err} (write '{{{{' for a literal brace)") from None
     names = set()
     for _, field_name, spec, _ in parsed:
         if field_name is None:
@@ -162,14 +164,14 @@ def check_template(template: str, allowed: Iterable[str], required: Iterable[str
         _check_format_spec(template_text, field_name, spec or "")
         base = re.split(r"[.\[]", field_name, maxsplit=1)[0]
         if base == "" or base.isdigit():
-            raise ValueError(f"{template_text}: positional field {{{field_name}}}; use named fields {fields}")
+            raise CnsbenchError(f"{template_text}: positional field {{{field_name}}}; use named fields {fields}")
         if base not in allowed or base != field_name:
-            raise ValueError(f"{template_text}: unknown field {{{field_name}}}; allowed: {fields}")
+            raise CnsbenchError(f"{template_text}: unknown field {{{field_name}}}; allowed: {fields}")
         names.add(base)
     missing = required - names
     if missing:
-        raise ValueError(f"{template_text} must contain {', '.join('{' + n + '}' for n in sorted(missing))}")
+        raise CnsbenchError(f"{template_text} must contain {', '.join('{' + n + '}' for n in sorted(missing))}")
     try:
         template.format(**{k: v for k, v in _SAMPLE.items() if k in allowed})
     except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise ValueError(f"{template_text}: bad format specification: {err}") from None
+        raise CnsbenchError(f"{template_text}: bad format specification: {err}") from None

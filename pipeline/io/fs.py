@@ -20,11 +20,13 @@ import os
 import posixpath
 import re
 
+from pipeline.errors import CnsbenchError
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
 
-class PathEscape(ValueError):
+class PathEscape(CnsbenchError):
     """A path from data points outside the root it must stay in."""
 
 
@@ -89,7 +91,7 @@ def confined_local(root: str, path: str, what: str = "path") -> None:
         raise PathEscape(f"{what}: {path} resolves outside {root}")
 
 
-class PathKindError(ValueError):
+class PathKindError(CnsbenchError):
     """A path argument of the wrong kind: a file where a directory is expected, unwritable, ..."""
 
 

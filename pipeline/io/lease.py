@@ -35,6 +35,7 @@ import time
 import uuid
 from typing import Any, Callable, Iterator
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.lease_file import (
     LEASE,
     LeaseInfo,
@@ -54,7 +55,7 @@ DEFAULT_TIMEOUT_S = 120.0
 SETTLE_S = 0.3  # wait between writing a lease and reading it back
 
 
-class LeaseHeld(ValueError):
+class LeaseHeld(CnsbenchError):
     """Another live writer holds the output's lease; the message names it."""
 
 

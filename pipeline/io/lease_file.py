@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.safejson import loads
 from pipeline.io.strict import Strict, errors_of_type, first_problem
 
@@ -128,7 +129,7 @@ class LeaseDocument(Strict):
     @classmethod
     def _process_id(cls, value: int) -> int:
         if not 0 < value <= MAX_PID:
-            raise ValueError(f"lease field 'pid' must be a process id, got {value!r}"[:300])
+            raise CnsbenchError(f"lease field 'pid' must be a process id, got {value!r}"[:300])
         return value
 
 
@@ -136,19 +137,19 @@ def parse_lease(data: bytes | str, where: str) -> LeaseInfo:
     """A checked :class:`LeaseInfo` (:class:`LeaseDocument`); ValueError naming ``where`` and the field otherwise."""
     doc = loads(data, where)
     if not isinstance(doc, dict):
-        raise ValueError(f"{where}: a lease is a JSON object, got {type(doc).__name__}")
+        raise CnsbenchError(f"{where}: a lease is a JSON object, got {type(doc).__name__}")
     try:
         lease = LeaseDocument.model_validate(doc)
     except ValidationError as err:
         missing = errors_of_type(err, "missing")
         if missing:
-            raise ValueError(f"{where}: missing lease fields {missing}") from None
+            raise CnsbenchError(f"{where}: missing lease fields {missing}") from None
         loc, kind, value, message = first_problem(err)
         if kind == "value_error":
-            raise ValueError(f"{where}: {message}") from None
+            raise CnsbenchError(f"{where}: {message}") from None
         key = str(loc[0])
         what = "a finite number" if _FIELDS.get(key) is float else f"a {_FIELDS.get(key, str).__name__}"
-        raise ValueError(f"{where}: lease field {key!r} must be {what}, got {value!r}"[:300]) from None
+        raise CnsbenchError(f"{where}: lease field {key!r} must be {what}, got {value!r}"[:300]) from None
     return LeaseInfo(lease.host, lease.pid, lease.command, float(lease.started), float(lease.heartbeat), lease.token,
                      lease.proc_start)
 

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, field_validator, model_validator
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.retry import StorageError
 from pipeline.io.safejson import dumps as strict_dumps, loads
 from pipeline.io.strict import Strict, errors_of_type, first_problem
@@ -51,7 +52,7 @@ OWN_TMP = re.compile(r"\.tmp-[0-9a-f]{32}-(?P<name>.+)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class ManifestError(ValueError):
+class ManifestError(CnsbenchError):
     """A manifest that cannot be trusted; the message names the file and the problem."""
 
 
@@ -116,21 +117,21 @@ class ManifestDocument(Strict):
     def _named_as_its_file(cls, value: str, info: ValidationInfo) -> str:
         stem = (info.context or {}).get("file")  # the manifest's file name, when read from one
         if stem is not None and stem.endswith(".json") and stem[:-5] != value:
-            raise ValueError(f"names shard {value!r} but the file is {stem!r}")
+            raise CnsbenchError(f"names shard {value!r} but the file is {stem!r}")
         return value
 
     @field_validator("trajectories")
     @classmethod
     def _once(cls, value: list[str]) -> list[str]:
         if len(set(value)) != len(value):
-            raise ValueError("'trajectories' lists a trajectory twice")
+            raise CnsbenchError("'trajectories' lists a trajectory twice")
         return value
 
     @model_validator(mode="after")
     def _own_files(self) -> "ManifestDocument":
         for rel in self.files:
             if own_file_shard(rel) != self.shard:
-                raise ValueError(
+                raise CnsbenchError(
                     f"file entry {rel!r} is not a file of shard {self.shard} "
                     "(expected images/<shard>.tar, samples|predictions|failures/<shard>.parquet)"[:400]
                 )

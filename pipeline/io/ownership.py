@@ -23,6 +23,7 @@ import os
 import re
 from typing import Any
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.fs import PathKindError, check_writable_dir
 from pipeline.io.lease_file import LEASE, parse_lease
 from pipeline.io.safejson import dumps as strict_dumps, loads
@@ -35,7 +36,7 @@ QUARANTINE = "quarantine"
 ARCHIVE_NAME = re.compile(r"[0-9a-f]{12}-\d{8}T\d{6}")
 
 
-class OwnershipError(ValueError):
+class OwnershipError(CnsbenchError):
     """The output location is not ours to write, or cannot be written; names the path and why."""
 
 

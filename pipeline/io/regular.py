@@ -17,10 +17,12 @@ import stat
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.errors import CnsbenchError
+
 MAX_HASHED_FILES = 100_000  # files of one hashed directory (a hub snapshot holds tens)
 
 
-class NotRegularFile(ValueError):
+class NotRegularFile(CnsbenchError):
     """A path that is not a regular file (or too large) where one was expected."""
 
 

@@ -18,10 +18,12 @@ import json
 import math
 from typing import Any
 
+from pipeline.errors import CnsbenchError
+
 MAX_DEPTH = 64  # nesting of objects/arrays; our own files need fewer than 10
 
 
-class JSONInputError(ValueError):
+class JSONInputError(CnsbenchError):
     """Text that is not acceptable JSON; the message names its source."""
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.store import OutputStore, ShardManifest
 
 SCORE_COLUMNS = ("clip_text", "clip_shift_text", "clip_image", "dino_image")
@@ -92,7 +93,7 @@ def read_shard_tables(
         try:
             tables.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=sch, columns=columns, filters=filters))
         except (pa.ArrowInvalid, OSError) as err:
-            raise ValueError(f"malformed shard {store.url(rel)}: {err}") from None
+            raise CnsbenchError(f"malformed shard {store.url(rel)}: {err}") from None
     return tables
 
 

@@ -10,6 +10,7 @@ import io
 import tarfile
 from typing import Any, Iterable, Iterator
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.safejson import dumps as strict_dumps
 
 
@@ -19,7 +20,7 @@ def build_tar(samples: Iterable[tuple[str, dict[str, bytes]]]) -> bytes:
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for key, members in samples:
             if "." in key.rsplit("/", 1)[-1]:
-                raise ValueError(f"WebDataset key {key!r} must not contain '.' in its last path part")
+                raise CnsbenchError(f"WebDataset key {key!r} must not contain '.' in its last path part")
             for ext, data in members.items():
                 info = tarfile.TarInfo(f"{key}.{ext}")
                 info.size = len(data)
@@ -56,7 +57,7 @@ def iter_tar(data: bytes, source: str = "<tar>") -> Iterator[tuple[str, dict[str
             if current is not None:
                 yield current, found
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise ValueError(f"malformed WebDataset shard {source}: {err}") from None
+        raise CnsbenchError(f"malformed WebDataset shard {source}: {err}") from None
 
 
 def metadata_json(meta: dict[str, Any]) -> bytes:

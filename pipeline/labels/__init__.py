@@ -22,6 +22,7 @@ import functools
 import json
 from pathlib import Path
 
+from pipeline.errors import CnsbenchError
 from pipeline.labels import imagenet
 # XIMAGENET-12's 12 classes (the label space ``ximagenet12``, and the class folders its release
 # is read by, :mod:`pipeline.sources.ximagenet`): WordNet id -> (ImageNet-1k index, the paper's
@@ -54,9 +55,9 @@ class LabelSpace:
         outputs: tuple[int, ...] | None = None,
     ) -> None:
         if not names:
-            raise ValueError(f"label space {key!r} is empty")
+            raise CnsbenchError(f"label space {key!r} is empty")
         if imagenet_ids is not None and len(imagenet_ids) != len(names):
-            raise ValueError(f"label space {key!r}: {len(imagenet_ids)} id lists for {len(names)} classes")
+            raise CnsbenchError(f"label space {key!r}: {len(imagenet_ids)} id lists for {len(names)} classes")
         self.key = key
         self.names = names
         # Per class, the ImageNet-1k ids it stands for (None: the space is not defined over ImageNet).
@@ -72,14 +73,14 @@ class LabelSpace:
         correct exactly when the top-1 ImageNet id is one of the true class's ids.
         """
         if self.imagenet_ids is None:
-            raise ValueError(f"label space {self.key!r} is not defined over ImageNet ids")
+            raise CnsbenchError(f"label space {self.key!r} is not defined over ImageNet ids")
         out = [-1] * n_out
         for class_id, ids in enumerate(self.imagenet_ids):
             for i in ids:
                 if not 0 <= i < n_out:
-                    raise ValueError(f"label space {self.key!r}: class {class_id} lists ImageNet id {i} outside 0..{n_out - 1}")
+                    raise CnsbenchError(f"label space {self.key!r}: class {class_id} lists ImageNet id {i} outside 0..{n_out - 1}")
                 if out[i] != -1:
-                    raise ValueError(f"label space {self.key!r}: ImageNet id {i} belongs to classes {out[i]} and {class_id}")
+                    raise CnsbenchError(f"label space {self.key!r}: ImageNet id {i} belongs to classes {out[i]} and {class_id}")
                 out[i] = class_id
         return out
 
@@ -93,11 +94,11 @@ class LabelSpace:
         """A class id (int or decimal string) or a class name -> the id, with a helpful error."""
         n = len(self.names)
         if isinstance(value, bool):
-            raise ValueError(f"class must be an id or a name, got {value!r}")
+            raise CnsbenchError(f"class must be an id or a name, got {value!r}")
         if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
             idx = int(value)
             if not 0 <= idx < n:
-                raise ValueError(f"class id must be in 0..{n - 1} for label space {self.key!r}, got {idx}")
+                raise CnsbenchError(f"class id must be in 0..{n - 1} for label space {self.key!r}, got {idx}")
             return idx
         lowered = {name.lower(): i for i, name in enumerate(self.names)}
         key = str(value).strip().lower()
@@ -107,7 +108,7 @@ class LabelSpace:
             return self.aliases[key]
         close = difflib.get_close_matches(key, list(lowered), n=5, cutoff=0.6)
         hint = f"; close names: {', '.join(repr(c) for c in close)}" if close else ""
-        raise ValueError(f"unknown class name {value!r} in label space {self.key!r}{hint}")
+        raise CnsbenchError(f"unknown class name {value!r} in label space {self.key!r}{hint}")
 
 
 @functools.lru_cache(maxsize=16)
@@ -130,14 +131,14 @@ def _load(key: str | tuple[str, ...]) -> LabelSpace:
         return LabelSpace("ximagenet12", imagenet.class_names(), outputs=ids)
     path = Path(key)
     if not path.is_file():
-        raise ValueError(
+        raise CnsbenchError(
             "labels must be 'imagenet', 'imagenet_d', 'ximagenet12', a list of names, or a JSON/text file of names; "
             f"no file {key!r}"
         )
     text = path.read_text()
     names = json.loads(text) if path.suffix == ".json" else [line.strip() for line in text.splitlines() if line.strip()]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"{path}: expected a list of class names")
+        raise CnsbenchError(f"{path}: expected a list of class names")
     return LabelSpace(str(path), tuple(names))
 
 

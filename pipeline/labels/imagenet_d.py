@@ -26,6 +26,8 @@ import json
 import re
 from importlib import resources
 
+from pipeline.errors import CnsbenchError
+
 NUISANCE_KINDS = ("background", "texture", "material")
 
 
@@ -67,7 +69,7 @@ def parse_nuisance_csv(text: str, where: str) -> list[str]:
         for i, row in enumerate(csv.DictReader(io.StringIO("\n".join(lines))), start=2):
             name = (row.get("name") or "").strip()
             if not name:
-                raise ValueError(f"{where}: line {i} has no name")
+                raise CnsbenchError(f"{where}: line {i} has no name")
             names.append(name)
         return names
     return [ln.strip() for ln in lines]
@@ -77,7 +79,7 @@ def parse_nuisance_csv(text: str, where: str) -> list[str]:
 def nuisances(kind: str) -> tuple[str, ...]:
     """The released names of one nuisance kind (``background``, ``texture``, ``material``)."""
     if kind not in NUISANCE_KINDS:
-        raise ValueError(f"unknown ImageNet-D nuisance kind {kind!r}; kinds: {', '.join(NUISANCE_KINDS)}")
+        raise CnsbenchError(f"unknown ImageNet-D nuisance kind {kind!r}; kinds: {', '.join(NUISANCE_KINDS)}")
     return tuple(parse_nuisance_csv(_data(f"{kind}.csv"), f"pipeline/data/imagenet_d/{kind}.csv"))
 
 

@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from pipeline.errors import CnsbenchError
 from pipeline.plan.schema import SCORE_COLUMNS
 
 LABEL_COLUMN = "ooc"
@@ -57,7 +58,7 @@ _STARTS = 5  # best coarse rules refined by coordinate descent
 _MAX_ROUNDS = 100
 
 
-class CalibrationError(ValueError):
+class CalibrationError(CnsbenchError):
     """Unusable labels or settings; the message names the file, column and problem."""
 
 

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import torch
 
 from pipeline.config import ClassifierSpec
+from pipeline.errors import CnsbenchError
 from pipeline.io import zip_archive
 from pipeline.io.regular import read_bounded
 from pipeline.labels import LabelSpace, label_space
@@ -75,16 +76,16 @@ def load_label_map(label_map: dict[int, int] | str | None, where: str) -> dict[i
         with open(label_map) as f:
             raw = json.load(f)
         if not isinstance(raw, dict):
-            raise ValueError(f"{where}.label_map: {label_map} must hold a JSON object {{output index: class id}}")
+            raise CnsbenchError(f"{where}.label_map: {label_map} must hold a JSON object {{output index: class id}}")
     else:
         raw = label_map
     try:
         mapping = {int(k): int(v) for k, v in raw.items()}
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{where}.label_map: keys and values must be integers ({err})") from None
+        raise CnsbenchError(f"{where}.label_map: keys and values must be integers ({err})") from None
     bad = {k: v for k, v in mapping.items() if k < 0 or not 0 <= v < 1000}
     if bad:
-        raise ValueError(f"{where}.label_map: output indices must be >= 0 and ImageNet ids in 0..999, got {bad}")
+        raise CnsbenchError(f"{where}.label_map: output indices must be >= 0 and ImageNet ids in 0..999, got {bad}")
     return mapping
 
 
@@ -99,11 +100,11 @@ def topk_predictions(
     and is 0.0 when no output maps to it.  Unmapped outputs appear as ``-1``.
     """
     if logits.ndim != 2 or logits.shape[1] != len(out_to_label):
-        raise ValueError(
+        raise CnsbenchError(
             f"logits of shape {tuple(logits.shape)} do not match an output space of {len(out_to_label)} classes"
         )
     if logits.shape[0] != len(true_ids):
-        raise ValueError(f"{logits.shape[0]} logit rows but {len(true_ids)} true ids")
+        raise CnsbenchError(f"{logits.shape[0]} logit rows but {len(true_ids)} true ids")
     probs = logits.float().softmax(dim=-1).cpu()
     mapping = torch.as_tensor(list(out_to_label), dtype=torch.long)
     k = min(5, probs.shape[1])
@@ -170,7 +171,7 @@ class Classifier(BaseClassifier):
             self._out_to_label = self.labels.outputs_from_imagenet(n_out)
         elif self._label_map is None:
             if n_out != len(self.labels):
-                raise ValueError(
+                raise CnsbenchError(
                     f"{self.where}: model has {n_out} outputs but the label space {self.labels.key!r} has "
                     f"{len(self.labels)} classes; give a label_map (output index -> class id)"
                 )
@@ -178,7 +179,7 @@ class Classifier(BaseClassifier):
         else:
             outside = sorted(k for k in self._label_map if k >= n_out)
             if outside:
-                raise ValueError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
+                raise CnsbenchError(f"{self.where}.label_map: output indices {outside[:10]} >= the model's {n_out} outputs")
             self._out_to_label = [self._label_map.get(i, -1) for i in range(n_out)]
 
     def set_precision(self, precision: ModelPrecision) -> None:
@@ -242,7 +243,7 @@ def check_timm_name(name: str, local_weights: bool = False) -> None:
     """Raise ValueError naming close models unless timm knows ``name``."""
     problem = timm_name_problem(name, local_weights)
     if problem:
-        raise ValueError(problem)
+        raise CnsbenchError(problem)
 
 
 class TimmClassifier(Classifier):
@@ -260,7 +261,7 @@ class TimmClassifier(Classifier):
         self.transform = timm_transform(self.model)
         n_out = self.model.num_classes
         if not n_out:
-            raise ValueError(f"{self.where}: timm model {spec.model!r} has no classification head (num_classes=0)")
+            raise CnsbenchError(f"{self.where}: timm model {spec.model!r} has no classification head (num_classes=0)")
         self._map_outputs(n_out)
 
     @classmethod
@@ -316,10 +317,10 @@ def zero_shot_templates(templates: str | list[str], where: str) -> list:
     if isinstance(templates, str):
         sets = {"openai_imagenet": meta.OPENAI_IMAGENET_TEMPLATES, "simple": meta.SIMPLE_IMAGENET_TEMPLATES}
         if templates not in sets:
-            raise ValueError(f"{where}.templates: unknown set {templates!r}; use one of {sorted(sets)} or a list")
+            raise CnsbenchError(f"{where}.templates: unknown set {templates!r}; use one of {sorted(sets)} or a list")
         return list(sets[templates])
     if not templates or any("{c}" not in t for t in templates):
-        raise ValueError(f"{where}.templates: every template must contain '{{c}}', got {templates!r}")
+        raise CnsbenchError(f"{where}.templates: every template must contain '{{c}}', got {templates!r}")
     return [lambda c, t=t: t.format(c=c) for t in templates]
 
 
@@ -344,7 +345,7 @@ class OpenClipZeroShot(Classifier):
         else:
             keys = sorted(self._label_map)
             if keys != list(range(len(keys))):
-                raise ValueError(f"{self.where}.label_map: zero-shot output indices must be 0..{len(keys) - 1}")
+                raise CnsbenchError(f"{self.where}.label_map: zero-shot output indices must be 0..{len(keys) - 1}")
             ids = [self._label_map[k] for k in keys]
         self._out_to_label = ids
         names = [self.labels.name(i) for i in ids]
@@ -425,12 +426,12 @@ class TorchScriptClassifier(Classifier):
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
         if not spec.checkpoint:
-            raise ValueError(f"{self.where}.checkpoint: the torchscript kind needs the TorchScript file")
+            raise CnsbenchError(f"{self.where}.checkpoint: the torchscript kind needs the TorchScript file")
         if not os.path.isfile(spec.checkpoint):
             raise FileNotFoundError(f"{self.where}.checkpoint: checkpoint file not found: {spec.checkpoint}")
         unknown = sorted(set(spec.model_kwargs) - stored_preprocess.KEYS)
         if unknown:
-            raise ValueError(
+            raise CnsbenchError(
                 f"{self.where}.model_kwargs: unknown keys {unknown} for kind torchscript; "
                 f"allowed: {sorted(stored_preprocess.KEYS)}"
             )
@@ -438,7 +439,7 @@ class TorchScriptClassifier(Classifier):
             data = read_bounded(spec.checkpoint, stored_preprocess.MAX_ARCHIVE_BYTES, f"{self.where}.checkpoint")
             members = zip_archive.read_members(data, spec.checkpoint)
         except ValueError as err:
-            raise ValueError(f"{self.where}.checkpoint: {err}") from None
+            raise CnsbenchError(f"{self.where}.checkpoint: {err}") from None
         try:
             import warnings
 
@@ -458,7 +459,7 @@ class TorchScriptClassifier(Classifier):
         with torch.inference_mode():
             probe = self.model(torch.zeros(1, *size, device=device))
         if probe.ndim != 2:
-            raise ValueError(f"{self.where}: the TorchScript model returns shape {tuple(probe.shape)}, expected [N, K]")
+            raise CnsbenchError(f"{self.where}: the TorchScript model returns shape {tuple(probe.shape)}, expected [N, K]")
         n_out = int(probe.shape[1])
         self._map_outputs(n_out)
 
@@ -483,7 +484,7 @@ def parse_hub_model(model: str, where: str) -> tuple[str, str]:
     """``"<repo or local dir>:<entry point>"`` -> (repo, entry); the entry follows the last ':'."""
     repo, sep, entry = model.rpartition(":")
     if not sep or not repo or not entry or "/" not in repo:
-        raise ValueError(
+        raise CnsbenchError(
             f"{where}.model: a torch_hub model is '<owner>/<repo>[:ref]:<entry point>' or '<local dir>:<entry point>', "
             f"e.g. 'facebookresearch/dinov2:dinov2_vitb14_reg_lc'; got {model!r}"
         )
@@ -516,7 +517,7 @@ class TorchHubClassifier(Classifier):
         with torch.inference_mode():
             probe = self.model(torch.zeros(1, 3, CNS_CLASSIFIER.crop, CNS_CLASSIFIER.crop, device=device))
         if probe.ndim != 2:
-            raise ValueError(f"{self.where}: the hub model returns shape {tuple(probe.shape)}, expected [N, K]")
+            raise CnsbenchError(f"{self.where}: the hub model returns shape {tuple(probe.shape)}, expected [N, K]")
         self._map_outputs(int(probe.shape[1]))
 
     @classmethod

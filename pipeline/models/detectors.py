@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from pipeline.config import ClipModelSpec, DinoModelSpec, FilterSpec, Thresholds
+from pipeline.errors import CnsbenchError
 from pipeline.plan.schema import REALISATION_COLUMNS, SCORE_COLUMNS
 from pipeline.models.filter_base import Filter
 from pipeline.models.precision import FLOAT32, ModelPrecision
@@ -70,14 +71,14 @@ def register_open_clip_config(path: str, model: str, key: str) -> None:
     if not p.is_file():
         raise FileNotFoundError(f"{key}: open_clip model config file not found: {p}")
     if p.stem != model:
-        raise ValueError(
+        raise CnsbenchError(
             f"{key}: open_clip registers {p} under the name {p.stem!r}, but the model is {model!r}; "
             f"set the model name to {p.stem!r} or rename the file"
         )
     try:
         wanted = json.loads(p.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{key}: {p} is not valid JSON: {err}") from None
+        raise CnsbenchError(f"{key}: {p} is not valid JSON: {err}") from None
     # add_model_config appends to a process-global path list and rescans all of it, the
     # last file with a given stem winning.  Re-add only when the registered architecture
     # differs from this file, so repeated setups stay cheap and a same-named config from
@@ -85,7 +86,7 @@ def register_open_clip_config(path: str, model: str, key: str) -> None:
     if open_clip.get_model_config(model) != wanted:
         open_clip.add_model_config(str(p.resolve()))
     if open_clip.get_model_config(model) is None:
-        raise ValueError(f"{key}: {p} is not an open_clip model config (needs embed_dim, vision_cfg, text_cfg)")
+        raise CnsbenchError(f"{key}: {p} is not an open_clip model config (needs embed_dim, vision_cfg, text_cfg)")
 
 
 def resolve_open_clip_weights(model: str, pretrained: str | None, key: str) -> str | None:
@@ -105,7 +106,7 @@ def resolve_open_clip_weights(model: str, pretrained: str | None, key: str) -> s
     if _looks_like_path(pretrained):
         raise FileNotFoundError(f"{key}: weights file not found: {pretrained}")
     tags = list_pretrained_tags_by_model(model)
-    raise ValueError(
+    raise CnsbenchError(
         f"{key}: {pretrained!r} is neither an open_clip pretrained tag of {model!r} "
         f"(known tags: {', '.join(tags) if tags else 'none'}) nor an existing weights file"
     )
@@ -286,7 +287,7 @@ def keep_decision(
         raise KeyError(f"keep_decision: scores lack {missing}; expected keys {list(SCORE_COLUMNS)}")
     lengths = {k: len(scores[k]) for k in SCORE_COLUMNS}
     if len(set(lengths.values())) > 1:
-        raise ValueError(f"keep_decision: score lists differ in length: {lengths}")
+        raise CnsbenchError(f"keep_decision: score lists differ in length: {lengths}")
     n = lengths[SCORE_COLUMNS[0]]
     n_pass = [
         sum(1 for k in SCORE_COLUMNS if scores[k][i] > getattr(thresholds, k)) for i in range(n)
@@ -298,7 +299,7 @@ def _scale0_index(scales: Sequence[float]) -> int:
     for i, s in enumerate(scales):
         if s == 0.0:
             return i
-    raise ValueError(f"trajectory has no scale-0 reference image (scales {list(scales)})")
+    raise CnsbenchError(f"trajectory has no scale-0 reference image (scales {list(scales)})")
 
 
 # --------------------------------------------------------------------------- filters
@@ -362,7 +363,7 @@ class OOCFilter(Filter):
         refs = [_scale0_index(scales) for _, scales, _, _ in items]
         for (images, scales, _, _) in items:
             if len(images) != len(scales):
-                raise ValueError(f"trajectory has {len(images)} images but {len(scales)} scales")
+                raise CnsbenchError(f"trajectory has {len(images)} images but {len(scales)} scales")
         flat = [im for images, _, _, _ in items for im in images]
         if not flat:
             return [{k: [] for k in (*SCORE_COLUMNS, *extra)} for _ in items]

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from pipeline.config import ClassTokens, GeneratorSpec
+from pipeline.errors import CnsbenchError
 from pipeline.labels import LabelSpace
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")  # matched whole (fullmatch)
@@ -86,7 +87,7 @@ def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int], labels: 
             state = torch.load(path, map_location="cpu", weights_only=True)
             if isinstance(state, dict):
                 if len(state) != 1:
-                    raise ValueError(f"{path}: expected one embedding, found keys {list(state)[:5]}")
+                    raise CnsbenchError(f"{path}: expected one embedding, found keys {list(state)[:5]}")
                 state = next(iter(state.values()))
             embeddings.append(state.reshape(-1, state.shape[-1]).squeeze(0).to(pipe.text_encoder.dtype))
             tokens.append(ti_token(i, labels.name(i)))
@@ -108,10 +109,10 @@ def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int], labels: 
             raise FileNotFoundError(f"generator.class_tokens: missing {meta_path}")
         meta = torch.load(meta_path, map_location="cpu", weights_only=True)
         if not isinstance(meta, dict) or "tokens" not in meta:
-            raise ValueError(f"{meta_path}: expected a dict with 'tokens' (and 'initializer_words')")
+            raise CnsbenchError(f"{meta_path}: expected a dict with 'tokens' (and 'initializer_words')")
         token_list = list(meta["tokens"])
         if len(token_list) != len(labels):
-            raise ValueError(
+            raise CnsbenchError(
                 f"{meta_path}: expected {len(labels)} tokens (one per class of {labels.key!r}), found {len(token_list)}"
             )
         pipe.tokenizer = CLIPTokenizer.from_pretrained(root / "tokenizer")
@@ -119,13 +120,13 @@ def install_class_tokens(pipe, spec: ClassTokens, class_ids: list[int], labels: 
             pipe.unet.device
         )
         return {i: token_list[i] for i in class_ids}
-    raise ValueError(f"unknown class token source {spec.kind!r}")
+    raise CnsbenchError(f"unknown class token source {spec.kind!r}")
 
 
 def slider_path(spec: GeneratorSpec, class_id: int, shift: str, class_name: str) -> str:
     """File of the (class, shift) slider in the store, from ``generator.slider_pattern``."""
     if not spec.slider_store:
-        raise ValueError("generator.slider_store is not set")
+        raise CnsbenchError("generator.slider_store is not set")
     from pipeline.io.fs import safe_relpath
 
     rel = spec.slider_pattern.format(shift=shift, class_id=class_id, class_name=class_name)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from pipeline.config import ClassifierSpec
+from pipeline.errors import CnsbenchError
 from pipeline.labels import LabelSpace
 from pipeline.io import zip_archive
 from pipeline.io.regular import NotRegularFile, read_bounded, regular_file
@@ -37,7 +38,7 @@ def read_archive(spec: ClassifierSpec, where: str) -> zip_archive.Members:
     """The entry's archive, read once and checked (:mod:`pipeline.models.pt2_check`): the
     members its preprocessing and its program both come from."""
     if not spec.checkpoint:
-        raise ValueError(f"{where}.checkpoint: the exported kind needs the .pt2 file (torch.export.save)")
+        raise CnsbenchError(f"{where}.checkpoint: the exported kind needs the .pt2 file (torch.export.save)")
     if not os.path.lexists(spec.checkpoint):
         raise FileNotFoundError(f"{where}.checkpoint: checkpoint file not found: {spec.checkpoint}")
     data = read_bounded(spec.checkpoint, stored_preprocess.MAX_ARCHIVE_BYTES, f"{where}.checkpoint")
@@ -61,7 +62,7 @@ class ExportedClassifier(Classifier):
             raise RuntimeError(f"{self.where}: could not load torch.export program {spec.checkpoint}: {err}") from err
         problem = output_problem(program, f"{self.where}: the program in {spec.checkpoint}")
         if problem:
-            raise ValueError(problem)
+            raise CnsbenchError(problem)
         self.model = program.module().to(device)
         self.transform = stored_preprocess.transform(self.preprocess_cfg)
         size = list(self.preprocess_cfg["input_size"])
@@ -69,19 +70,19 @@ class ExportedClassifier(Classifier):
             with torch.inference_mode():
                 probe = self.model(torch.zeros(2, *size, device=device))
         except Exception as err:
-            raise ValueError(
+            raise CnsbenchError(
                 f"{self.where}: the program in {spec.checkpoint} does not take a batch [N, {', '.join(map(str, size))}] "
                 f"(export it with a dynamic batch dimension and that input_size): {err}"[:600]
             ) from None
         if probe.ndim != 2:
-            raise ValueError(f"{self.where}: the exported program returns shape {tuple(probe.shape)}, expected [N, K]")
+            raise CnsbenchError(f"{self.where}: the exported program returns shape {tuple(probe.shape)}, expected [N, K]")
         self._map_outputs(int(probe.shape[1]))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         try:
             return self.model(x)
         except Exception as err:  # an exported program checks its input's shape (its guards)
-            raise ValueError(
+            raise CnsbenchError(
                 f"{self.where}: the program in {self.spec.checkpoint} does not take an input of shape {tuple(x.shape)} "
                 f"(its preprocess.json: input_size {self.preprocess_cfg['input_size']}; the entry's preprocess "
                 f"{self.preprocess_choice!r} makes this one): {err}"[:700]
@@ -154,6 +155,6 @@ def export_classifier(module: torch.nn.Module, path: str, preprocess: dict[str, 
     program = torch.export.export(module, example, dynamic_shapes=({0: batch},))
     problem = output_problem(program, f"export_classifier: {type(module).__name__}")
     if problem:
-        raise ValueError(problem)
+        raise CnsbenchError(problem)
     torch.export.save(program, path, extra_files={stored_preprocess.PREPROCESS_FILE: json.dumps(cfg)})
     return path

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.errors import CnsbenchError, UnknownKey
+
 LORA_PREFIX = "lora_unet"
 
 # Module classes whose Linear/Conv children a slider adapts (concept-slider naming).
@@ -55,9 +57,9 @@ def _excluded(key: str, method: str) -> bool:
 def target_modules(unet: nn.Module, targets: str = "attn", method: str = "noxattn") -> dict[str, nn.Module]:
     """Module path -> Linear/Conv2d layer that a slider with these settings adapts."""
     if targets not in TARGETS:
-        raise ValueError(f"unknown slider targets {targets!r}; choose one of {sorted(TARGETS)}")
+        raise CnsbenchError(f"unknown slider targets {targets!r}; choose one of {sorted(TARGETS)}")
     if method not in METHODS:
-        raise ValueError(f"unknown slider method {method!r}; choose one of {METHODS}")
+        raise CnsbenchError(f"unknown slider method {method!r}; choose one of {METHODS}")
     classes = TARGETS[targets]
     found: dict[str, nn.Module] = {}
     for name, module in unet.named_modules():
@@ -81,7 +83,7 @@ def load_slider_file(path: str) -> dict[str, torch.Tensor]:
     import fsspec
 
     if not (path.endswith(".safetensors") or path.endswith(".pt") or path.endswith(".pth")):
-        raise ValueError(f"slider file {path!r}: expected a .safetensors, .pt or .pth file")
+        raise CnsbenchError(f"slider file {path!r}: expected a .safetensors, .pt or .pth file")
     try:
         with fsspec.open(path, "rb") as fh:
             data = fh.read()
@@ -99,7 +101,7 @@ def load_slider_file(path: str) -> dict[str, torch.Tensor]:
         data = zip_archive.rebuild(zip_archive.read_members(data, path))
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
-        raise ValueError(f"slider file {path!r}: expected a state dict, got {type(state).__name__}")
+        raise CnsbenchError(f"slider file {path!r}: expected a state dict, got {type(state).__name__}")
     return state
 
 
@@ -238,7 +240,7 @@ class SliderBank:
 
     def __init__(self, unet: nn.Module, capacity: int = 16) -> None:
         if capacity < 1:
-            raise ValueError(f"slider bank capacity must be >= 1, got {capacity}")
+            raise CnsbenchError(f"slider bank capacity must be >= 1, got {capacity}")
         self.unet = unet
         # Every Linear/Conv2d that any slider could target, by LoRA key.
         self._layers: dict[str, tuple[str, nn.Module]] = {}
@@ -301,22 +303,22 @@ class SliderBank:
             grouped.setdefault(base, {})[leaf] = v
         unknown = sorted(k for k in grouped if k not in self._layers)
         if unknown:
-            raise ValueError(
+            raise CnsbenchError(
                 f"slider {source}: {len(unknown)} keys match no UNet module, e.g. {unknown[:3]}; "
                 "is it a slider for this base model?"
             )
         layers: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
         for key, parts in grouped.items():
             if "lora_down" not in parts or "lora_up" not in parts:
-                raise ValueError(f"slider {source}: {key} lacks lora_down/lora_up weights")
+                raise CnsbenchError(f"slider {source}: {key} lacks lora_down/lora_up weights")
             down, up = parts["lora_down"], parts["lora_up"]
             stack = self._stacks[key]
             rank = down.shape[0] if down.dim() else 0
             if stack.is_conv and down.dim() != 4:
-                raise ValueError(f"slider {source}: {key} is a Conv2d but lora_down has shape {tuple(down.shape)}")
+                raise CnsbenchError(f"slider {source}: {key} is a Conv2d but lora_down has shape {tuple(down.shape)}")
             want_up = (stack.out_dim, rank, 1, 1) if stack.is_conv else (stack.out_dim, rank)
             if rank < 1 or tuple(down.shape) != stack.down_shape(rank) or tuple(up.shape) != want_up:
-                raise ValueError(
+                raise CnsbenchError(
                     f"slider {source}: {key} has lora_down {tuple(down.shape)} and lora_up {tuple(up.shape)}; "
                     f"the layer needs [r, {', '.join(map(str, stack.down_shape(rank)[1:]))}] and {list(want_up)}"
                 )
@@ -402,11 +404,11 @@ class SliderBank:
         ``sliders[i] is None`` or ``multipliers[i] == 0`` leaves row ``i`` untouched.
         """
         if len(sliders) != len(multipliers):
-            raise ValueError("route: sliders and multipliers differ in length")
+            raise CnsbenchError("route: sliders and multipliers differ in length")
         on = [s is not None and m != 0 for s, m in zip(sliders, multipliers)]
         missing = sorted({s for s, o in zip(sliders, on) if o and s not in self._slots})
         if missing:
-            raise KeyError(f"slider {missing[0]!r} is not loaded; loaded: {self.names()}")
+            raise UnknownKey(f"slider {missing[0]!r} is not loaded; loaded: {self.names()}")
         if not any(on):
             self.clear_route()
             return
@@ -448,7 +450,7 @@ class SliderBank:
                 return output
             x = args[0]
             if x.shape[0] != self._index.shape[0]:
-                raise ValueError(f"slider route has {self._index.shape[0]} rows, the UNet batch {x.shape[0]}")
+                raise CnsbenchError(f"slider route has {self._index.shape[0]} rows, the UNet batch {x.shape[0]}")
             if stack.is_conv:
                 apply_conv(stack.down, stack.up, module, x, output, self._index, self._index_r, self._mult)
             else:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from pipeline.config import ClassifierSpec
+from pipeline.errors import CnsbenchError
 from pipeline.labels import LabelSpace
 from pipeline.models.classifiers import Classifier
 
@@ -68,7 +69,7 @@ def held_model(spec: ClassifierSpec, where: str) -> Any:
     """The entry's object (fetched from Ray's object store where it travelled by reference)."""
     held = spec.held
     if held is None:
-        raise ValueError(f"{where}: {NOT_HELD}")
+        raise CnsbenchError(f"{where}: {NOT_HELD}")
     if type(held).__name__ == "ObjectRef":
         import ray
 
@@ -82,7 +83,7 @@ class ModuleClassifier(Classifier):
     def __init__(self, spec: ClassifierSpec, device: str, labels: LabelSpace | None = None) -> None:
         super().__init__(spec, device, labels)
         if self._input_transform is None:
-            raise ValueError(f"{self.where}.preprocess: {NO_TRANSFORM}")
+            raise CnsbenchError(f"{self.where}.preprocess: {NO_TRANSFORM}")
         model = held_model(spec, self.where)
         problem = materialized_problem(model)
         if problem:
@@ -120,18 +121,18 @@ class ModuleClassifier(Classifier):
         try:
             out = self.model(x)
         except Exception as err:  # noqa: BLE001 - the user's code
-            raise ValueError(f"{self.where}: the model raised on a batch of shape {tuple(x.shape)}: "
+            raise CnsbenchError(f"{self.where}: the model raised on a batch of shape {tuple(x.shape)}: "
                              f"{type(err).__name__}: {err}"[:600]) from None
         if not isinstance(out, torch.Tensor):
-            raise ValueError(f"{self.where}: the model returned a {type(out).__name__}, not a logits tensor [N, K]")
+            raise CnsbenchError(f"{self.where}: the model returned a {type(out).__name__}, not a logits tensor [N, K]")
         if out.ndim != 2 or out.shape[0] != x.shape[0]:
-            raise ValueError(f"{self.where}: the model returned shape {tuple(out.shape)} for a batch of "
+            raise CnsbenchError(f"{self.where}: the model returned shape {tuple(out.shape)} for a batch of "
                              f"{x.shape[0]}; expected logits [{x.shape[0]}, K]")
         if self._n_out is not None and out.shape[1] != self._n_out:
-            raise ValueError(f"{self.where}: the model returned {out.shape[1]} logits per image, "
+            raise CnsbenchError(f"{self.where}: the model returned {out.shape[1]} logits per image, "
                              f"then {self._n_out} on an earlier batch")
         if not torch.isfinite(out).all():
-            raise ValueError(f"{self.where}: the model returned NaN or infinite logits")
+            raise CnsbenchError(f"{self.where}: the model returned NaN or infinite logits")
         self._n_out = int(out.shape[1])
         return out
 

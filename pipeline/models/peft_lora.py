@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeline.errors import CnsbenchError
 from pipeline.models.lora import lora_key, target_modules
 
 ADAPTER = "cns_slider"
@@ -59,7 +60,7 @@ def peft_to_published(state: dict[str, torch.Tensor], alpha: float | dict[str, f
         elif k.endswith(_B):
             path, leaf = k[: -len(_B)], "lora_up"
         else:
-            raise ValueError(f"peft state key {k!r} is not a LoRA A/B weight (bias and DoRA are not slider layouts)")
+            raise CnsbenchError(f"peft state key {k!r} is not a LoRA A/B weight (bias and DoRA are not slider layouts)")
         key = lora_key(path)
         out[f"{key}.{leaf}.weight"] = v
         a = alpha[path] if isinstance(alpha, dict) else alpha
@@ -83,7 +84,7 @@ class PeftSlider:
 
         paths = list(target_modules(unet, targets, method))
         if not paths:
-            raise ValueError(f"slider targets={targets!r} method={method!r} select no layer of this UNet")
+            raise CnsbenchError(f"slider targets={targets!r} method={method!r} select no layer of this UNet")
         self.unet = unet
         self.adapter = adapter
         self.alpha = float(alpha)
@@ -121,13 +122,13 @@ class PeftSlider:
         params = self.parameters()
         unknown = sorted(k for k in state if k.endswith(".weight") and k not in params)
         if unknown:
-            raise ValueError(f"slider weights match no injected layer, e.g. {unknown[:3]}")
+            raise CnsbenchError(f"slider weights match no injected layer, e.g. {unknown[:3]}")
         for k, p in params.items():
             if k not in state:
-                raise ValueError(f"slider weights lack {k}")
+                raise CnsbenchError(f"slider weights lack {k}")
             v = state[k]
             if tuple(v.shape) != tuple(p.shape):
-                raise ValueError(f"slider weight {k}: shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}")
+                raise CnsbenchError(f"slider weight {k}: shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}")
             p.copy_(v.to(p.device, p.dtype))
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from pipeline.config.resources import PRECISIONS
+from pipeline.errors import CnsbenchError
 
 
 def _fp32_flags() -> list[tuple[Any, str]]:
@@ -64,7 +65,7 @@ class ModelPrecision:
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
+            raise CnsbenchError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
 
     @classmethod
     def of(cls, resources: Any) -> "ModelPrecision":

@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 import torch
 
 from pipeline.config import GeneratorSpec
+from pipeline.errors import CnsbenchError
 from pipeline.labels import LabelSpace
 from pipeline.models import cache, diffusion
 from pipeline.models.lora import SliderBank, load_slider_file
@@ -452,7 +453,7 @@ def get_sampler(
     """The per-process sampler of ``kind`` for ``spec`` over ``classes``, set up once and shared by
     every family and source that asks for the same one (:func:`pipeline.models.cache.shared`)."""
     if kind not in SAMPLERS.keys():
-        raise ValueError(f"generator.kind {kind!r} has no text-to-image sampler; choose one of {SAMPLERS.keys()}")
+        raise CnsbenchError(f"generator.kind {kind!r} has no text-to-image sampler; choose one of {SAMPLERS.keys()}")
     key = ("sampler", kind, json.dumps(spec.model_dump(mode="json"), sort_keys=True), tuple(classes),
            labels.key, tuple(labels.names), device, str(dtype))
 

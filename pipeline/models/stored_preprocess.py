@@ -21,6 +21,7 @@ import math
 import os
 from typing import Any, Callable
 
+from pipeline.errors import CnsbenchError
 from pipeline.io import regular, zip_archive
 
 PREPROCESS_FILE = "preprocess.json"
@@ -35,7 +36,7 @@ def saved_preprocess(members: zip_archive.Members, path: str) -> str:
     try:
         return members.files.get(f"extra/{PREPROCESS_FILE}", b"").decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: extra/{PREPROCESS_FILE} is not UTF-8 text ({err})") from None
+        raise CnsbenchError(f"{path}: extra/{PREPROCESS_FILE} is not UTF-8 text ({err})") from None
 
 
 def archive_preprocess(path: str) -> str:
@@ -44,7 +45,7 @@ def archive_preprocess(path: str) -> str:
     try:
         data = regular.read_bounded(path, MAX_ARCHIVE_BYTES, "model archive")
     except OSError as err:
-        raise ValueError(f"{path}: not a readable model archive ({err})") from None
+        raise CnsbenchError(f"{path}: not a readable model archive ({err})") from None
     return saved_preprocess(zip_archive.read_members(data, path), path)
 
 
@@ -64,7 +65,7 @@ def check_types(cfg: dict[str, Any], origin: dict[str, str]) -> None:
     }
     for key, (what, ok) in checks.items():
         if not ok(cfg[key]):
-            raise ValueError(f"{origin.get(key, key)}: {key} must be {what}, got {cfg[key]!r}"[:400])
+            raise CnsbenchError(f"{origin.get(key, key)}: {key} must be {what}, got {cfg[key]!r}"[:400])
 
 
 def resolve(saved: str, model_kwargs: dict[str, Any], where: str, path: str, kind: str) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def resolve(saved: str, model_kwargs: dict[str, Any], where: str, path: str, kin
     ``model_kwargs``; checked, with each bad value named by where it came from."""
     unknown = sorted(set(model_kwargs) - KEYS)
     if unknown:
-        raise ValueError(f"{where}.model_kwargs: unknown keys {unknown} for kind {kind}; allowed: {sorted(KEYS)}")
+        raise CnsbenchError(f"{where}.model_kwargs: unknown keys {unknown} for kind {kind}; allowed: {sorted(KEYS)}")
     cfg: dict[str, Any] = dict(DEFAULTS)
     in_file = f"{PREPROCESS_FILE} of {path}"
     origin: dict[str, str] = {}
@@ -80,27 +81,27 @@ def resolve(saved: str, model_kwargs: dict[str, Any], where: str, path: str, kin
         try:
             data = json.loads(saved)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: {PREPROCESS_FILE} in {path} is not JSON: {err}") from None
+            raise CnsbenchError(f"{where}: {PREPROCESS_FILE} in {path} is not JSON: {err}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"{where}: {in_file} must be a JSON object, got {type(data).__name__}")
+            raise CnsbenchError(f"{where}: {in_file} must be a JSON object, got {type(data).__name__}")
         cfg.update(data)
         origin.update({k: f"{where}: {k} in {in_file}" for k in data})
     cfg.update(model_kwargs)
     origin.update({k: f"{where}.model_kwargs.{k}" for k in model_kwargs})
     if "input_size" not in cfg:
-        raise ValueError(
+        raise CnsbenchError(
             f"{where}: no input_size; set model_kwargs.input_size (e.g. [3, 224, 224]) or save the model "
             f"with a {PREPROCESS_FILE} extra file"
         )
     check_types(cfg, origin)
     size = list(cfg["input_size"])
     if len(cfg["mean"]) != size[0] or len(cfg["std"]) != size[0]:
-        raise ValueError(
+        raise CnsbenchError(
             f"{where}: input_size must be [C, H, W] and mean/std have C entries, got "
             f"input_size={cfg['input_size']}, mean={cfg['mean']}, std={cfg['std']}"
         )
     if cfg["interpolation"] not in INTERPOLATIONS:
-        raise ValueError(f"{where}: interpolation must be one of {sorted(INTERPOLATIONS)}, got {cfg['interpolation']!r}")
+        raise CnsbenchError(f"{where}: interpolation must be one of {sorted(INTERPOLATIONS)}, got {cfg['interpolation']!r}")
     return {k: cfg[k] for k in ("input_size", "mean", "std", "interpolation")}
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from pipeline.errors import CnsbenchError
+
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.config import BuildConfig
 
@@ -57,7 +59,7 @@ def stage_budget(cfg: "BuildConfig", stage: str) -> tuple[int, str]:
         return int(res.memory_budget_gb * GB), f"resources.{stage}.memory_budget_gb"
     device = cfg.resources.device_memory_gb
     if device is None or res.num_gpus <= 0:  # the config's own validation refuses this
-        raise ValueError(f"resources.{stage}.batch_size auto: no memory_budget_gb and no device_memory_gb share")
+        raise CnsbenchError(f"resources.{stage}.batch_size auto: no memory_budget_gb and no device_memory_gb share")
     return int(device * res.num_gpus * GB), f"{res.num_gpus:g} x resources.device_memory_gb"
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.files import write_text_atomic
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -38,7 +39,7 @@ def gpu_spec(name: str) -> dict:
     table = gpu_table()
     key = name.lower()
     if key not in table:
-        raise ValueError(f"--gpu {name!r}: unknown GPU; known: {', '.join(sorted(table))} (pipeline/data/gpus.json)")
+        raise CnsbenchError(f"--gpu {name!r}: unknown GPU; known: {', '.join(sorted(table))} (pipeline/data/gpus.json)")
     return {"key": key, **table[key]}
 
 

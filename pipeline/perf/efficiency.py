@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import CnsbenchError
 from pipeline.perf.data import DATA, emit, load_data
 
 FILE = DATA / "scale_efficiency.json"
@@ -51,7 +52,7 @@ def with_run(data: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """``data`` (the file's contents) with the bench's ``result`` as the run at its GPU count."""
     missing = [k for k in ("gpus", "images", "efficiency", "efficiency_without_startup", "command") if k not in result]
     if missing:
-        raise ValueError(f"not a bench/scale.py --json result: no {', '.join(missing)}")
+        raise CnsbenchError(f"not a bench/scale.py --json result: no {', '.join(missing)}")
     run = {k: result[k] for k in KEPT if k in result}
     kept = [r for r in data.get("runs", []) if r["gpus"] != run["gpus"]]
     return {

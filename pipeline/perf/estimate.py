@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from pipeline.errors import CnsbenchError
 from pipeline.perf import data, efficiency, latency, startup
 from pipeline.perf.device import ALLOCATOR_RESERVE, MIN_RESERVE_BYTES, Device, gpu_device
 from pipeline.perf.evals import unit_evals
@@ -74,7 +75,7 @@ def _allowance(device: Device, num_gpus: float) -> int | None:
     return device.allowance(num_gpus) if num_gpus > 0 else None
 
 
-class DoesNotFit(ValueError):
+class DoesNotFit(CnsbenchError):
     """Actors whose projected memory exceeds their share of the GPU."""
 
     def __init__(self, gpu: dict, device: Device, actors: list[Actor]) -> None:
@@ -539,9 +540,9 @@ def estimate(cfg: "BuildConfig", gpu: str, n_gpus: int, price_per_hour: float | 
     from pipeline import plan
 
     if not 1 <= n_gpus <= MAX_GPUS:
-        raise ValueError(f"--gpus must be between 1 and {MAX_GPUS:,}, got {n_gpus}")
+        raise CnsbenchError(f"--gpus must be between 1 and {MAX_GPUS:,}, got {n_gpus}")
     if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
-        raise ValueError(f"--price-per-hour must be a finite number >= 0, got {price_per_hour}")
+        raise CnsbenchError(f"--price-per-hour must be a finite number >= 0, got {price_per_hour}")
     spec = data.gpu_spec(gpu)
     device, found = check_memory(cfg, spec)
     summary = plan.summarize(cfg)

@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import CnsbenchError
 from pipeline.perf.data import DATA, emit
 
 FILE = DATA / "gpus.json"
@@ -43,7 +44,7 @@ STAGES = {"classify": "classifier", "filter": "filter"}
 def _stage_tflop(stage: dict[str, Any], where: str) -> float:
     models = stage.get("models") or []
     if not models:
-        raise ValueError(f"{where}.models: no model measured")
+        raise CnsbenchError(f"{where}.models: no model measured")
     return sum(float(m["achieved_tflops"]) * float(m["seconds_per_image"]) for m in models)
 
 
@@ -51,13 +52,13 @@ def gpu_key(result: dict[str, Any], gpu: str, table: dict[str, dict]) -> str:
     """``gpu`` checked against ``table`` and against the device the run says it measured."""
     key = gpu.lower()
     if key not in table:
-        raise ValueError(f"--gpu {gpu!r}: unknown GPU; known: {', '.join(sorted(table))}")
+        raise CnsbenchError(f"--gpu {gpu!r}: unknown GPU; known: {', '.join(sorted(table))}")
     device = str(result.get("device", ""))
     if not device or device == "cpu":
-        raise ValueError(f"the run was measured on {device or 'no device'!r}, not a GPU: utilisations come from a GPU run")
+        raise CnsbenchError(f"the run was measured on {device or 'no device'!r}, not a GPU: utilisations come from a GPU run")
     family = key.split("-")[0].upper()
     if family not in device.upper():
-        raise ValueError(f"--gpu {gpu}: the run was measured on {device!r}, which is no {family}")
+        raise CnsbenchError(f"--gpu {gpu}: the run was measured on {device!r}, which is no {family}")
     return key
 
 
@@ -67,7 +68,7 @@ def utilisations(result: dict[str, Any], peak_tflops: float) -> dict[str, Any]:
     for stage, name in STAGES.items():
         measured = result.get(stage)
         if not isinstance(measured, dict) or "seconds_per_image" not in measured:
-            raise ValueError(f"not a bench/rehearsal_gpu.py result: no {stage}.seconds_per_image")
+            raise CnsbenchError(f"not a bench/rehearsal_gpu.py result: no {stage}.seconds_per_image")
         tflop = _stage_tflop(measured, stage)
         out[name] = round(tflop / float(measured["seconds_per_image"]) / peak_tflops, 4)
         by_setting = (result.get("precision") or {}).get(stage) or {}
@@ -90,7 +91,7 @@ def generation_utilisations(result: dict[str, Any], peak_tflops: float) -> dict[
     """The UNet and VAE entries of a ``bench/latency.py --json`` result (its bfloat16 run)."""
     runs = [u for u in result.get("unet") or () if u.get("dtype") == "bfloat16"]
     if not runs:
-        raise ValueError("not a bench/latency.py result with a bfloat16 UNet run (unet[].dtype)")
+        raise CnsbenchError("not a bench/latency.py result with a bfloat16 UNet run (unet[].dtype)")
     u = runs[0]
     flop_per_image = float(u["unet_gflop_per_eval_cfg2"]) * 1e9  # CFG batch of 2 = one image
     seconds = {"1": float(u["seconds_per_unet_eval_cfg2"])}

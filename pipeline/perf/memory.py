@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.files import write_text_atomic
 from pipeline.models.footprint import (
     DTYPE_BYTES,
@@ -243,7 +244,7 @@ def auto_batch(cfg: "BuildConfig", stage: str) -> AutoBatch:
         def need(batch: int) -> int:
             return _filter_bytes(cfg, batch)
     else:
-        raise ValueError(f"batch_size auto: stage {stage!r} has no memory projection (filter, classify)")
+        raise CnsbenchError(f"batch_size auto: stage {stage!r} has no memory projection (filter, classify)")
     cap = max(1, chunk // per_row)
     best = largest_fitting(need, budget, cap)
     batch = max(1, best)

@@ -26,6 +26,8 @@ import os
 import time
 import uuid
 
+from pipeline.errors import CnsbenchError
+
 ENV = "CNSBENCH_FAULT_INJECT"
 DIR_ENV = "CNSBENCH_FAULT_DIR"
 
@@ -41,7 +43,7 @@ def _rules() -> list[tuple[str, str, str, str]]:
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         fields = part.split(":")
         if len(fields) != 4:
-            raise ValueError(f"{ENV}: rule {part!r} must be stage:point:key:action")
+            raise CnsbenchError(f"{ENV}: rule {part!r} must be stage:point:key:action")
         rules.append(tuple(fields))
     return rules
 
@@ -77,7 +79,7 @@ def inject(stage: str, point: str, keys: list[str]) -> None:
             while not os.path.exists(os.path.join(fault_dir, "release")) and time.time() < deadline:
                 time.sleep(0.2)
         else:
-            raise ValueError(f"{ENV}: unknown action {action!r}")
+            raise CnsbenchError(f"{ENV}: unknown action {action!r}")
 
 
 def attempt_key(keys: list[str]) -> str:

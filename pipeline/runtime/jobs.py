@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.nested import iter_strings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -168,11 +169,11 @@ def _config_relative(config_path: str | os.PathLike[str], working_dir: Path, exc
     try:
         rel = cfg.relative_to(working_dir).as_posix()
     except ValueError:
-        raise ValueError(
+        raise CnsbenchError(
             f"config {cfg} is outside the working_dir {working_dir}; only the working_dir is uploaded"
         ) from None
     if _is_excluded(rel, excludes):
-        raise ValueError(f"config {rel} is excluded from the upload (.gitignore / {list(ALWAYS_EXCLUDE)})")
+        raise CnsbenchError(f"config {rel} is excluded from the upload (.gitignore / {list(ALWAYS_EXCLUDE)})")
     _check_config_paths(cfg, working_dir, excludes)
     return rel
 
@@ -200,7 +201,7 @@ def _check_config_paths(cfg: Path, working_dir: Path, excludes: Sequence[str]) -
             bad.append(f"{value} (excluded from the upload)")
     if bad:
         shown = "; ".join(bad[:4]) + (f"; and {len(bad) - 4} more" if len(bad) > 4 else "")
-        raise ValueError(
+        raise CnsbenchError(
             f"{cfg.name} refers to files that will not exist on the cluster: {shown}. "
             "Use hub ids or URIs (e.g. s3://bucket/cnsbench/sliders) for models, sliders and "
             "class tokens, or keep the files in the repository"
@@ -209,9 +210,9 @@ def _check_config_paths(cfg: Path, working_dir: Path, excludes: Sequence[str]) -
 
 def _check_output(output_uri: str) -> None:
     if not output_uri:
-        raise ValueError("an output URI is required")
+        raise CnsbenchError("an output URI is required")
     if "://" not in output_uri and not os.path.isabs(output_uri):
-        raise ValueError(
+        raise CnsbenchError(
             f"output {output_uri!r} is a relative path: the job runs in a temporary copy of the "
             "working_dir on the cluster; use a URI (s3://bucket/prefix) or an absolute path on "
             "storage every node shares"
@@ -226,7 +227,7 @@ def _read_token_file(path: str | os.PathLike[str], what: str) -> str:
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {p} does not exist") from None
     if not token:
-        raise ValueError(f"{what} {p} is empty")
+        raise CnsbenchError(f"{what} {p} is empty")
     return token
 
 
@@ -326,7 +327,7 @@ def submit_build(
     rel = _config_relative(config_path, wd, runtime_env["excludes"])
     _check_output(output_uri)
     if new_version and accepts is not None and accepts("--new-version") is False:
-        raise ValueError(
+        raise CnsbenchError(
             "`cnsbench build` in this checkout has no --new-version option; a build resumes "
             "on the same --output, so use a new --output for a new version"
         )

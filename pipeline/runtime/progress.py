@@ -51,6 +51,18 @@ def verbose() -> bool:
     return _VERBOSE
 
 
+def quiet_unless_verbose() -> None:
+    """What a verb of the Python API does first: without ``set_verbose(True)`` (``-v``) no model
+    library shows a bar of its own, also when a notebook imported transformers before."""
+    import sys
+
+    set_verbose(_VERBOSE)
+    if not _VERBOSE and "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+
+
 def quiet_model_libraries() -> None:
     """Before models load in this process: diffusers' own bars ("Loading pipeline components")
     off unless verbose.  Its switch is a module flag, not the environment, and tqdm reads

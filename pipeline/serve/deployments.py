@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from pipeline.config import BuildConfig, ConfigError, load_config
+from pipeline.errors import CnsbenchError
 from pipeline.serve.index import BenchmarkIndex, open_output
 from pipeline.serve.options import TOKEN_ENV, ServeOptions, deployment_options
 from pipeline.serve.preview import PreviewService
@@ -43,9 +44,9 @@ def generate_row(stage: Any, class_id: int, seed: int, shift: str, scales: list[
     """
     cfg = stage.config
     if class_id not in cfg.benchmark.classes or shift not in cfg.all_shifts():
-        raise ValueError(f"({class_id}, {shift!r}) is not a (class, shift) of the config")
+        raise CnsbenchError(f"({class_id}, {shift!r}) is not a (class, shift) of the config")
     if 0.0 not in scales:
-        raise ValueError("scales must include 0 (the reference image of the trajectory)")
+        raise CnsbenchError("scales must include 0 (the reference image of the trajectory)")
     return stage.trajectory(class_id, seed, shift, list(scales))
 
 

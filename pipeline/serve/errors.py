@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from pipeline.errors import CnsbenchError
+
 T = TypeVar("T")
 
 
@@ -41,7 +43,7 @@ class PreviewFailed(RuntimeError):
     """A model deployment raised while making a preview (HTTP 500 with the error)."""
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(CnsbenchError):
     """Request values that fail validation (HTTP 422)."""
 
     def __init__(self, errors: list[dict[str, Any]] | str) -> None:
@@ -69,7 +71,7 @@ def read_listed(what: str, read: Callable[[], T], changed: Callable[[], bool], r
         raise
 
 
-class BadBody(ValueError):
+class BadBody(CnsbenchError):
     """A request body the routes cannot read: not declared as JSON (415) or not JSON (400)."""
 
     def __init__(self, message: str, status: int) -> None:
@@ -95,9 +97,9 @@ def parse_json_body(body: bytes) -> Any:
     try:
         return json.loads(body)
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise CnsbenchError("JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(str(err)) from None
+        raise CnsbenchError(str(err)) from None
 
 
 def is_missing(value: Any) -> bool:

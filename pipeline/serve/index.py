@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote
 
+from pipeline.errors import CnsbenchError
+from pipeline.io.image_refs import ShardStores
 from pipeline.io.webdataset import tar_members
 from pipeline.plan import schema
 from pipeline.serve.errors import NotFound, as_flag, is_missing, json_number, read_listed
@@ -376,13 +378,14 @@ class BenchmarkIndex:
         for ext, mime in IMAGE_TYPES.items():
             if ext in members:
                 offset, size = members[ext]
-                with self.store.fs.open(self.store.path(shard), "rb") as fh:
+                holder = ShardStores(self.store)(shard)  # an evaluation output's: its benchmark's
+                with holder.fs.open(holder.path(shard), "rb") as fh:
                     fh.seek(offset)
                     data = fh.read(size)
                 if len(data) != size:
-                    raise ValueError(f"{self.store.url(shard)} is truncated at member {key}.{ext}")
+                    raise CnsbenchError(f"{holder.url(shard)} is truncated at member {key}.{ext}")
                 return data, mime
-        raise ValueError(f"{self.store.url(shard)} has no image member for sample {key!r}")
+        raise CnsbenchError(f"{ShardStores(self.store)(shard).url(shard)} has no image member for sample {key!r}")
 
     def _members(self, shard: str) -> dict[str, dict[str, tuple[int, int]]]:
         """Member key -> {extension: (data offset, size)} of a tar shard; read once, then cached."""
@@ -391,12 +394,13 @@ class BenchmarkIndex:
             if cached is not None:
                 return cached
             index: dict[str, dict[str, tuple[int, int]]] = {}
+            holder = ShardStores(self.store)(shard)  # an evaluation output's: its benchmark's
             try:
-                with self.store.fs.open(self.store.path(shard), "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
+                with holder.fs.open(holder.path(shard), "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
                     for key, ext, info in tar_members(tar):
                         index.setdefault(key, {})[ext] = (info.offset_data, info.size)
             except (tarfile.TarError, EOFError) as err:
-                raise ValueError(f"malformed WebDataset shard {self.store.url(shard)}: {err}") from None
+                raise CnsbenchError(f"malformed WebDataset shard {holder.url(shard)}: {err}") from None
             self._tar_index[shard] = index
             return index
 

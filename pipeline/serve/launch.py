@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import load_config
+from pipeline.errors import CnsbenchError
 from pipeline.serve.deployments import make_app
 from pipeline.serve.index import open_output
 from pipeline.serve.options import (
@@ -40,7 +41,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host.strip("[]"), port))
         except OSError as err:
-            raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+            raise CnsbenchError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
 
 
 def wait_until_serving(host: str, port: int, timeout: float = 30.0) -> None:
@@ -94,7 +95,7 @@ def run_server(
     from ray import serve
 
     if not 1 <= int(port) <= 65535:
-        raise ValueError(f"port must be in 1..65535, got {port}")
+        raise CnsbenchError(f"port must be in 1..65535, got {port}")
     token = token or os.environ.get(TOKEN_ENV) or None
     if options.get("allowed_hosts") is None and is_loopback(host):
         options["allowed_hosts"] = ["127.0.0.1", "localhost", "[::1]"]

@@ -30,6 +30,7 @@ from pydantic import (
     field_validator,
 )
 
+from pipeline.errors import CnsbenchError
 from pipeline.plan import schema
 from pipeline.config import BuildConfig
 from pipeline.serve.errors import InvalidRequest, NotFound, json_number
@@ -73,14 +74,14 @@ class PreviewRequest(BaseModel):
     @classmethod
     def _seed_not_bool(cls, value: Any) -> Any:
         if isinstance(value, bool):
-            raise ValueError("seed must be an integer")
+            raise CnsbenchError("seed must be an integer")
         return value
 
     @field_validator("scales", mode="before")
     @classmethod
     def _scales_not_bool(cls, value: Any) -> Any:
         if isinstance(value, list) and any(isinstance(v, bool) for v in value):
-            raise ValueError("scales must be numbers")
+            raise CnsbenchError("scales must be numbers")
         return value
 
     @field_validator("scales")
@@ -90,16 +91,16 @@ class PreviewRequest(BaseModel):
             return None
         bounds: PreviewBounds | None = (info.context or {}).get("bounds")
         if bounds is None:
-            raise ValueError("no preview bounds configured")
+            raise CnsbenchError("no preview bounds configured")
         outside = [v for v in value if not bounds.lo <= v <= bounds.hi]
         if outside:
-            raise ValueError(f"scales must lie in [{bounds.lo:g}, {bounds.hi:g}], got {outside}")
+            raise CnsbenchError(f"scales must lie in [{bounds.lo:g}, {bounds.hi:g}], got {outside}")
         milli = [round(v * 1000) for v in value]
         if len(set(milli)) != len(milli):
-            raise ValueError("scales must be distinct (at 0.001 resolution)")
+            raise CnsbenchError("scales must be distinct (at 0.001 resolution)")
         n = len(set(milli) | {0})
         if n > bounds.max_scales:
-            raise ValueError(f"at most {bounds.max_scales} scales per preview (scale 0 included), got {n}")
+            raise CnsbenchError(f"at most {bounds.max_scales} scales per preview (scale 0 included), got {n}")
         return value
 
 

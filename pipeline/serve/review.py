@@ -43,6 +43,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.errors import CnsbenchError
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 from pipeline.plan.schema import SCORE_COLUMNS
@@ -79,7 +80,7 @@ def _order(entry: dict[str, Any]) -> str:
     return t[:-1] + ".000000Z" if t.endswith("Z") and "." not in t else t
 
 
-class ReviewError(ValueError):
+class ReviewError(CnsbenchError):
     """Bad review input: unknown set, sample id or decision (the message names it)."""
 
 

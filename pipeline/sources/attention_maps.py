@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import CnsbenchError
+
 
 class _Store:
     def __init__(self) -> None:
@@ -121,7 +123,7 @@ def token_columns(tokenizer, prompt: str, phrase: str) -> list[int]:
     for i in range(len(ids) - len(sub) + 1):
         if sub and ids[i : i + len(sub)] == sub:
             return list(range(i, i + len(sub)))
-    raise ValueError(f"class token {phrase!r} not found in the tokenized prompt {prompt!r}")
+    raise CnsbenchError(f"class token {phrase!r} not found in the tokenized prompt {prompt!r}")
 
 
 def aggregate(maps: list[Any], size: tuple[int, int], n_steps: int = 1, from_step: float = 0.0, finest: bool = False) -> np.ndarray:
@@ -137,7 +139,7 @@ def aggregate(maps: list[Any], size: tuple[int, int], n_steps: int = 1, from_ste
     import torch.nn.functional as F
 
     if not maps:
-        raise ValueError("no cross-attention maps were recorded (does the UNet have cross-attention layers?)")
+        raise CnsbenchError("no cross-attention maps were recorded (does the UNet have cross-attention layers?)")
     per_step = max(1, len(maps) // max(1, n_steps))
     largest = max(m.numel() for m in maps)
     total = torch.zeros(size, dtype=torch.float32)
@@ -147,7 +149,7 @@ def aggregate(maps: list[Any], size: tuple[int, int], n_steps: int = 1, from_ste
             continue
         side = int(round(m.numel() ** 0.5))
         if side * side != m.numel():
-            raise ValueError(f"cross-attention map of {m.numel()} positions is not square")
+            raise CnsbenchError(f"cross-attention map of {m.numel()} positions is not square")
         up = F.interpolate(m.view(1, 1, side, side).float(), size=size, mode="bilinear", align_corners=False)[0, 0]
         total += (up - up.min()) / (up.max() - up.min() + 1e-12)
         used += 1

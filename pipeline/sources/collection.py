@@ -14,6 +14,7 @@ import io
 import os
 import posixpath
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.base import BaseImage, UnitContext
 from pipeline.sources.base import ImageSource
 
@@ -76,7 +77,7 @@ class CollectionSource(ImageSource):
         try:
             path, offset, size, rel = self._index[ctx.class_id][ctx.seed]
         except KeyError:
-            raise ValueError(f"source {self.config.source.path}: no image {ctx.seed} for class {ctx.class_id}") from None
+            raise CnsbenchError(f"source {self.config.source.path}: no image {ctx.seed} for class {ctx.class_id}") from None
         fs, p = filesystem(path)
         data = fs.cat_file(p) if offset < 0 else fs.cat_file(p, start=offset, end=offset + size)
         image = Image.open(io.BytesIO(data)).convert("RGB")

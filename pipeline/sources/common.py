@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.errors import CnsbenchError
 from pipeline.plan.schema import TRAJECTORY
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ SOURCE_ROW = pa.schema(
 )
 
 
-class SourceError(ValueError):
+class SourceError(CnsbenchError):
     """A source that cannot be evaluated; the message names the file and the problem."""
 
 

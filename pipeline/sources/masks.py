@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.base import UnitContext
 from pipeline.sources.base import MaskProvider
 
@@ -66,11 +67,11 @@ class FolderMasks(MaskProvider):
 
         rel = info.get("relpath")
         if not rel:
-            raise ValueError("mask kind 'folder' needs a collection source (no image path for this unit)")
+            raise CnsbenchError("mask kind 'folder' needs a collection source (no image path for this unit)")
         stem = os.path.splitext(rel)[0] + ".png"
         folders = getattr(self, "_folders", None) or self.folders(self.config)
         if not folders:
-            raise ValueError(self.missing_files(self.config)[0])
+            raise CnsbenchError(self.missing_files(self.config)[0])
         paths = [safe_relpath(folder, stem, what="source.masks.path") for folder in folders]
         path = next((p for p in paths if os.path.isfile(p)), paths[0])
         with Image.open(path) as m:

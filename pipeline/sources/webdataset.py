@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import posixpath
 import tarfile
 from collections import defaultdict
@@ -100,7 +101,29 @@ def _webdataset_from_samples(
             name = row.class_name
             names.setdefault(class_id, name if isinstance(name, str) and name else labels.name(class_id))
             formats.append(IMAGE_EXTENSIONS.get("." + ext, ext))
-    return Source("webdataset", location, group_rows(groups, names), dominant_format(formats))
+    rows = group_rows(groups, names)
+    if "kept" in samples.columns:  # a build output: its own filter's decisions travel with its images
+        decided = _filter_decisions(samples)
+        for row in rows:
+            row["source_filter"] = json.dumps([decided.get(sid) for sid in row["sample_ids"]])
+    return Source("webdataset", location, rows, dominant_format(formats))
+
+
+def _filter_decisions(samples: Any) -> dict[str, dict[str, Any]]:
+    """Per sample id, what the build's filter decided (``kept``, ``n_pass``, its scores and
+    realisation measures): ``cnsbench evaluate`` of a build without ``--filter`` keeps the
+    images the build kept, so its numbers are the build report's."""
+    from pipeline.plan.schema import REALISATION_COLUMNS, SCORE_COLUMNS
+
+    columns = [c for c in (*SCORE_COLUMNS, *REALISATION_COLUMNS) if c in samples.columns]
+    out = {}
+    for rec in samples[["sample_id", "kept", *(["n_pass"] if "n_pass" in samples.columns else []), *columns]].to_dict("records"):
+        out[str(rec["sample_id"])] = {
+            "kept": bool(rec["kept"]),
+            "n_pass": int(rec.get("n_pass", 0) or 0),
+            **{c: (None if rec[c] is None or rec[c] != rec[c] else float(rec[c])) for c in columns},
+        }
+    return out
 
 
 def _json_label(meta: dict[str, Any]) -> Any:

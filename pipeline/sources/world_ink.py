@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.base import UnitContext
 from pipeline.sources.base import MaskProvider
 from pipeline.sources.mask_quality import MaskBounds, assess
@@ -39,7 +40,7 @@ def parse_options(model: type[BaseModel], options: dict[str, Any], kind: str) ->
         return model.model_validate(options)
     except ValidationError as err:
         detail = "; ".join(f"source.masks.options.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise ValueError(f"mask provider {kind!r}: {detail}") from None
+        raise CnsbenchError(f"mask provider {kind!r}: {detail}") from None
 
 
 def ink_mask(image: Any, threshold: int) -> "Any":

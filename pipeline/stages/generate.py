@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline import plan, registry
 
+from pipeline.errors import CnsbenchError
 from pipeline.plan import schema
 from pipeline.families.base import BaseImage, UnitContext
 from pipeline.stages.base import Stage, encode_image, pick_device, pick_dtype
@@ -101,7 +102,7 @@ class GenerateStage(Stage):
         self.ensure_setup()
         family = next((f for g, f in self.families if shift in g.shifts), None)
         if family is None:
-            raise ValueError(f"shift {shift!r} is not part of this build; its shifts: {self.config.all_shifts()}")
+            raise CnsbenchError(f"shift {shift!r} is not part of this build; its shifts: {self.config.all_shifts()}")
         class_name = self.config.benchmark.class_name(class_id)
         unit = plan.WorkUnit(class_id, seed, (shift,), class_name)
         ctx = UnitContext(class_id, class_name, seed, self._load_base)
@@ -130,7 +131,7 @@ class GenerateStage(Stage):
         for shift in shifts:
             result = made[shift]
             if len(result.images) != len(scales):
-                raise ValueError(f"family returned {len(result.images)} images for {len(scales)} scales ({shift})")
+                raise CnsbenchError(f"family returned {len(result.images)} images for {len(scales)} scales ({shift})")
             rows.append(
                 schema.trajectory_row(
                     class_id=unit.class_id,

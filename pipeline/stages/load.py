@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 from typing import Any
 
@@ -92,10 +93,31 @@ class LoadStage(Stage):
                 row.update(scales=[], sample_ids=[], images=[], params=None, error=error)
             else:
                 row.update(images=images, error=None)
+            decided = r.get("source_filter")
             if self.fill_filter:
                 n = len(row["images"])
                 nan = [float("nan")] * n
                 row.update({c: nan for c in (*schema.SCORE_COLUMNS, *schema.REALISATION_COLUMNS)})
                 row.update(n_pass=[0] * n, kept=[True] * n)
+                if decided and not error:  # a build's own decisions (pipeline.sources.webdataset)
+                    row.update(source_decisions(json.loads(decided), n))
             out.append(row)
         return out
+
+
+def source_decisions(decided: list[dict[str, Any] | None], n: int) -> dict[str, list[Any]]:
+    """The filter columns of a trajectory from what its build decided per image (an image the
+    build's table lacks counts as kept, with no scores)."""
+    nan = float("nan")
+    out: dict[str, list[Any]] = {"kept": [], "n_pass": []}
+    columns = (*schema.SCORE_COLUMNS, *schema.REALISATION_COLUMNS)
+    for c in columns:
+        out[c] = []
+    for d in (decided + [None] * n)[:n]:
+        d = d or {}
+        out["kept"].append(bool(d.get("kept", True)))
+        out["n_pass"].append(int(d.get("n_pass", 0)))
+        for c in columns:
+            v = d.get(c)
+            out[c].append(nan if v is None else float(v))
+    return out

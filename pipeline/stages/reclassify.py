@@ -166,6 +166,8 @@ class ReclassifyStage(Stage):
         for rel in (r for r in manifest.files if r.startswith("images/")):
             for key, members in iter_tar(store.read_bytes(rel), store.url(rel)):
                 images[key] = next(v for k, v in members.items() if k != "json")
+        if not images and samples:  # an evaluation output: the images are its benchmark's (pipeline.io.image_refs)
+            images = referenced_images(store, samples)
 
         have = manifest.classifiers if manifest.classifiers is not None else list(self.built_with)
         sources = self._sources(names, have)
@@ -210,3 +212,20 @@ class ReclassifyStage(Stage):
             "unet_evals": 0.0,
             "gen_seconds": 0.0,
         }
+
+
+def referenced_images(store: OutputStore, samples: list[dict[str, Any]]) -> dict[str, bytes]:
+    """Image bytes by member key of a shard whose sample rows name another output's shards."""
+    from pipeline.io.image_refs import ShardStores
+
+    stores = ShardStores(store)
+    wanted: dict[str, set[str]] = {}
+    for s in samples:
+        wanted.setdefault(str(s["shard"]), set()).add(str(s["key"]))
+    images: dict[str, bytes] = {}
+    for shard, keys in sorted(wanted.items()):
+        holder = stores(shard)
+        for key, members in iter_tar(holder.read_bytes(shard), holder.url(shard)):
+            if key in keys:
+                images[key] = next(v for k, v in members.items() if k != "json")
+    return images

@@ -91,7 +91,13 @@ class WriteStage(Stage):
         self.lease_token = lease_token
 
     def setup(self) -> None:
+        from pipeline.io.image_refs import benchmark_locations, referenced
+
         self.store = OutputStore(self.output)
+        # An evaluation of a built benchmark refers to its images (pipeline.io.image_refs):
+        # sample id -> the benchmark's (shard, key); those images are not written again.
+        bench = referenced(self.store)
+        self.refs = benchmark_locations(bench.uri) if bench is not None else {}
 
     def give_up(self, rows: list[dict[str, Any]], attempts: int) -> pa.Table:
         """A shard cannot be half failed: the run stops (its committed shards are kept)."""
@@ -130,8 +136,8 @@ class WriteStage(Stage):
                     "seed": r["seed"],
                     "shift": r["shift"],
                     "scale": scale,
-                    "shard": tar_rel,
-                    "key": sid,
+                    "shard": self.refs[sid][0] if sid in self.refs else tar_rel,
+                    "key": self.refs[sid][1] if sid in self.refs else sid,
                     **scores,
                     "n_pass": r["n_pass"][i],
                     "kept": r["kept"][i],
@@ -143,12 +149,14 @@ class WriteStage(Stage):
                 if params is not None:  # only families that record parameters add them to the tar
                     meta["params"] = json.loads(params)
                 sample_rows.append(sample)
-                tar_samples.append((sid, {ext: r["images"][i], "json": metadata_json(meta)}))
+                if sid not in self.refs:
+                    tar_samples.append((sid, {ext: r["images"][i], "json": metadata_json(meta)}))
             pred_rows.extend(prediction_rows(r, classifiers))
 
         files: dict[str, dict[str, Any]] = {}
-        if ok:
+        if tar_samples:
             files[tar_rel] = self.store.write_bytes(tar_rel, build_tar(tar_samples))
+        if ok:
             rel = f"samples/{name}.parquet"
             files[rel] = self.store.write_bytes(rel, parquet_bytes(sample_rows, schema.SAMPLES))
             rel = f"predictions/{name}.parquet"

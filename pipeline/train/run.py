@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.config import BuildConfig
+from pipeline.errors import CnsbenchError
 from pipeline.train.sliders import (
     LOG_PREFIX,
     SliderJob,
@@ -61,7 +62,7 @@ def train_sliders(
     ``echo``.  A pair that fails is reported in the summary; the others go on.
     """
     if runner not in ("ray", "local"):
-        raise ValueError(f"train_sliders: runner must be 'ray' or 'local', got {runner!r}")
+        raise CnsbenchError(f"train_sliders: runner must be 'ray' or 'local', got {runner!r}")
     start = time.perf_counter()
     positive_prompt(cfg.slider_training, "<token>", "some_shift")  # a bad placeholder fails here, not per pair
     jobs = plan_slider_jobs(cfg, store)

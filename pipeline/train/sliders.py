@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import BuildConfig, ConfigError, SliderTrainingSpec
+from pipeline.errors import CnsbenchError
 from pipeline.io.files import exists, is_local, local_path, write_atomic
 from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.models import diffusion
@@ -86,7 +87,7 @@ def positive_prompt(spec: SliderTrainingSpec, token: str, shift: str) -> str:
     try:
         return spec.positive_prompt.format(token=token, shift_words=shift_words(shift))
     except (KeyError, IndexError) as err:
-        raise ValueError(
+        raise CnsbenchError(
             f"slider_training.positive_prompt {spec.positive_prompt!r}: unknown placeholder {err}; "
             "allowed: {token}, {shift_words}"
         ) from None
@@ -109,7 +110,7 @@ def init_slider_params(
 
     layers = target_modules(unet, spec.targets, spec.method)
     if not layers:
-        raise ValueError(
+        raise CnsbenchError(
             f"slider_training targets={spec.targets!r} method={spec.method!r} select no layer of this UNet"
         )
     params: dict[str, nn.Parameter] = {}
@@ -120,7 +121,7 @@ def init_slider_params(
             up = torch.zeros(layer.out_features, spec.rank)
         else:
             if layer.groups != 1:
-                raise ValueError(f"slider training: {path} is a grouped Conv2d (groups={layer.groups}); unsupported")
+                raise CnsbenchError(f"slider training: {path} is a grouped Conv2d (groups={layer.groups}); unsupported")
             kh, kw = layer.kernel_size
             down = torch.empty(spec.rank, layer.in_channels, kh, kw)
             up = torch.zeros(layer.out_channels, spec.rank, 1, 1)
@@ -166,15 +167,15 @@ def train_slider(
     dev = torch.device(device)
     unet = pipe.unet
     if unet.device.type != dev.type:
-        raise ValueError(f"train_slider: the pipeline's UNet is on {unet.device}, training was asked on {dev}")
+        raise CnsbenchError(f"train_slider: the pipeline's UNet is on {unet.device}, training was asked on {dev}")
     dtype = unet.dtype
     vae_factor = pipe.vae_scale_factor
     res = resolution or unet.config.sample_size * vae_factor
     if res % vae_factor:
-        raise ValueError(f"train_slider: resolution {res} is not a multiple of the VAE factor {vae_factor}")
+        raise CnsbenchError(f"train_slider: resolution {res} is not a multiple of the VAE factor {vae_factor}")
     sched_config = pipe.scheduler.config
     if sched_config.get("prediction_type") not in ("epsilon", "v_prediction"):
-        raise ValueError(f"train_slider: unsupported scheduler prediction_type {sched_config.get('prediction_type')!r}")
+        raise CnsbenchError(f"train_slider: unsupported scheduler prediction_type {sched_config.get('prediction_type')!r}")
     max_steps = spec.max_denoise_steps
     num_train = int(sched_config["num_train_timesteps"])
 

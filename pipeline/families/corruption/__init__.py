@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.families.corruption import params as P
 
@@ -182,7 +183,7 @@ class CorruptionFamily(Family):
 
         problems = self.check_scales(list(scales))
         if problems:
-            raise ValueError("; ".join(problems))
+            raise CnsbenchError("; ".join(problems))
         base = ctx.base()
         image = base.image.convert("RGB")
         size = image.size

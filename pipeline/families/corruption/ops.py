@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.errors import CnsbenchError
+
 
 # --------------------------------------------------------------------------- random fields
 class Fields:
@@ -86,7 +88,7 @@ def boundary_index(n: int, before: int, after: int, mode: str) -> torch.Tensor:
             return torch.zeros_like(i)
         j = torch.remainder(i, 2 * n - 2)
         return torch.where(j >= n, 2 * n - 2 - j, j)
-    raise ValueError(f"unknown boundary mode {mode!r}")
+    raise CnsbenchError(f"unknown boundary mode {mode!r}")
 
 
 def pad(x: torch.Tensor, py: int, px: int, mode: str) -> torch.Tensor:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline.errors import CnsbenchError, UnknownKey
+
 # name -> rows for severities 1..5 (each a tuple of parameters, as in the release).
 TABLES: dict[str, list[tuple[float, ...]]] = {
     # noise
@@ -97,7 +99,7 @@ def params_at(name: str, severity: float) -> tuple[float, ...]:
     """The parameter tuple at severity ``severity`` in [1, 5], linear between table rows."""
     rows = TABLES[name]
     if not 1.0 <= severity <= MAX_SEVERITY:
-        raise ValueError(f"{name}: parameters exist for severities 1..5, got {severity}")
+        raise CnsbenchError(f"{name}: parameters exist for severities 1..5, got {severity}")
     lo = int(math.floor(severity))
     w = severity - lo
     if w == 0.0:
@@ -123,10 +125,10 @@ class Step:
 def severity_plan(name: str, severity: float) -> Step:
     """How severity ``severity`` in [0, 5] of corruption ``name`` is realised (see the module docstring)."""
     if name not in TABLES:
-        raise KeyError(f"unknown corruption {name!r}; known: {', '.join(ALL)}")
+        raise UnknownKey(f"unknown corruption {name!r}; known: {', '.join(ALL)}")
     s = float(severity)
     if not 0.0 <= s <= MAX_SEVERITY:
-        raise ValueError(f"{name}: severity must be in [0, 5], got {severity}")
+        raise CnsbenchError(f"{name}: severity must be in [0, 5], got {severity}")
     if s == 0.0:
         return Step(s, 0.0, 0.0, 1.0)
     if s < 1.0:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.families.masked_scenario.scenarios import ALL_NAMES, GENERATED, SCENARIOS
 from pipeline.perf import evals
@@ -69,10 +70,10 @@ def resolve_background_class(value: int | str, labels: Any) -> int:
 
     if isinstance(value, str) and re.fullmatch(r"n\d{8}", value):
         if len(labels) != 1000:
-            raise ValueError(f"background_class {value!r} is an ImageNet WordNet id, but the label space is not ImageNet-1k")
+            raise CnsbenchError(f"background_class {value!r} is an ImageNet WordNet id, but the label space is not ImageNet-1k")
         cid = wnid_index(value)
         if cid is None:
-            raise ValueError(f"background_class {value!r} is not an ImageNet-1k WordNet id")
+            raise CnsbenchError(f"background_class {value!r} is not an ImageNet-1k WordNet id")
         return cid
     return labels.resolve(value)
 
@@ -208,17 +209,17 @@ class MaskedScenarioFamily(Family):
 
         bad = [s for s in scales if not 0.0 <= s <= 1.0]
         if bad:
-            raise ValueError(f"masked_scenario strengths must be in [0, 1], got {bad}")
+            raise CnsbenchError(f"masked_scenario strengths must be in [0, 1], got {bad}")
         if not hasattr(self, "_backgrounds"):
             self.setup()
         base = ctx.base()
         if base.mask is None:
-            raise ValueError("masked_scenario needs an object mask; set source.masks")
+            raise CnsbenchError("masked_scenario needs an object mask; set source.masks")
         img = np.asarray(base.image.convert("RGB"))
         mask = np.asarray(base.mask, dtype=bool)
         self._remember((ctx.class_id, ctx.seed), img)  # a later unit may draw this one as its background
         if mask.shape != img.shape[:2]:
-            raise ValueError(f"object mask {mask.shape} does not match the image {img.shape[:2]}")
+            raise CnsbenchError(f"object mask {mask.shape} does not match the image {img.shape[:2]}")
         mask_info = {k: base.info[k] for k in ("mask_kind", "mask_area", "mask_components", "mask_main_share", "mask_iou", "attention_area", "mask_unusable") if k in base.info}
         unusable = base.info.get("mask_unusable") or base.unusable
         opts = {"random_background_mode": self.options.random_background_mode}

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.errors import CnsbenchError
+
 
 def saturate(x: np.ndarray) -> np.ndarray:
     """Round and clip to uint8 (OpenCV's ``saturate_cast<uchar>``)."""
@@ -29,7 +31,7 @@ def saturate(x: np.ndarray) -> np.ndarray:
 def gaussian_kernel(ksize: int, sigma: float) -> np.ndarray:
     """OpenCV's 1-D Gaussian kernel (``cv2.getGaussianKernel``) for an odd ``ksize``."""
     if ksize < 1 or ksize % 2 == 0:
-        raise ValueError(f"Gaussian kernel size must be odd and positive, got {ksize}")
+        raise CnsbenchError(f"Gaussian kernel size must be odd and positive, got {ksize}")
     if sigma <= 0:
         sigma = 0.3 * ((ksize - 1) * 0.5 - 1) + 0.8
     x = np.arange(ksize, dtype=np.float64) - (ksize - 1) / 2
@@ -45,7 +47,7 @@ def gaussian_blur(img: np.ndarray, ksize: int, sigma: float) -> np.ndarray:
     # BORDER_REFLECT_101 is numpy's 'reflect'; it needs the padding to be < the side.
     pad_h, pad_w = min(r, img.shape[0] - 1), min(r, img.shape[1] - 1)
     if pad_h < r or pad_w < r:
-        raise ValueError(f"image {img.shape[:2]} is too small for a {ksize}x{ksize} blur")
+        raise CnsbenchError(f"image {img.shape[:2]} is too small for a {ksize}x{ksize} blur")
     x = np.pad(x, ((r, r), (r, r), (0, 0)), mode="reflect")
     h, w = img.shape[:2]
     rows = sum(k[i] * x[i : i + h, :, :] for i in range(ksize))

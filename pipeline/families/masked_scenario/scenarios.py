@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pipeline.errors import CnsbenchError, UnknownKey
 from pipeline.families.masked_scenario import imageops
 
 BLUR_KERNEL = 15  # utils.blur: cv2.GaussianBlur(image, (15, 15), 3)
@@ -134,7 +135,7 @@ def _transparent(img, mask, s, draws, opts):
 def _random_background(img, mask, s, draws, opts):
     bg = draws.get("background")
     if bg is None:
-        raise ValueError("random_background needs a background image (draws['background'])")
+        raise CnsbenchError("random_background needs a background image (draws['background'])")
     if s <= 0:
         return img.copy()
     x, b = img.astype(np.float64), bg.astype(np.float64)
@@ -182,9 +183,9 @@ def draws_for(name: str, rng: np.random.Generator) -> dict[str, Any]:
 def apply(name: str, img: np.ndarray, mask: np.ndarray, strength: float, draws: dict[str, Any], opts: dict[str, Any] | None = None) -> np.ndarray:
     """Scenario ``name`` at ``strength`` (0..1) on ``img`` with object ``mask``."""
     if name not in SCENARIOS:
-        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(ALL_NAMES)}")
+        raise UnknownKey(f"unknown scenario {name!r}; known: {', '.join(ALL_NAMES)}")
     if not 0.0 <= strength <= 1.0:
-        raise ValueError(f"scenario strength must be in [0, 1], got {strength}")
+        raise CnsbenchError(f"scenario strength must be in [0, 1], got {strength}")
     if mask.shape != img.shape[:2]:
-        raise ValueError(f"mask {mask.shape} does not match image {img.shape[:2]}")
+        raise CnsbenchError(f"mask {mask.shape} does not match image {img.shape[:2]}")
     return SCENARIOS[name].apply(img, mask.astype(bool), float(strength), draws, opts or {})

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.base import CardHeadline, Family, ShiftImages, UnitContext
 from pipeline.perf import evals
 from pipeline.perf.evals import UnetCost
@@ -128,9 +129,9 @@ class ObjectEditOptions(_Strict):
     @model_validator(mode="after")
     def _sizes(self) -> ObjectEditOptions:
         if self.size.tolerance >= min(self.size.share_from, self.size.share_to):
-            raise ValueError("size.tolerance must be smaller than both target shares")
+            raise CnsbenchError("size.tolerance must be smaller than both target shares")
         if self.fill.rerender_background and self.fill.kind != "diffusion":
-            raise ValueError("fill.rerender_background needs fill.kind: diffusion (the background passes through the model)")
+            raise CnsbenchError("fill.rerender_background needs fill.kind: diffusion (the background passes through the model)")
         return self
 
 
@@ -144,7 +145,7 @@ def physical(attribute: str, level: float, opts: ObjectEditOptions) -> dict[str,
         return {"degrees": opts.rotation.max_degrees * level}
     if attribute in BACKGROUND:
         return {"lambda": BACKGROUND[attribute] * opts.background.max_lambda * level}
-    raise ValueError(f"unknown attribute {attribute!r}; one of {', '.join(ATTRIBUTES)}")
+    raise CnsbenchError(f"unknown attribute {attribute!r}; one of {', '.join(ATTRIBUTES)}")
 
 
 def level_of(attribute: str, value: float, opts: ObjectEditOptions) -> float:
@@ -157,7 +158,7 @@ def level_of(attribute: str, value: float, opts: ObjectEditOptions) -> float:
         return value / opts.rotation.max_degrees
     if attribute in BACKGROUND:
         return BACKGROUND[attribute] * value / opts.background.max_lambda
-    raise ValueError(f"unknown attribute {attribute!r}; one of {', '.join(ATTRIBUTES)}")
+    raise CnsbenchError(f"unknown attribute {attribute!r}; one of {', '.join(ATTRIBUTES)}")
 
 
 def denoise_steps(steps: int, strength: float) -> int:

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import CnsbenchError
+
 ORIGINAL_SIZE = 256
 TRAIN_STEPS = 1000
 BETAS = (1e-4, 0.02)
@@ -59,7 +61,7 @@ def original_steps(model: str = "identity") -> np.ndarray:
     so it counts only for ``identity`` (whose shift stays in the image).
     """
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; one of {', '.join(MODELS)}")
+        raise CnsbenchError(f"unknown model {model!r}; one of {', '.join(MODELS)}")
     betas = np.linspace(*BETAS, TRAIN_STEPS, dtype=np.float64)
     abar_all = np.cumprod(1 - betas)
     frac = (TRAIN_STEPS - 1) / (RESPACED - 1)
@@ -189,7 +191,7 @@ def fit_gain(strengths: Sequence[float], changes: Sequence[float], target: float
     if abs(target) > abs(extreme) and extreme * target > 0:
         first = next(s for s, c in pairs if abs(c) >= PLATEAU * abs(extreme))
         return first / abs(lam), False
-    raise ValueError(f"no strength in {[p[0] for p in pairs]} brackets the target change {target:+.4f} (changes {changes})")
+    raise CnsbenchError(f"no strength in {[p[0] for p in pairs]} brackets the target change {target:+.4f} (changes {changes})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import CnsbenchError
+
 SIZE_TOLERANCE = 0.015  # ImageNet-E: |rate - target| <= 0.015 ends the rescaling loop
 
 
@@ -47,7 +49,7 @@ def centroid(mask: np.ndarray) -> tuple[float, float]:
     """(row, column) of the mask's centre of mass; ValueError on an empty mask."""
     ys, xs = np.nonzero(mask)
     if ys.size == 0:
-        raise ValueError("empty object mask")
+        raise CnsbenchError("empty object mask")
     return float(ys.mean()), float(xs.mean())
 
 
@@ -55,7 +57,7 @@ def bbox(mask: np.ndarray) -> tuple[int, int, int, int]:
     """(top, left, bottom, right), bottom/right exclusive; ValueError on an empty mask."""
     ys, xs = np.nonzero(mask)
     if ys.size == 0:
-        raise ValueError("empty object mask")
+        raise CnsbenchError("empty object mask")
     return int(ys.min()), int(xs.min()), int(ys.max()) + 1, int(xs.max()) + 1
 
 
@@ -99,7 +101,7 @@ def _warp(image: np.ndarray, mask: np.ndarray, inverse: np.ndarray, offset: np.n
 def scale_object(image: np.ndarray, mask: np.ndarray, factor: float, center: tuple[float, float] | None = None) -> Layer:
     """The object scaled by ``factor`` (linear) about ``center`` (default: its centroid)."""
     if factor <= 0:
-        raise ValueError(f"scale factor must be > 0, got {factor}")
+        raise CnsbenchError(f"scale factor must be > 0, got {factor}")
     c = np.asarray(center if center is not None else centroid(mask), dtype=np.float64)
     inverse = np.eye(2) / factor
     layer = _warp(image, mask, inverse, c - inverse @ c)
@@ -113,7 +115,7 @@ def rotation_center(mask: np.ndarray, about: str) -> tuple[float, float]:
         return (h - 1) / 2.0, (w - 1) / 2.0
     if about == "object_center":
         return centroid(mask)
-    raise ValueError(f"rotation centre must be 'image_center' or 'object_center', got {about!r}")
+    raise CnsbenchError(f"rotation centre must be 'image_center' or 'object_center', got {about!r}")
 
 
 def rotate_object(image: np.ndarray, mask: np.ndarray, degrees: float, about: str = "image_center") -> Layer:
@@ -154,10 +156,10 @@ def scale_to_share(
     object cannot reach the target inside the image, e.g. enlarged past its borders).
     """
     if not 0 < target < 1:
-        raise ValueError(f"target area share must be in (0, 1), got {target}")
+        raise CnsbenchError(f"target area share must be in (0, 1), got {target}")
     share0 = area_share(mask)
     if share0 == 0:
-        raise ValueError("empty object mask")
+        raise CnsbenchError("empty object mask")
     c = centroid(mask)
     want = tolerance / 4.0  # aim well inside the band; pixel quantisation keeps a residual
     best: Layer | None = None

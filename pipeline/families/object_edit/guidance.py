@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.errors import CnsbenchError
 from pipeline.families.object_edit import denoise_steps
 
 
@@ -126,7 +127,7 @@ class MaskedDenoiser:
             return a * z - s * out, a * out + s * z
         if kind == "epsilon":
             return (z - s * out) / a, out
-        raise ValueError(f"unsupported prediction type {kind!r} (expected 'v_prediction' or 'epsilon')")
+        raise CnsbenchError(f"unsupported prediction type {kind!r} (expected 'v_prediction' or 'epsilon')")
 
     # ------------------------------------------------------------------ loop
     def run(
