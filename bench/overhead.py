@@ -81,7 +81,8 @@ def calibrate(tree: Path, size: list[str]) -> dict:
     if proc.returncode:
         raise SystemExit(f"{tree}: bench/scale.py --calibrate-only failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     cal = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**figures(cal), "wall_s": round(time.time() - t0, 1), "load": [round(load0, 1), round(os.getloadavg()[0], 1)]}
+    return {**figures(cal), "wall_s": round(time.time() - t0, 1), "load": [round(load0, 1), round(os.getloadavg()[0], 1)],
+            "cpu_s_by_process": cal.get("cpu_s_by_process", {})}  # where a ratio above 1 comes from
 
 
 def compare(ref_runs: list[dict], head_runs: list[dict]) -> dict:
