@@ -11,9 +11,10 @@ each from its own tree with ``PYTHONPATH`` at it, and prints the medians and the
   on a cluster (else the stage actors' own batch CPU: ``--cluster none``).
 
 The reference is recorded in ``bench/overhead_reference.json``; it moves only when a cost is
-accepted on purpose, with the reason in BENCHMARKS.md ("Per-image overhead against a reference
-commit").  The reference tree is a detached git worktree made for the run and removed after it
-(``--reference-tree``: an existing checkout instead).  A shared machine's load is printed with
+accepted on purpose, with the reason in BENCHMARKS.md ("Per-image overhead against a
+reference commit: the Ray path's CPU bisected (2026-12-07)").  The reference tree is a
+detached git worktree made for the run and removed after it (``--reference-tree``: an
+existing checkout instead).  A shared machine's load is printed with
 each run: compare CPU seconds, not wall time, and read medians.
 
     python bench/overhead.py --json                           # the contract's size, 3 runs each
