@@ -77,12 +77,16 @@ def main(argv: list[str]) -> dict:
                 last = now
 
         sampler = threading.Thread(target=sample, daemon=True)
-        busy0, t0 = busy_and_total()[0], time.time()
+        (busy0, total0), t0 = busy_and_total(), time.time()
         sampler.start()
         rc = subprocess.run(cmd, cwd=ROOT).returncode
         stop.set()
         sampler.join()
-        wall, busy = time.time() - t0, (busy_and_total()[0] - busy0) / os.sysconf("SC_CLK_TCK")
+        busy1, total1 = busy_and_total()
+        wall, busy = time.time() - t0, (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
+        # The share from the jiffies alone: the kernel's busy and total ticks of one span, where
+        # the wall clock and the tick counters can disagree by a tick or two.
+        share = (busy1 - busy0) / max(1, total1 - total0)
         modules = by_module(junit) if junit.is_file() else Counter()
         tiers = by_tier(junit) if junit.is_file() else {}
     cores = os.cpu_count() or 1
@@ -91,7 +95,7 @@ def main(argv: list[str]) -> dict:
         "cores": cores,
         "wall_s": round(wall, 1),
         "busy_cpu_s": round(busy, 1),
-        "busy_share": round(busy / (wall * cores), 3),
+        "busy_share": round(share, 3),
         "intervals_90_busy": round(sum(s >= 0.9 for s in samples) / len(samples), 3) if samples else None,
         "worker_s": round(sum(modules.values()), 1),
         "by_tier": tiers,

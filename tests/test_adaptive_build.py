@@ -31,7 +31,9 @@ def design(out: Path) -> dict:
     return json.loads((out / "report" / "metrics.json").read_text())["sampling"]
 
 
+@pytest.mark.cluster  # the bench's smoke run: builds
 def test_bench_smoke_builds_a_subset_with_the_replayed_allocation(tmp_path, capsys):
+    """bench/adaptive.py at its smallest size."""
     sys.path.insert(0, str(ROOT / "bench"))
     import adaptive
 

@@ -92,7 +92,7 @@ class TwoWay(torch.nn.Module):
 
 # --------------------------------------------------------------------------- cards
 def test_a_card_entry_carries_the_weighted_numbers_and_their_intervals(adaptive_out, tmp_path):
-    from pipeline.api.models import card
+    from cnsbench import card
 
     _, built = adaptive_out
     out = copied(built, tmp_path / "out")
@@ -187,12 +187,14 @@ def test_a_classifier_added_to_the_config_leaves_the_rounds_and_refine_the_repor
 
 # --------------------------------------------------------------------------- a classifier added later
 def test_a_classifier_added_later_gets_weighted_estimates_with_its_own_intervals(adaptive_out, tmp_path):
-    from pipeline.api.models import evaluate
+    from cnsbench import evaluate
+    from pipeline.api.models import classifier_metrics
 
     _, built = adaptive_out
     out = copied(built, tmp_path / "out")
     before = metrics(out)
-    got = evaluate(TwoWay(), str(out), name="later", preprocess=PRE, label_map=TWO, echo=lambda m: None)
+    evaluate(TwoWay(), out, output=out, in_place=True, name="later", preprocess=PRE, label_map=TWO, echo=lambda m: None)
+    got = classifier_metrics(str(out), "later")
     after = metrics(out)
     assert after["sampling"]["seeds_per_stratum"] == before["sampling"]["seeds_per_stratum"]
     # The classifiers already there keep their numbers.

@@ -123,7 +123,7 @@ def test_load_dataset_after_evaluate_has_the_outputs_rows_and_same_named_outputs
 
     import torch
 
-    import pipeline
+    import cnsbench
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 10))
@@ -132,11 +132,11 @@ def test_load_dataset_after_evaluate_has_the_outputs_rows_and_same_named_outputs
     a, b, cache = tmp_path / "a" / "demo", tmp_path / "b" / "demo", tmp_path / "cache"
     shutil.copytree(demo_world, a)
     shutil.copytree(demo_world, b)
-    before = len(pipeline.open_output(a).predictions())
+    before = len(cnsbench.open_output(a).predictions())
     assert _rows(a, cache) == before  # a first load fills the cache
 
-    pipeline.evaluate(model, str(a), name="mine", preprocess=pre, runner="local", echo=lambda m: None)
-    after = len(pipeline.open_output(a).predictions())
+    cnsbench.evaluate(model, a, output=a, in_place=True, name="mine", preprocess=pre, runner="local", echo=lambda m: None)
+    after = len(cnsbench.open_output(a).predictions())
     assert after > before
     assert _rows(a, cache) == after  # not the rows of the first load
     assert _rows(a, cache, download_mode="force_redownload") == after

@@ -32,6 +32,13 @@ PRE = {"resize": 32, "crop": 32, "interpolation": "bilinear", "mean": [0.5] * 3,
 QUIET = {"echo": lambda m: None, "runner": "local"}
 
 
+def evaluate(model, out, **kw):
+    """The model added into ``out`` itself (``in_place``), as these cases need."""
+    import cnsbench
+
+    return cnsbench.evaluate(model, out, output=out, in_place=True, **kw)
+
+
 def _net(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=2), torch.nn.ReLU(), torch.nn.Flatten(),
@@ -130,7 +137,6 @@ def test_the_digest_covers_attributes_listed_members_and_hooks_and_is_stable():
     (lambda: Ens([Lin(1)]), lambda: Ens([Lin(2), Lin(4)])),
 ], ids=["tta-flip", "listed-ensemble"])
 def test_the_same_name_with_a_model_that_answers_differently_is_refused(output, first, second):
-    from pipeline.api.models import evaluate
     from pipeline.models.module import state_digest
 
     a, b = first(), second()
@@ -140,14 +146,13 @@ def test_the_same_name_with_a_model_that_answers_differently_is_refused(output, 
         evaluate(b, str(output), name="same", preprocess=PRE, **QUIET)
     assert _files(output) == before  # nothing written: the old numbers stay the first model's only
     # The first model again under its name: nothing to add, its own numbers.
-    assert evaluate(first(), str(output), name="same", preprocess=PRE, **QUIET)["summary"]
+    assert evaluate(first(), str(output), name="same", preprocess=PRE, **QUIET) is not None
 
 
 # --------------------------------------------------------------------------- nothing left behind
 def test_a_failed_and_an_interrupted_evaluation_leave_the_output_as_it_was(output, tmp_path):
     """The contract: infinity on a later batch, then a Ctrl-C at a later batch (batches of 4, a
     shard of 18 images: both after the first shards were committed)."""
-    from pipeline.api.models import evaluate
     from pipeline.cli import main
     from pipeline.io.rollback import JOURNAL
 
@@ -162,11 +167,10 @@ def test_a_failed_and_an_interrupted_evaluation_leave_the_output_as_it_was(outpu
     assert main(["status", str(output)]) == 0
     assert main(["card", "cnn", "--suite", str(output), "--output", str(tmp_path / "card"), "--runner", "local"]) == 0
     # The name is free again: another model takes it.
-    assert evaluate(_net(5), str(output), name="k", preprocess=PRE, **QUIET)["summary"]
+    assert evaluate(_net(5), str(output), name="k", preprocess=PRE, **QUIET) is not None
 
 
 def test_an_addition_a_killed_process_left_is_named_by_status_and_rolled_back(output, monkeypatch, capsys):
-    from pipeline.api.models import evaluate
     from pipeline.cli import main
     from pipeline.io import rollback
 
@@ -187,7 +191,6 @@ def test_an_addition_a_killed_process_left_is_named_by_status_and_rolled_back(ou
 
 def test_status_names_a_remedy_that_works_for_a_model_held_in_memory(output, monkeypatch, capsys):
     """An output an earlier version left with a module's entry and none of its predictions."""
-    from pipeline.api.models import evaluate
     from pipeline.cli import main
     from pipeline.output_run import Running
 
@@ -226,7 +229,7 @@ def test_a_torchscript_archive_refused_while_added_leaves_no_entry(output, tmp_p
 
 
 def test_a_name_the_card_would_refuse_is_refused_before_anything_is_written(output, tmp_path):
-    from pipeline.api.models import card, evaluate
+    from cnsbench import card
 
     before = _files(output)
     with pytest.raises(CnsbenchError, match="at most 200 characters"):
@@ -237,7 +240,6 @@ def test_a_name_the_card_would_refuse_is_refused_before_anything_is_written(outp
 
 # --------------------------------------------------------------------------- low points
 def test_a_module_with_parameters_on_meta_is_refused_naming_them(output):
-    from pipeline.api.models import evaluate
 
     with torch.device("meta"):
         model = _net()
@@ -258,7 +260,6 @@ class Eleven(torch.nn.Module):
 
 
 def test_a_label_map_leaving_outputs_unmapped_is_refused(output):
-    from pipeline.api.models import evaluate
 
     before = _files(output)
     with pytest.raises(CnsbenchError, match=r"classifiers\[part\]\.label_map: maps 10 of the model's 11 outputs; "
@@ -267,4 +268,4 @@ def test_a_label_map_leaving_outputs_unmapped_is_refused(output):
     assert _files(output) == before
     # Every output mapped (two onto one class): accepted.
     full = {**{i: i for i in range(10)}, 10: 0}
-    assert evaluate(Eleven(), str(output), name="full", preprocess=PRE, label_map=full, **QUIET)["summary"]
+    assert evaluate(Eleven(), str(output), name="full", preprocess=PRE, label_map=full, **QUIET) is not None

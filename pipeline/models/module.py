@@ -35,11 +35,11 @@ def qualified_name(model: Any) -> str:
 
 def state_digest(model: Any) -> str:
     """SHA-256 identifying a model held in memory: for a module, its whole object graph
-    (:func:`pipeline.assets.identity.object_digest`: weights, plain attributes, modules held
+    (:func:`pipeline.models.identity.object_digest`: weights, plain attributes, modules held
     outside ``_modules``, hooks and held functions); a callable that is no module: its pickled
     form (cloudpickle, by value, closures included)."""
     if isinstance(model, torch.nn.Module):
-        from pipeline.assets.identity import object_digest
+        from pipeline.models.identity import object_digest
 
         return object_digest(model)
     import cloudpickle
@@ -55,7 +55,7 @@ NO_TRANSFORM = ("a module states no transform of its own; give 'cns' or an expli
 
 def materialized_problem(model: Any) -> str | None:
     """What stops the module from running here: parameters or buffers on the ``meta`` device."""
-    from pipeline.assets.identity import meta_tensors
+    from pipeline.models.identity import meta_tensors
 
     meta = meta_tensors(model)
     if not meta:
@@ -87,7 +87,7 @@ class ModuleClassifier(Classifier):
         model = held_model(spec, self.where)
         problem = materialized_problem(model)
         if problem:
-            raise ValueError(f"{self.where}: {problem}")
+            raise CnsbenchError(f"{self.where}: {problem}")
         if isinstance(model, torch.nn.Module):
             # A copy on the stage's device: the caller's module stays where it is, in its mode
             # (one that cannot be copied, holding a lock or a handle, is used as it is).
@@ -110,7 +110,7 @@ class ModuleClassifier(Classifier):
         count as wrong)."""
         unmapped = sorted(set(range(n_out)) - set(self._label_map)) if self._label_map is not None else []
         if unmapped:
-            raise ValueError(f"{self.where}.label_map: maps {n_out - len(unmapped)} of the model's {n_out} outputs; "
+            raise CnsbenchError(f"{self.where}.label_map: maps {n_out - len(unmapped)} of the model's {n_out} outputs; "
                              f"outputs {unmapped[:10]}{' …' if len(unmapped) > 10 else ''} are unmapped: map every "
                              "output to a class id, or return only the logits of the classes the map names")
         super()._map_outputs(n_out)

@@ -22,11 +22,13 @@ from typing import Any
 
 import torch
 
+from pipeline.errors import CnsbenchError
+
 MAX_DEPTH = 64
 _SKIPPED = frozenset({"training"})  # evaluation puts every module in eval mode
 
 
-class NotMaterialized(ValueError):
+class NotMaterialized(CnsbenchError):
     """A tensor of the model has no data here (on the ``meta`` device): it cannot be run or hashed."""
 
 
