@@ -188,14 +188,14 @@ class StandInClassify(_Timed, ClassifyStage):
 
     uses_torch = False
 
-    def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sim: dict, per_image: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.startup_key = "classify:" + "-".join(map(str, self.owned))
+        self.per_image = per_image
         self._init_sim(sim)
 
     def setup(self) -> None:
         _Timed.setup(self)
-        self.per_image = latency.image_seconds(self.config, self.spec, "classify", self.owned)[0]
         self.cpu_per_image = self.cpu["decode"] + sum(self.cpu["classifier_preprocess"][i] for i in self.owned)
 
     def process(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -253,8 +253,14 @@ def standin_chain(cfg, sim: dict, commit: dict | None = None):
     chain = [StageSpec(StandInGenerate, {"sim": sim}, resources=sized("generate", "generate")),
              StageSpec(StandInFilter, {"sim": sim}, resources=sized("filter", "filter"))]
     done: list[int] = []
+    # The group's modelled seconds per image, worked out here: the classifiers' FLOPs come from
+    # their kinds' classes (pipeline.perf.flops), whose modules import torch, which a stand-in's
+    # worker must not pay (a real classify actor imports it for its models; the driver holds it).
+    spec = data.gpu_spec(sim["gpu"])
     for k, group in enumerate(sim["groups"]):
-        chain.append(StageSpec(StandInClassify, {"sim": sim, "classifiers": group, "done": list(done)},
+        per_image = latency.image_seconds(cfg, spec, "classify", group)[0]
+        chain.append(StageSpec(StandInClassify, {"sim": sim, "classifiers": group, "done": list(done),
+                                                 "per_image": per_image},
                                resources=sized("classify", f"classify:{k}")))
         done = sorted(done + group)
     chain.append(StageSpec(TimedWriteStage, {"sim": sim, **(commit or {})},
