@@ -60,7 +60,8 @@ class _Timed:
     sim: dict
     startup_key: str = ""
 
-    def _init_sim(self, sim: dict) -> None:
+    def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # the real stage's
         self.sim = sim
         self._log = None
         self.threads = None  # no torch thread setting: a stand-in's worker never imports torch
@@ -116,10 +117,6 @@ class StandInGenerate(_Timed, Stage):
     output_schema = schema.GENERATED
     uses_torch = False
 
-    def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_sim(sim)
-
     def batch_keys(self, rows: list[dict[str, Any]]) -> list[str]:
         return [r["unit_id"] for r in rows]
 
@@ -162,10 +159,6 @@ class StandInFilter(_Timed, Stage):
     output_schema = schema.FILTERED
     uses_torch = False
 
-    def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_sim(sim)
-
     def setup(self) -> None:
         _Timed.setup(self)
         self.per_image = latency.image_seconds(self.config, self.spec, "filter")[0]
@@ -189,10 +182,9 @@ class StandInClassify(_Timed, ClassifyStage):
     uses_torch = False
 
     def __init__(self, *args: Any, sim: dict, per_image: float, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, sim=sim, **kwargs)
         self.startup_key = "classify:" + "-".join(map(str, self.owned))
         self.per_image = per_image
-        self._init_sim(sim)
 
     def setup(self) -> None:
         _Timed.setup(self)
@@ -221,10 +213,6 @@ class StandInClassify(_Timed, ClassifyStage):
 
 class TimedWriteStage(_Timed, WriteStage):
     """The real writer, its batches timed like the stand-ins' (no GPU work)."""
-
-    def __init__(self, *args: Any, sim: dict, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_sim(sim)
 
     def setup(self) -> None:
         WriteStage.setup(self)

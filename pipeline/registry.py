@@ -154,7 +154,7 @@ CLASSIFIERS.register(
     "a torch.export program (.pt2, torch.export.save) with its preprocess.json stored beside it",
 )
 CLASSIFIERS.register("torch_hub", "pipeline.models.classifiers:TorchHubClassifier", "a torch.hub entry point ('repo:entry'), e.g. DINOv2 + linear head")
-CLASSIFIERS.register("module", "pipeline.models.module:ModuleClassifier", "a torch.nn.Module (or callable) held in memory: pipeline.evaluate, pipeline.card")
+CLASSIFIERS.register("module", "pipeline.models.module:ModuleClassifier", "a torch.nn.Module (or callable) held in memory: cnsbench.evaluate, cnsbench.card")
 CLASSIFIERS.register(
     "vlm", "pipeline.models.vlm:VLMClassifier",
     "a vision-language model (transformers image-text-to-text: LLaVA, Qwen2-VL, ...) asked per classifiers[].protocol",

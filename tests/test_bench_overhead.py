@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from scriptload import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _overhead():
-    spec = importlib.util.spec_from_file_location("bench_overhead", ROOT / "bench" / "overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/overhead.py", "bench_overhead")
 
 
 def test_recorded_reference_is_a_commit():
@@ -47,6 +44,7 @@ def test_a_reference_tree_without_the_bench_is_refused(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # the bench at its smallest size: a Ray run in a subprocess
 def test_smallest_size_against_this_tree(capsys):
     # This checkout as its own reference (no git worktree): each run is a calibration in a Ray of its own.
     out = _overhead().main(["--reference-tree", str(ROOT), "--runs", "1", "--smallest", "--json"])

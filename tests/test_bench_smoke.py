@@ -4,11 +4,11 @@ BENCHMARKS.md quotes.  ``bench/chaos.py`` runs in ``tests/test_chaos.py``."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from scriptload import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 TESTS = Path(__file__).resolve().parent
@@ -16,10 +16,7 @@ TESTS = Path(__file__).resolve().parent
 
 def _load(name: str):
     # Loaded under a prefixed name: bench/pipeline.py must not shadow the pipeline package.
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"bench/{name}.py", f"bench_{name}")
 
 
 def _printed(capsys) -> dict:

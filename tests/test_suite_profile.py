@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from scriptload import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("suite_profile", ROOT / "scripts" / "suite_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/suite_profile.py", "suite_profile")
 
 
 def test_seconds_per_module_add_up_from_the_junit_report(tmp_path):

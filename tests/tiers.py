@@ -36,7 +36,7 @@ PATTERNS: dict[str, tuple[str, ...]] = {
         r"\b(Autoscaling)?Cluster\(", r"\bRAY,\s*\"start\"",  # `ray start` clusters
         r"\"--runner\",\s*\"ray\"", r"runner=\"ray\"", r"\bkill_at\([^)]*\"ray\"",  # Ray builds
         r"\bplaywright\b", r"\bchromium\b",  # the browser
-        r"\bBENCH\b", r"\"bench\"\s*/",  # the benches' smoke runs
+        r"\bBENCH\b", r"\"bench\"\s*/", r"load_script\(f?\"bench/",  # the benches' smoke runs
     ),
     "integration": (
         r"\bdemo_world\b", r"\btiny_reference\b", r"\btiny_sd\b", r"\btiny_world\b", r"\bbuild_sd2\(",

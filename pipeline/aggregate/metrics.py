@@ -473,13 +473,8 @@ class Metrics:
         )
 
 
-def compute_metrics(
-    samples: pd.DataFrame,
-    predictions: pd.DataFrame,
-    scales: Sequence[float],
-    margin_max_scale: float = DEFAULT_MARGIN_MAX_SCALE,
-    fp_std_ddof: int = 1,
-) -> Metrics:
+def compute_metrics(samples: pd.DataFrame, predictions: pd.DataFrame, scales: Sequence[float],
+                    margin_max_scale: float = DEFAULT_MARGIN_MAX_SCALE, fp_std_ddof: int = 1) -> Metrics:
     """Compute every table once (shared evaluation) and return them as :class:`Metrics`.
 
     Same definitions as the individual functions; raises ValueError on invalid scales,

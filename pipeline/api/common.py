@@ -111,5 +111,7 @@ def path_arg(value: Any, what: str) -> str:
         raise CnsbenchError(f"{what}: a folder or URI (str or os.PathLike), got a {type(value).__name__}")
     text = os.fspath(value)
     if not text.strip():
-        raise CnsbenchError(f"{what} is empty: give a folder or URI")
+        err = CnsbenchError(f"{what} is empty: give a folder or URI")
+        err.command_line = f"--{what.replace('_', '-')} is empty: give a folder or URI"  # type: ignore[attr-defined]
+        raise err
     return text

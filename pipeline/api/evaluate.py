@@ -158,8 +158,10 @@ def _classifiers(classifiers: Any, base: "BuildConfig", *, name: str | None, pre
             specs = select_classifiers(base, list(names) if names else None)
         except CnsbenchError as err:
             raise CnsbenchError(str(err).replace("--classifiers:", "classifiers:")) from None
-        chosen = [ClassifierSpec.model_validate(s) for s in specs]
-        return chosen, {}
+        # The config's own entries: the keys each one set stay its own (a released layout's
+        # protocol fills the rest, pipeline.sources.release_protocol)
+        entries = {c.name: c for c in base.classifiers}
+        return [entries[s["name"]] for s in specs], {}
     if isinstance(classifiers, dict):
         from pydantic import ValidationError
 
@@ -194,7 +196,7 @@ def _into_output(where: str, dest: str, base: "BuildConfig", chosen: list["Class
                  batch_size: int | None, runner: str, address: str | None, echo: Echo) -> "BuildSummary":
     """Read the source's images, score them, and write predictions and report to ``dest``."""
     from pipeline.api.models import check_held
-    from pipeline.config import parse_config, resolved_dict
+    from pipeline.config import parse_config
     from pipeline.evaluate import attach_held, effective_config
     from pipeline.evaluate import evaluate as run_evaluate
     from pipeline.sources import open_source
@@ -202,7 +204,9 @@ def _into_output(where: str, dest: str, base: "BuildConfig", chosen: list["Class
     for spec in chosen:
         if spec.held is not None:
             check_held(spec, base, runner)
-    raw = resolved_dict(base)
+    # Only the keys the config set: a released layout fills the rest (its label space, its
+    # protocol's inputs: effective_config), as it does for a config read from its file.
+    raw = base.model_dump(mode="json", exclude_unset=True)
     raw["classifiers"] = [s.model_dump(mode="json", exclude_unset=True) for s in chosen]
     if batch_size is not None:
         raw.setdefault("resources", {}).setdefault("classify", {})["batch_size"] = batch_size

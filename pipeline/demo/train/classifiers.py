@@ -11,15 +11,7 @@ import torch.nn.functional as F
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
 from pipeline.models.exported import export_classifier
-from pipeline.demo.train.common import (
-    CLASSIFIER_SETTINGS,
-    Ctx,
-    cosine_lr,
-    half_state,
-    quantize,
-    seeded,
-    translate,
-)
+from pipeline.demo.train.common import CLASSIFIER_SETTINGS, Ctx, cosine_lr, half_state, quantize, seeded, translate
 
 
 # --------------------------------------------------------------------------- classifiers

@@ -11,14 +11,7 @@ import torch.nn.functional as F
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
 from pipeline.demo.train.classifiers import pipeline_classifiers
-from pipeline.demo.train.common import (
-    CLIP_SETTINGS,
-    Ctx,
-    cosine_lr,
-    half_state,
-    quantize,
-    seeded,
-)
+from pipeline.demo.train.common import CLIP_SETTINGS, Ctx, cosine_lr, descend, half_state, quantize, seeded
 
 # --------------------------------------------------------------------------- clip
 OPENAI_MEAN = torch.tensor((0.48145466, 0.4578275, 0.40821073)).view(1, 3, 1, 1)
@@ -84,9 +77,7 @@ def stage_clip(ctx: Ctx) -> dict[str, Any]:
         has = pos_t.sum(1) > 0
         loss_t = -(F.log_softmax(logits.T[has], dim=1) * pos_t[has] / pos_t[has].sum(1, keepdim=True)).sum(1).mean()
         loss = (loss_i + loss_t) / 2
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        descend(opt, loss)
         if step % 200 == 0 or step == s["steps"] - 1:
             ctx.log(f"clip step {step}: loss {float(loss):.4f}, logit scale {float(model.logit_scale.exp()):.1f}")
     model.eval()

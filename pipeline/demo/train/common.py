@@ -106,6 +106,13 @@ def translate(x: torch.Tensor, gen: torch.Generator, max_px: int = 2) -> torch.T
     return torch.stack([pad[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
 
 
+def descend(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One optimiser step down ``loss``'s gradient."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def half_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A copy of the module's state with its floating-point tensors in float16 (the shipped weights)."""
     return {k: (v.detach().half() if v.is_floating_point() else v.detach()).clone() for k, v in module.state_dict().items()}

@@ -10,14 +10,7 @@ import torch.nn.functional as F
 
 from pipeline.demo import world_data as W
 from pipeline.demo import world_models as M
-from pipeline.demo.train.common import (
-    DINO_SETTINGS,
-    Ctx,
-    cosine_lr,
-    half_state,
-    quantize,
-    seeded,
-)
+from pipeline.demo.train.common import DINO_SETTINGS, Ctx, cosine_lr, descend, half_state, quantize, seeded
 
 
 # --------------------------------------------------------------------------- dino
@@ -60,9 +53,7 @@ def stage_dino(ctx: Ctx) -> dict[str, Any]:
         sim.fill_diagonal_(-1e9)
         target = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
         loss = F.cross_entropy(sim, target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        descend(opt, loss)
         if step % 200 == 0 or step == s["steps"] - 1:
             ctx.log(f"dino step {step}: loss {float(loss):.4f}")
     model.eval()

@@ -9,12 +9,7 @@ import torch.nn.functional as F
 
 from pipeline.demo import world_data as W
 from pipeline.demo.train.common import TOKEN_SETTINGS, Ctx, seeded
-from pipeline.demo.train.diffusion import (
-    CaptionBank,
-    diffusion_batch,
-    encode_latents,
-    load_sd,
-)
+from pipeline.demo.train.diffusion import CaptionBank, diffusion_batch, encode_latents, load_sd
 
 
 # --------------------------------------------------------------------------- textual inversion
