@@ -28,10 +28,7 @@ import pytest  # noqa: E402
 # over the workers; they alternate with modules that do not need it, so that a worker
 # arriving while the build is made has other work.  The module that starts a Ray cluster of
 # its own (test_cluster) comes after the long in-process ones: two Ray builds at once on
-# two cores start their actors many times slower than one.  For the same reason the two
-# modules with clusters of their own, test_cluster (two ``ray start`` nodes) and
-# test_autoscale (a fake autoscaling cluster), are one unit, "clusters": one cluster at a
-# time (beside the autoscaling cluster, the killed-node build took 157 s against 95 s alone).
+# two cores start their actors many times slower than one.
 LONGEST_FIRST = (
     "ray",
     "test_card_world",
@@ -39,7 +36,8 @@ LONGEST_FIRST = (
     "test_python_docs",
     "test_ximagenet_world",
     "test_refine_demo",
-    "clusters",
+    "test_cluster",
+    "test_autoscale",
     "test_imagenet_d_world",
     "test_world",
     "test_imagenet_e_world",
@@ -58,7 +56,6 @@ LONGEST_FIRST = (
 SHARED_UNITS = {
     "test_build_e2e": "ray", "test_bench_smoke": "ray", "test_classify_groups": "ray", "test_serve": "ray",
     "test_train_sliders": "ray", "test_api_models_ray": "ray",
-    "test_cluster": "clusters", "test_autoscale": "clusters",
 }
 
 
