@@ -94,6 +94,8 @@ def test_a_card_entry_carries_the_weighted_numbers_and_their_intervals(adaptive_
     suite.write_text(f"suite: one\nbenchmarks:\n  - {{name: cns, family: cns, output: {out}, protocol: custom}}\n")
     card(TwoWay(), str(suite), name="later", output=str(tmp_path / "card"), preprocess=PRE, label_map=TWO, echo=lambda m: None)
     (entry,) = json.loads((tmp_path / "card" / "card.json").read_text())["benchmarks"]
+    out = tmp_path / "card" / "outputs" / "cns"  # the benchmark is only read: the card's own evaluation of it
+    assert entry["output"] == str(out)
     report = metrics(out)
     summary = next(r for r in report["summary"] if r["classifier"] == "later")
     # The headline: the report's weighted drop at the top scale, mean over shifts, with its interval.

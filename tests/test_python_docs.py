@@ -61,12 +61,16 @@ def test_the_page_runs_and_the_exported_model_scores_the_same(demo_world, tmp_pa
                  "--name", "small-cnn-pt2", "--suite", "runs/small-cnn", "--output", "runs/cards/small-cnn-pt2",
                  "--runner", "local"]) == 0
     assert tree_digest("runs/demo") == before  # the walk only read the benchmark
+    # the card only read runs/small-cnn: the exported model's predictions are in the card's own output
     bench = cnsbench.open_output("runs/small-cnn")
-    summary = pd.DataFrame(bench.metrics()["summary"]).set_index("classifier")
+    own = cnsbench.open_output("runs/cards/small-cnn-pt2/outputs/cns")
+    assert bench.classifiers == ["small-cnn"] and own.classifiers == ["small-cnn-pt2"]
+    summary = pd.concat([pd.DataFrame(o.metrics()["summary"]) for o in (bench, own)]).set_index("classifier")
     drops = [c for c in summary.columns if c.startswith("acc_drop_") or c in ("fp_avg", "accuracy_scale0")]
     np.testing.assert_allclose(summary.loc["small-cnn-pt2", drops].astype(float),
                                summary.loc["small-cnn", drops].astype(float), atol=1e-6)
-    py, cli = (bench.failure_points(n).set_index("trajectory_id")["failure_point"] for n in ("small-cnn", "small-cnn-pt2"))
+    py, cli = (o.failure_points(n).set_index("trajectory_id")["failure_point"]
+               for o, n in ((bench, "small-cnn"), (own, "small-cnn-pt2")))
     assert len(py) > 0 and set(py.index) == set(cli.index)
     np.testing.assert_allclose(cli.loc[py.index].to_numpy(float), py.to_numpy(float), atol=1e-6)
 

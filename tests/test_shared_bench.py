@@ -10,6 +10,7 @@ report's own rows.  The same on object storage (moto), and the bad input of ``ev
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -78,14 +79,27 @@ def test_two_evaluations_at_once_of_a_read_only_benchmark_refer_to_its_images(be
     assert main(["compare", str(outs["cnn"]), str(outs["linear"]), "--output", str(tmp_path / "cmp"), "--image-check", "0"]) == 0
     assert (tmp_path / "cmp" / "compare.json").is_file()
 
-    # refine and card of the configured classifier on its evaluation output, the benchmark still read-only
+    # refine and card of the configured classifier on its evaluation output, and a card against the
+    # benchmark itself: read as it is, and refined in the card's own output; the benchmark still read-only
     ev = outs["cnn"]
     for argv in (["refine", str(ev), "--classifier", "cnn", "--rounds", "1", "--runner", "local"],
-                 ["card", "cnn", "--suite", str(ev), "--output", str(tmp_path / "card-cnn"), "--runner", "local"]):
+                 ["card", "cnn", "--suite", str(ev), "--output", str(tmp_path / "card-cnn"), "--runner", "local"],
+                 ["card", "linear", "--suite", str(bench), "--output", str(tmp_path / "card-linear"), "--runner", "local"],
+                 ["card", "cnn", "--suite", str(bench), "--output", str(tmp_path / "card-cnn-refined"), "--refine", "1",
+                  "--runner", "local"]):
         done = run_read_only(bench, [*CLI, *argv], env=ENV, timeout=1500)
         assert done.returncode == 0, done.stderr[-3000:]
     assert (ev / "refine" / "failure_points_refined.csv").is_file() and (tmp_path / "card-cnn" / "card.json").is_file()
     assert tree_digest(bench) == before
+    linear = json.loads((tmp_path / "card-linear" / "card.json").read_text())["benchmarks"][0]
+    assert linear["output"] == str(bench) and not (tmp_path / "card-linear" / "outputs").exists()  # held: only read
+    refined_card = tmp_path / "card-cnn-refined"
+    own = refined_card / "outputs" / "cns"  # refinement writes: into the card's own output, never the benchmark
+    entry = json.loads((refined_card / "card.json").read_text())["benchmarks"][0]
+    assert entry["output"] == str(own) and (own / "refine" / "failure_points_refined.csv").is_file()
+    assert not list((own / "images").glob("*.tar"))
+    plain = json.loads((tmp_path / "card-cnn" / "card.json").read_text())["benchmarks"][0]
+    assert entry["value"] == plain["value"]  # the same classifier on the same images
 
 
 MODEL = '''
@@ -110,6 +124,7 @@ quiet = lambda m: None
 cnsbench.evaluate(model, bench, output=work / "ev", name="mine", preprocess=PRE, echo=quiet)
 cnsbench.refine("mine", work / "ev", rounds=1, models={{"mine": model}}, echo=quiet)
 cnsbench.card(model, work / "ev", output=work / "card", name="mine", preprocess=PRE, echo=quiet)
+cnsbench.card(model, bench, output=work / "card-bench", name="mine", preprocess=PRE, echo=quiet)
 cnsbench.evaluate("linear", str(bench), output=str(work / "ev-linear"), echo=quiet)
 cnsbench.card("linear", str(work / "ev-linear"), output=str(work / "card-linear"), echo=quiet)
 print("done")
@@ -132,6 +147,11 @@ def test_a_model_in_memory_and_a_configured_one_from_python_against_a_read_only_
     assert set(refined["classifier"]) == {"mine"}
     for card in ("card", "card-linear"):
         assert (tmp_path / card / "card.json").is_file()
+    # the card against the benchmark itself: the model scored into the card's own output, the same numbers
+    on_ev, on_bench = (json.loads((tmp_path / c / "card.json").read_text())["benchmarks"][0] for c in ("card", "card-bench"))
+    assert on_bench["output"] == str(tmp_path / "card-bench" / "outputs" / "cns")
+    assert on_bench["value"] == on_ev["value"]
+    assert not list((tmp_path / "card-bench" / "outputs").rglob("*.tar"))
     pd.testing.assert_frame_equal(report_rows(tmp_path / "ev-linear", "accuracy.csv", "linear"),
                                   report_rows(bench, "accuracy.csv", "linear"))
 
@@ -162,6 +182,33 @@ def test_an_evaluation_of_a_benchmark_on_object_storage_only_reads_it(demo_world
             pd.testing.assert_frame_equal(report_rows(local, table, "cnn"), report_rows(Path(demo_world), table, "cnn"))
         opened = cnsbench.open_output("s3://work/ev")
         assert opened.image(opened.samples()["sample_id"].iloc[0]).size[0] > 0
+        from pipeline.io.digest import output_digest
+
+        mine, theirs = output_digest("s3://work/ev"), output_digest(str(demo_world))  # the images referred to
+        assert mine["images"] == theirs["images"] and mine["samples"] == theirs["samples"]
+
+        # refine in the evaluation output; cards against the benchmark: a configured classifier read as it
+        # is, a model held in memory scored into the card's own output; the benchmark's bytes unchanged
+        quiet = lambda m: None  # noqa: E731
+        cnsbench.refine("cnn", "s3://work/ev", rounds=1, echo=quiet)
+        cnsbench.card("cnn", "s3://bench/demo", output="s3://work/card-cnn", echo=quiet)
+        cnsbench.card(_small_cnn(), "s3://bench/demo", output="s3://work/card-mine", name="mine", preprocess=PRE,
+                      echo=quiet)
+        fs.invalidate_cache()
+        assert digest() == before
+        assert fs.exists("work/ev/refine/failure_points_refined.csv")
+        cnn = json.loads(fs.cat_file("work/card-cnn/card.json"))["benchmarks"][0]
+        held = json.loads(fs.cat_file("work/card-mine/card.json"))["benchmarks"][0]
+        assert cnn["output"] == "s3://bench/demo" and held["output"] == "s3://work/card-mine/outputs/cns"
+        assert not [p for p in fs.find("work/card-mine") if p.endswith(".tar")]
+
+
+def _small_cnn():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 15 * 15, 10))
 
 
 class Tiny:
@@ -203,3 +250,23 @@ def test_the_shell_says_the_same_with_exit_2(demo_world, tmp_path, capsys):
 
     assert main(["evaluate", str(demo_world), "--output", str(demo_world), "--classifiers", "cnn"]) == 2
     assert "--in-place" in capsys.readouterr().err
+
+
+def test_an_evaluation_output_is_a_source_and_has_the_benchmarks_digest(demo_world, tmp_path):
+    """An evaluation output read as a source gives the images it refers to (with the benchmark's
+    keep decisions): evaluating another of the benchmark's classifiers from it gives that
+    classifier's report rows, and `cnsbench digest` follows the references to the same images."""
+    from pipeline.cli import main
+    from pipeline.io.digest import output_digest
+
+    quiet = lambda m: None  # noqa: E731
+    first, second = tmp_path / "ev1", tmp_path / "ev2"
+    cnsbench.evaluate("cnn", demo_world, output=first, echo=quiet)
+    cnsbench.evaluate("linear", first, output=second, echo=quiet)  # a name of the benchmark's config
+    assert json.loads((second / "images.json").read_text())["images"] == str(demo_world)  # the images' holder
+    for table in ("accuracy.csv", "failure_points.csv"):
+        pd.testing.assert_frame_equal(report_rows(second, table, "linear"), report_rows(Path(demo_world), table, "linear"))
+    bench, ev = output_digest(str(demo_world)), output_digest(str(second))
+    assert ev["images"] == bench["images"] and ev["samples"] == bench["samples"]
+    assert ev["predictions"] != bench["predictions"]  # linear's only
+    assert main(["digest", str(first)]) == 0

@@ -99,7 +99,9 @@ def card(
     echo: Echo = print,
 ) -> dict[str, Any]:
     """The robustness card of ``model`` over ``suite`` (a suite file, or one output), written
-    with ``card.html`` into ``output``; returns ``card.json``'s content.
+    with ``card.html`` into ``output``; returns ``card.json``'s content.  An output the suite
+    names is only read: a model it lacks is scored into ``output``'s own ``outputs/<name>``,
+    which refers to its images (docs/card.md).
 
     ``model``: a classifier name of the suite's configs, a YAML file with one entry, a model
     with ``model_kind`` (and ``checkpoint``, ``model_config_file``), or a model held in memory

@@ -76,7 +76,8 @@ def evaluate(
             raise CnsbenchError(f"--output {dest} lies inside the source {where}: the source is only read; "
                                 "give an output outside it")
         base = _base_config(where, config, sets, filter_thresholds)
-        chosen, held = _classifiers(classifiers, base, name=name, preprocess=preprocess, label_map=label_map)
+        named = base if config is not None else _with_referenced(where, base)
+        chosen, held = _classifiers(classifiers, named, name=name, preprocess=preprocess, label_map=label_map)
         if in_place:  # the entries chosen (from config= too) join the benchmark's own config
             own = source_config(where) if config is not None else base
             if own is None:
@@ -129,6 +130,21 @@ def _base_config(source: str, config: Any, sets: Sequence[str], filter_threshold
         raw = apply_overrides(deep_merge(resolved_dict(cfg), overrides or {}), list(sets))
         cfg = parse_config(raw, source=f"{source}/config.json")
     return cfg
+
+
+def _with_referenced(location: str, cfg: "BuildConfig") -> "BuildConfig":
+    """``cfg`` (an evaluation output's) with the classifiers of the benchmark whose images it
+    refers to that it lacks, so a name of that benchmark's config can be chosen; else ``cfg``."""
+    from pipeline.aggregate.run import load_output_config
+    from pipeline.io.image_refs import referenced
+    from pipeline.io.store import OutputStore
+
+    bench = referenced(OutputStore(location))
+    if bench is None:
+        return cfg
+    have = {c.name for c in cfg.classifiers}
+    extra = [c for c in load_output_config(bench).classifiers if c.name not in have]
+    return cfg.model_copy(update={"classifiers": [*cfg.classifiers, *extra]}) if extra else cfg
 
 
 def source_config(location: str) -> "BuildConfig | None":

@@ -1,8 +1,10 @@
 """``cnsbench card``: one model over every benchmark of a suite -> ``card.json`` and ``card.html``.
 
-For each benchmark of the suite, in order: its output is made to hold the model
-(:func:`pipeline.card.outputs.prepare`: built or evaluated when missing, the model added
-to committed shards otherwise), then the family's headline metrics are computed for the
+For each benchmark of the suite, in order: an output holding the model is found or made
+(:func:`pipeline.card.outputs.prepare`: a build entry's output built, or the model added to
+its committed shards; a release evaluated once; a benchmark the suite names as an output
+only read, the model scored on its images into the card's own ``DIR/outputs/<name>``, which
+refers to them), then the family's headline metrics are computed for the
 model (:mod:`pipeline.card.headline`) and kept in ``DIR/benchmarks/<name>.json`` with the
 key they were computed for (the model's identity, the output's config hash and the
 digest of its images).  ``card.json`` and ``card.html`` are written last from those files.
@@ -51,6 +53,7 @@ from pipeline.io.safejson import dumps as strict_dumps
 from pipeline.io.store import OutputStore
 
 MARKER = "card.json"
+OWN = "outputs"  # the card's own evaluation outputs of the benchmarks it only reads: OWN/<benchmark>
 Echo = Callable[[str], None]
 
 
@@ -146,12 +149,16 @@ def refine_entry(p: Prepared, rounds: int, *, runner: str, report: bool, echo: E
     """``--refine R``: refine the model's failure points on a CNS build entry's output (the
     images it needs are made by the build's generator); other entries keep their grid points."""
     from pipeline.aggregate.run import evaluated_source
+    from pipeline.io.image_refs import referenced
     from pipeline.refine import refine
 
-    if p.benchmark.family != "cns" or evaluated_source(OutputStore(p.uri)) is not None:
-        echo(f"[cnsbench] card: {p.benchmark.name}: --refine applies to CNS build outputs; grid failure points kept")
+    store = OutputStore(p.uri)
+    released = evaluated_source(store) is not None and referenced(store) is None
+    if p.benchmark.family != "cns" or released:
+        echo(f"[cnsbench] card: {p.benchmark.name}: --refine applies to CNS builds; grid failure points kept")
         return
-    refine(p.uri, p.model.name, rounds=rounds, runner=runner, aggregate=report, echo=echo)
+    held = {p.model.name: p.model.held} if p.model.held is not None else None
+    refine(p.uri, p.model.name, rounds=rounds, runner=runner, aggregate=report, echo=echo, models=held)
 
 
 def compute_entry(p: Prepared, suite: Suite, echo: Echo) -> dict[str, Any]:
@@ -224,7 +231,8 @@ def make_card(
     for b in suite.benchmarks:
         start = time.perf_counter()
         try:
-            p = prepare(b, model, baseline=suite.baseline, runner=runner, echo=echo, ready=ready, report=report)
+            p = prepare(b, model, baseline=suite.baseline, runner=runner, echo=echo, ready=ready, report=report,
+                        own=store.url(f"{OWN}/{b.name}"), refine=bool(refine))
         except IncompatibleOutput as err:
             raise IncompatibleOutput(_card_hint(b.where, str(err))) from None
         except OwnershipError as err:  # the benchmark's output is not ours: `--output` is the card's folder here

@@ -6,15 +6,21 @@ its output exists and holds the model's predictions, doing only what is missing:
 * a build entry is built (``cnsbench build``'s :func:`pipeline.build.build`) when its
   output is missing, incomplete, or lacks the model; a build of an existing output adds
   the model to the committed shards with the reclassify stage (only that model runs, on
-  the committed images) and aggregates the report again;
+  the committed images) and aggregates the report again.  An existing output the entry
+  ``reuse``s is another's: it is read as an ``output`` entry is;
 * a release entry is evaluated once (:func:`pipeline.evaluate.evaluate`) with the model
   (and the suite's baseline classifier, for corruptions) under its authors' protocol; a
   later card adds its model to the committed shards the same way, its entry filled by
   the release's protocol as ``evaluate`` fills every entry;
-* an ``output`` entry is used as it is, the model added the same way.
+* an ``output`` entry is a benchmark the card only reads (a shared one may be read-only).
+  A model it holds (the same entry, weights and predictions) is read from it as it is; any
+  other model, or one whose failure points the card refines, is scored into the card's own
+  evaluation output (``CARD/outputs/<name>``, with the suite's corruption baseline), which
+  refers to the benchmark's images and uses its keep decisions, so the numbers are those
+  an evaluation of the benchmark gives.
 
-Classifiers earlier cards added to an output stay in its config.  A model whose name an
-output already uses for another model is refused (:class:`ModelConflict`): pass another
+Classifiers earlier cards added to an output stay in its config.  A model whose name a
+build's or release's output already uses for another model is refused (:class:`ModelConflict`): pass another
 ``--name``.  When nothing is missing nothing is loaded: whether an output is complete is
 read from its manifests and report, never by running a model.
 """
@@ -28,6 +34,7 @@ from typing import Any, Callable
 
 from pipeline.card.suite import ALEXNET, Benchmark, benchmark_hash
 from pipeline.config import BuildConfig, ClassifierSpec, ConfigError, config_hash, parse_config, resolved_dict
+from pipeline.errors import CnsbenchError
 from pipeline.io.ownership import read_marker
 from pipeline.io.store import OutputStore
 from pipeline.sources import release_protocol
@@ -235,7 +242,8 @@ def reused_output(b: Benchmark, cfg: BuildConfig) -> str | None:
     return None
 
 
-def _prepare_build(b: Benchmark, model: ClassifierSpec, runner: str, echo: Echo, ready: Callable, report: bool) -> Prepared:
+def _prepare_build(b: Benchmark, model: ClassifierSpec, baseline: str | None, runner: str, echo: Echo, ready: Callable,
+                   report: bool, own: str | None, refine: bool) -> Prepared:
     from dataclasses import replace
 
     from pipeline.build import build
@@ -243,9 +251,10 @@ def _prepare_build(b: Benchmark, model: ClassifierSpec, runner: str, echo: Echo,
     cfg = b.load_config()
     ready(cfg)
     reused = reused_output(b, cfg)
-    if reused is not None:
+    if reused is not None:  # another's output: only read, as an output entry
         echo(f"[cnsbench] card: {b.name}: using the existing output {reused} (the same benchmark as {b.config})")
-        b = replace(b, output=reused)
+        return _prepare_existing(replace(b, kind="output", output=reused), model, baseline, runner, echo, ready, report,
+                                 own, refine)
     store = OutputStore(b.output)
     marker = forget_stale(b.output, echo)
     check_model_weights(b.output, marker, model)
@@ -276,71 +285,122 @@ def _baseline_entries(cfg: BuildConfig, b: Benchmark, baseline: str | None) -> l
     return found
 
 
-def _evaluate_release(b: Benchmark, model: ClassifierSpec, baseline: str | None, runner: str, echo: Echo, ready: Callable) -> None:
-    """The first evaluation of a release: the model (and the corruption baseline) under its protocol."""
+def _first_evaluation(b: Benchmark, uri: str, model: ClassifierSpec, baseline: str | None, runner: str, echo: Echo,
+                      ready: Callable) -> None:
+    """The first evaluation into ``uri``: the model (and the corruption baseline) on the
+    release's images under its protocol, or on a built benchmark's images by its own filter
+    decisions (:func:`_images_of`)."""
     from pipeline.evaluate import effective_config, evaluate
-    from pipeline.sources import open_source
 
-    base = b.load_config()
-    ready(base)
+    base, source, use_filter = _images_of(b, ready)
     raw = resolved_dict(base)
-    # Each entry with only the keys it sets, as in a config file: the release's protocol fills
+    # Each entry with only the keys it sets, as in a config file: a release's protocol fills
     # the rest (an entry that sets its own transform keeps it, with evaluate's warning).
     raw["classifiers"] = _baseline_entries(base, b, baseline) + [model.model_dump(mode="json", exclude_unset=True)]
     if raw["classifiers"][:-1]:  # the report's corruption errors normalised by the suite's baseline, as the card's
         others = [a for a in raw["aggregate"]["analyses"] if (a if isinstance(a, str) else a.get("name")) != "corruption_error"]
         raw["aggregate"]["analyses"] = [*others, {"name": "corruption_error", "baseline": baseline}]
-    cfg = holding(parse_config(raw, source=f"{b.config} with the card's model {model.name}"), model)
-    source = open_source(b.release, base.benchmark.label_space, kind=b.entry.source_kind)
-    eff = effective_config(cfg, source, use_filter=b.entry.filter)
-    echo(f"[cnsbench] card: {b.name}: evaluating {b.release} into {b.output} with {model.name}")
-    evaluate(eff, source, b.output, runner=runner, echo=echo)
+    where = b.config if b.kind == "release" else f"{b.output}/config.json"
+    cfg = holding(parse_config(raw, source=f"{where} with the card's model {model.name}"), model)
+    eff = holding(effective_config(cfg, source, use_filter=use_filter), model)
+    echo(f"[cnsbench] card: {b.name}: evaluating {source.location} into {uri} with {model.name}")
+    evaluate(eff, source, uri, runner=runner, echo=echo)
 
 
-def _resume_release(b: Benchmark, stored: BuildConfig, runner: str, echo: Echo) -> None:
-    """Finish an interrupted evaluation of a release with the config it started with."""
-    from pipeline.evaluate import evaluate
+def _images_of(b: Benchmark, ready: Callable) -> tuple[BuildConfig, Any, bool]:
+    """The config, image source and filter choice of an evaluation of ``b``'s images: a
+    release's (its entry's config, layout and ``filter``), or a built benchmark's (its own
+    config; its own keep decisions, so a classifier's numbers are its report's)."""
+    from pipeline.aggregate.run import load_output_config
     from pipeline.sources import open_source
 
-    base = b.load_config()
-    source = open_source(b.release, base.benchmark.label_space, kind=b.entry.source_kind)
-    echo(f"[cnsbench] card: {b.name}: resuming the evaluation of {b.release}")
-    evaluate(stored, source, b.output, runner=runner, echo=echo)
+    if b.kind == "release":
+        base = b.load_config()
+        ready(base)
+        return base, open_source(b.release, base.benchmark.label_space, kind=b.entry.source_kind), b.entry.filter
+    base = load_output_config(OutputStore(b.output))
+    ready(base)
+    return base, open_source(b.output, base.benchmark.label_space), False
 
 
-def _prepare_existing(
-    b: Benchmark, model: ClassifierSpec, baseline: str | None, runner: str, echo: Echo, ready: Callable, report: bool
-) -> Prepared:
-    """A release entry or an existing output: evaluated once, then the model added."""
+def _resume_evaluation(b: Benchmark, uri: str, stored: BuildConfig, model: ClassifierSpec, runner: str, echo: Echo,
+                       ready: Callable) -> None:
+    """Finish an interrupted evaluation into ``uri`` with the config it started with."""
+    from pipeline.evaluate import evaluate
+
+    _, source, _ = _images_of(b, ready)
+    echo(f"[cnsbench] card: {b.name}: resuming the evaluation of {source.location}")
+    evaluate(holding(stored, model), source, uri, runner=runner, echo=echo)
+
+
+def _holds(b: Benchmark, model: ClassifierSpec) -> Prepared | None:
+    """An output entry that already holds the model (the same entry, the same weights, its
+    predictions on every committed shard): read as it is.  None when it does not."""
     from pipeline.aggregate.run import load_output_config
+    from pipeline.assets.weights import WeightsChanged
+    from pipeline.stages.reclassify import missing_classifiers
 
     store = OutputStore(b.output)
     marker = read_marker(store)
+    if marker is None:
+        raise FileNotFoundError(f"{b.where}: output {b.output} not found (no config.json): is it a cnsbench output?")
+    stored = load_output_config(store)
+    if model.name not in {c.name for c in stored.classifiers}:
+        return None
+    kind = release_kind(store)
+    try:
+        _, new = with_model(resolved_dict(stored), model, kind, f"{b.where} {b.output}")
+        check_model_weights(b.output, marker, model)
+    except (ModelConflict, WeightsChanged):  # another model of that name: the card's own output scores this one
+        return None
+    built_with = [c["name"] for c in marker["config"].get("classifiers", [])]
+    if new or missing_classifiers(store, [model.name], built_with):
+        return None
+    return _prepared(b, b.output, holding(stored, model), model, kind, "none")
+
+
+def _prepare_existing(
+    b: Benchmark, model: ClassifierSpec, baseline: str | None, runner: str, echo: Echo, ready: Callable, report: bool,
+    own: str | None, refine: bool,
+) -> Prepared:
+    """A release entry (evaluated once into its output, then the model added), or an output
+    entry: only read; a model it does not hold is evaluated into the card's own output ``own``
+    the same way, which refers to the benchmark's images."""
+    from pipeline.aggregate.run import load_output_config
+
+    uri = b.output
+    if b.kind == "output":
+        read = None if refine else _holds(b, model)  # refining writes: into the card's own output
+        if read is not None:
+            return read
+        if own is None:
+            raise CnsbenchError(f"{b.where}: the card has no folder of its own for {model.name}'s predictions")
+        uri = own
+    store = OutputStore(uri)
+    marker = read_marker(store)
     work = "none"
     if marker is None:
-        if b.kind != "release":
-            raise FileNotFoundError(f"{b.where}: output {b.output} not found (no config.json): is it a cnsbench output?")
-        _evaluate_release(b, model, baseline, runner, echo, ready)
+        _first_evaluation(b, uri, model, baseline, runner, echo, ready)
         work = "evaluated"
     stored = load_output_config(store)
-    if b.kind == "release" and _report_hash(store) != config_hash(stored):
-        _resume_release(b, stored, runner, echo)
+    if _report_hash(store) != config_hash(stored):
+        _resume_evaluation(b, uri, stored, model, runner, echo, ready)
         work = "evaluated"
-    if forget_stale(b.output, echo) != marker:
+    if forget_stale(uri, echo) != marker:
         stored = load_output_config(store)
-    check_model_weights(b.output, read_marker(store), model)
+    check_model_weights(uri, read_marker(store), model)
     kind = release_kind(store)
-    raw, new = with_model(resolved_dict(stored), model, kind, f"{b.where} {b.output}")
-    cfg = parse_config(raw, source=f"{b.output}/config.json with the card's model {model.name}") if new else stored
+    raw, new = with_model(resolved_dict(stored), model, kind, f"{b.where} {uri}")
+    cfg = parse_config(raw, source=f"{uri}/config.json with the card's model {model.name}") if new else stored
     cfg = holding(cfg, model)
     if new:
-        echo(f"[cnsbench] card: {b.name}: adding {model.name} to {b.output}")
-        add_to_output(b.output, cfg, runner=runner, echo=echo, report=report)
+        echo(f"[cnsbench] card: {b.name}: adding {model.name} to {uri}")
+        add_to_output(uri, cfg, runner=runner, echo=echo, report=report)
         work = "added"
     elif needs_build(store, cfg, read_marker(store), planned=False, report=report):
-        add_to_output(b.output, cfg, runner=runner, echo=echo, report=report)  # an interrupted addition or report
+        add_to_output(uri, cfg, runner=runner, echo=echo, report=report)  # an interrupted addition or report
         work = "added"
-    return _prepared(b, b.output, cfg, model, kind, work)
+    return _prepared(b, uri, cfg, model, kind, work)
 
 
 def prepare(
@@ -352,10 +412,14 @@ def prepare(
     echo: Echo = print,
     ready: Callable[[BuildConfig], None] = lambda cfg: None,
     report: bool = True,
+    own: str | None = None,
+    refine: bool = False,
 ) -> Prepared:
     """The output of ``b`` holding ``model`` (see the module doc); ``ready`` prepares a
     config's generated assets before it is built; without ``report`` an output the model is
-    added to keeps its report as it was (``cnsbench aggregate`` brings it up to date)."""
+    added to keeps its report as it was (``cnsbench aggregate`` brings it up to date).
+    ``own``: the card's own evaluation output for an output entry; ``refine``: the model's
+    failure points will be refined (an output entry's benchmark is then not read as it is)."""
     if b.kind == "build":
-        return _prepare_build(b, model, runner, echo, ready, report)
-    return _prepare_existing(b, model, baseline, runner, echo, ready, report)
+        return _prepare_build(b, model, baseline, runner, echo, ready, report, own, refine)
+    return _prepare_existing(b, model, baseline, runner, echo, ready, report, own, refine)

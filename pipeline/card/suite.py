@@ -206,6 +206,15 @@ def _resolve(value: str | None, base: Path) -> str | None:
     return str((base / value).resolve())
 
 
+def _is_output(path: str) -> bool:
+    """Whether ``path`` is an output (a folder or URI holding ``config.json``), not a suite file."""
+    if _is_uri(path):
+        from pipeline.io.store import OutputStore
+
+        return OutputStore(path).exists("config.json")
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
 def read_yaml(path: str | os.PathLike[str]) -> Any:
     p = Path(path)
     if not p.is_file():
@@ -255,7 +264,7 @@ def _format(err: ValidationError, source: str) -> str:
 def output_suite(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The suite of one existing output (a folder holding ``config.json``): the quickest card,
     "this model on this output", its CNS headline metrics."""
-    where = Path(path).resolve()
+    where = path if _is_uri(str(path)) else Path(path).resolve()
     return {"suite": "output", "description": f"the output {where}",
             "benchmarks": [{"name": "cns", "family": "cns", "output": str(where)}]}
 
@@ -267,7 +276,7 @@ def load_suite(path: str | os.PathLike[str], outputs: str | None = None) -> Suit
     Raises :class:`ConfigError` naming the file and key of a malformed suite."""
     if outputs is not None and not outputs.strip():
         raise ConfigError("--outputs is empty: give the folder of the suite's outputs (or leave --outputs out)")
-    is_output = Path(path).is_dir() and (Path(path) / "config.json").is_file()
+    is_output = _is_output(str(path))
     raw = output_suite(path) if is_output else read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid suite {path}: the top level must be a mapping, got {type(raw).__name__}")
@@ -291,7 +300,7 @@ def load_suite(path: str | os.PathLike[str], outputs: str | None = None) -> Suit
         reuse = () if outputs is not None else tuple(str(_resolve(r, base)) for r in entry.reuse)
         benchmarks.append(Benchmark(i, entry, kind, _resolve(entry.config, base), output, _resolve(entry.release, base),
                                     reuse))
-    return Suite(str(Path(path).resolve()), spec, tuple(benchmarks), suite_hash(spec))
+    return Suite(str(path) if _is_uri(str(path)) else str(Path(path).resolve()), spec, tuple(benchmarks), suite_hash(spec))
 
 
 def benchmark_hash(cfg: BuildConfig) -> str:

@@ -84,7 +84,14 @@ def pixel_blocks(uri: str, grid: int = 4) -> dict[str, np.ndarray]:
 
 def _images(store: OutputStore):
     """``(member name, file bytes)`` of every image in the committed shards of ``store``, one
-    at a time (a generator: the caller keeps what it needs of each)."""
+    at a time (a generator: the caller keeps what it needs of each).  An evaluation output
+    that refers to a benchmark's images (:mod:`pipeline.io.image_refs`) gives the images its
+    sample rows name, read from where they are."""
+    from pipeline.io.image_refs import referenced
+
+    if referenced(store) is not None:
+        yield from _referred_images(store)
+        return
     for manifest in store.manifests():
         for rel in manifest.files:
             if rel.startswith("images/") and rel.endswith(".tar"):
@@ -92,3 +99,22 @@ def _images(store: OutputStore):
                     for member in tar.getmembers():
                         if not member.name.endswith(".json"):
                             yield member.name, tar.extractfile(member).read()
+
+
+def _referred_images(store: OutputStore):
+    """The images an evaluation output's sample rows name, shard by shard from the store that
+    holds each (its own, or the benchmark's), under the member names the benchmark gave them."""
+    from pipeline.io.image_refs import ShardStores
+    from pipeline.io.tables import load_samples
+    from pipeline.io.webdataset import iter_tar
+
+    stores = ShardStores(store)
+    samples = load_samples(store)
+    wanted: dict[str, set[str]] = {}
+    for shard, key in samples[["shard", "key"]].astype(str).itertuples(index=False):
+        wanted.setdefault(shard, set()).add(key)
+    for shard, keys in sorted(wanted.items()):
+        holder = stores(shard)
+        for key, members in iter_tar(holder.read_bytes(shard), holder.url(shard)):
+            if key in keys:
+                yield from ((f"{key}.{ext}", data) for ext, data in members.items() if ext != "json")

@@ -7,6 +7,7 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from pipeline.io.files import filesystem
+from pipeline.io.image_refs import IMAGES_FILE
 from pipeline.labels import LabelSpace
 from pipeline.sources.checks import leave_out_unencodable
 from pipeline.sources.cns import load_cns
@@ -45,7 +46,7 @@ def detect_kind(location: str) -> str:
         raise SourceError(f"{location}: a source is a directory (or an {ANNOTATIONS} file)")
     if fs.exists(posixpath.join(root, ANNOTATIONS)):
         return "cns"
-    if tar_paths(fs, root):
+    if tar_paths(fs, root) or fs.exists(posixpath.join(root, IMAGES_FILE)):  # an evaluation output refers to its images
         return "webdataset"
     for kind, module, detect, _load, _labels in RELEASED_LAYOUTS:
         if getattr(importlib.import_module(module), detect)(fs, root):

@@ -10,6 +10,7 @@ from typing import Any
 
 from pipeline.io.files import as_location, filesystem, is_local
 from pipeline.io.fs import PathEscape, safe_relpath
+from pipeline.io.image_refs import IMAGES_FILE
 from pipeline.io.safejson import loads as safe_loads
 from pipeline.io.webdataset import tar_members
 from pipeline.labels import LabelSpace
@@ -50,8 +51,12 @@ def _image_member(members: dict[str, Any]) -> tuple[str, tuple[int, int]] | None
 
 
 def load_webdataset(location: str, labels: LabelSpace, follow_symlinks: bool = False) -> Source:
-    """WebDataset tars, with coordinates from committed ``samples`` Parquet or member JSON."""
+    """WebDataset tars, with coordinates from committed ``samples`` Parquet or member JSON; an
+    evaluation output that refers to a benchmark's images (:mod:`pipeline.io.image_refs`) is
+    the images its sample rows name, with its own keep decisions."""
     fs, root = filesystem(location)
+    if fs.exists(posixpath.join(root, IMAGES_FILE)):
+        return _referred(location, labels, follow_symlinks)
     tars = tar_paths(fs, root)
     for tar in tars:
         inside_source(tar, root, location, f"{location}: shard", follow_symlinks)
@@ -68,6 +73,26 @@ def load_webdataset(location: str, labels: LabelSpace, follow_symlinks: bool = F
     if samples is not None:
         return _webdataset_from_samples(fs, location, root, samples, labels, follow_symlinks)
     return _webdataset_from_json(fs, location, tars, labels)
+
+
+def _referred(location: str, labels: LabelSpace, follow_symlinks: bool) -> Source:
+    """The images an evaluation output's sample rows name, in the benchmark it refers to."""
+    from dataclasses import replace
+
+    from pipeline.io.image_refs import referenced, own_files
+    from pipeline.io.store import OutputStore
+    from pipeline.io.tables import load_samples
+
+    store = OutputStore(location)
+    bench = referenced(store)
+    samples = load_samples(store)
+    if samples.empty:
+        raise SourceError(f"{location}: an evaluation output without committed shards holds no images to read")
+    if own_files(store) & set(samples["shard"].astype(str)):
+        raise SourceError(f"{location}: holds image shards of its own beside those of {bench.uri}; read one of them")
+    bfs, broot = filesystem(bench.uri)
+    found = _webdataset_from_samples(bfs, bench.uri, broot, samples, labels, follow_symlinks)
+    return replace(found, location=location)
 
 
 def _webdataset_from_samples(
