@@ -495,7 +495,9 @@ def test_card_refine_puts_refined_points_beside_the_grids(world, tmp_path, capsy
     card = json.loads((tmp_path / "card" / "card.json").read_text())
     (entry,) = card["benchmarks"]
     fp = entry["failure_point"]
-    table = read_refined(OutputStore(str(out)))
+    own = tmp_path / "card" / "outputs" / "cns"  # refining writes: into the card's own output, never the benchmark
+    assert entry["output"] == str(own) and read_refined(OutputStore(str(out))) is None
+    table = read_refined(OutputStore(str(own)))
     mine = table[table["classifier"] == "bright"]
     assert fp["refined"] == pytest.approx(mine["refined_fp"].dropna().mean())
     assert fp["grid"] == pytest.approx(mine["grid_fp"].dropna().mean())
