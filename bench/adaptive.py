@@ -68,6 +68,10 @@ def smoke_raw(directory: Path) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from buildproc import tiny_config
 
+    from pipeline.demo.assets import ensure_tiny_assets
+
+    # Built once per checkout; its notice goes to stderr, so that --json's stdout stays JSON.
+    ensure_tiny_assets(echo=lambda m: print(m, file=sys.stderr))
     raw = yaml.safe_load(tiny_config(directory).read_text())
     raw["benchmark"]["seeds"] = "1..4"
     raw["aggregate"] = {**raw.get("aggregate", {}), "bootstrap": {"resamples": 0}}
