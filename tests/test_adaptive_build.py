@@ -44,6 +44,8 @@ def test_bench_smoke_builds_a_subset_with_the_replayed_allocation(tmp_path, caps
     figures = doc["targets"]["0.3"]
     assert set(figures) >= {"images_ratio", "coverage", "kendall_tau", "efficiency"}
     assert 0 < figures["images_ratio"] <= 1 and 0 <= figures["coverage"] <= 1
+    # Real-valued seeds per stratum never need more than whole ones.
+    assert figures["efficiency_fractional"] <= figures["efficiency"] + 1e-9
 
 
 @pytest.mark.slow
