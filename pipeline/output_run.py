@@ -265,11 +265,11 @@ def write_config(
     """Write the marker ``config.json`` (with each classifier's weights digest, ``weights``:
     those recorded before, updated with the given ones, less ``forget``'s: classifiers no
     shard holds; and so the probe records of models held in memory, ``probes``:
-    :mod:`pipeline.models.probe`), then ``config.yaml`` (never before the marker: a
+    :mod:`pipeline.stages.probe`), then ``config.yaml`` (never before the marker: a
     ``config.yaml`` alone is a user's, :mod:`pipeline.io.ownership`).  A classifier dropped
     from the config keeps its records: its predictions stay in the shards."""
     from pipeline.assets.weights import merged
-    from pipeline.models import probe
+    from pipeline.stages import probe
 
     digest = config_hash(cfg)
     forget = set(forget)
@@ -425,25 +425,6 @@ class OutputRun(HeldStore):
         weights.check_weights(self.uri, read_marker(self.store), digests, self.weights_hint)
         return {k: v for k, v in digests.items() if k in running}, missing
 
-    def _check_probes(self, digests: dict[str, str | None]) -> tuple[dict[str, dict[str, str]], list]:
-        """Each model held in memory against its probe record (:mod:`pipeline.models.probe`);
-        those that run (``digests``) without one are probed on the committed images now, or
-        (none committed yet) once this run has committed its first shard.  Returns the
-        records to name in the marker and the entries still to probe."""
-        from pipeline.assets.weights import weights_digest
-        from pipeline.models import probe
-
-        marker, labels = read_marker(self.store), self.cfg.benchmark.label_space
-        refs, pending = {}, []
-        for spec in (c for c in self.cfg.classifiers if probe.probed(c)):
-            digest = digests[spec.name] if spec.name in digests else weights_digest(spec)
-            probe.check(self.store, marker, spec, labels, digest, self.weights_hint)
-            if spec.name in digests and spec.name not in probe.recorded(marker):
-                ref = probe.record(self.store, spec, labels, digest)
-                refs.update({spec.name: ref} if ref else {})
-                pending += [] if ref else [spec]
-        return refs, pending
-
     # 3. begin writing
     def start(self, total: int, done_before: int, what: str | None = None) -> "Running":
         """Check the weights of the classifiers that will run (``total > done_before``: new
@@ -452,17 +433,19 @@ class OutputRun(HeldStore):
         if self.cfg is None:
             raise RuntimeError("OutputRun.start() before prepare(): nothing is known of the output yet")
         from pipeline.io import rollback
+        from pipeline.stages import probe
 
         weights, missing = self._check_weights(new_work=total > done_before)
-        probes, pending = self._check_probes(weights)
+        records, pending = probe.check_run(self.store, self.cfg, weights, self.weights_hint)
         clean_uncommitted(self.store, self.echo)
         self.ensure_held()
-        if missing:  # the config and these manifests as they are, until every shard holds the additions
+        if missing:  # the config, these manifests and records as they are, until every shard holds the additions
             rollback.begin(self.store, sorted({n for r in missing for n in r["classifiers"]}),
-                           [r["shard"] for r in missing])
+                           [r["shard"] for r in missing], [rel for rel, _ in records.values()])
+        probes = {name: probe.write(self.store, *found) for name, found in records.items()}
         digest = write_config(self.store, self.cfg, weights, probes=probes)
         return Running(self, digest, missing, ShardTally(total, done_before, self.echo, what=what or self.command),
-                       pending, weights)
+                       probe.Pending(self.store, self.cfg, pending, weights, self.ensure_held))
 
     def start_on_committed(self, what: str | None = None) -> "Running":
         """:meth:`start` for a run that makes no new trajectories (a card adding its classifier,
@@ -481,32 +464,13 @@ class Running(StoreRun):
     committed shards (4) and finishes (5)."""
 
     def __init__(self, run: OutputRun, digest: str, missing: list[dict], tally: ShardTally,
-                 probing: list | None = None, weights: dict[str, str | None] | None = None) -> None:
+                 probing: Any = None) -> None:
         super().__init__(run.store, run._lease, run.command, run.echo, run.runner, run.address)
         self.cfg: BuildConfig = run.cfg
         self.done, self.built_with = run.done, run.built_with
         self.digest, self.tally, self.start_time = digest, tally, run.start_time
         self._missing = missing  # committed shards lacking classifiers
-        self._probing, self._weights = list(probing or []), weights or {}  # held models not yet probed
-        self._probed: list = []  # probed on this run's first shard: again on all its images at the end
-
-    def _record_probes(self, specs: list) -> None:
-        """Probe the held models ``specs`` on the output's committed images and name the
-        records in the marker (:mod:`pipeline.models.probe`): on a new output's first shard
-        (no prediction of theirs without a record), and again when the run ends, over the
-        images of all its shards (this run's object made all their predictions)."""
-        from pipeline.models import probe
-
-        refs = {}
-        for spec in specs:
-            ref = probe.record(self.store, spec, self.cfg.benchmark.label_space, self._weights.get(spec.name))
-            if ref is None:
-                return  # nothing committed yet
-            refs[spec.name] = ref
-        self._probed += [s for s in self._probing if all(s is not p for p in self._probed)]
-        self._probing = []
-        self.ensure_held()
-        probe.add_to_marker(self.store, refs)
+        self._probing = probing  # held models to probe once images are committed (pipeline.stages.probe.Pending)
 
     def commit_kwargs(self) -> dict[str, str]:
         """Constructor kwargs of a stage that commits: the token it checks before each commit."""
@@ -520,15 +484,10 @@ class Running(StoreRun):
         ``on_shard`` is given or ``count`` is False; the first committed shard lets the held
         models this run makes predictions with be probed."""
         handler = on_shard or (self.tally if count else None)
-
-        def shard_done(row: dict) -> None:
-            if handler is not None:
-                handler(row)
-            if self._probing:
-                self._record_probes(self._probing)
-
+        if self._probing is not None and self._probing.waiting:
+            handler = self._probing.after(handler)
         super().run_chain(rows, chain, num_blocks=num_blocks, first_schema=first_schema,
-                          on_shard=shard_done if self._probing else handler, notice=notice)
+                          on_shard=handler, notice=notice)
 
     def add_classifiers(self) -> None:
         """Run the config's classifiers that committed shards lack on their images (the
@@ -574,8 +533,8 @@ class Running(StoreRun):
 
         tally = self.tally
         tally.progress.close()
-        if self._probing or self._probed:
-            self._record_probes(self._probing + self._probed)
+        if self._probing is not None:
+            self._probing.at_end()
         self.ensure_held()
         self.store.remove_tree("attempts")  # crash bookkeeping is per run
         rollback.end(self.store)  # a run that did not add what its config names says so in status

@@ -87,7 +87,7 @@ def test_the_digest_cannot_see_these_models_state():
 
 
 def test_a_model_reading_a_changed_global_is_refused_in_place_naming_both(output, gain):
-    from pipeline.models.probe import PROBE_IMAGES, AnswersChanged
+    from pipeline.stages.probe import PROBE_IMAGES, AnswersChanged
 
     evaluate(Global(), str(output), name="g", preprocess=PRE, **QUIET)
     rec = _record(output, "g")
@@ -107,7 +107,7 @@ def test_a_model_reading_a_changed_global_is_refused_in_place_naming_both(output
 
 
 def test_an_opaque_object_answering_otherwise_is_refused_into_another_output(demo_world, tmp_path):
-    from pipeline.models.probe import AnswersChanged
+    from pipeline.stages.probe import AnswersChanged
 
     out = tmp_path / "ev"
     import cnsbench
@@ -123,7 +123,7 @@ def test_an_opaque_object_answering_otherwise_is_refused_into_another_output(dem
 
 def test_the_card_refuses_a_model_answering_otherwise(output, gain, tmp_path):
     import cnsbench
-    from pipeline.models.probe import AnswersChanged
+    from pipeline.stages.probe import AnswersChanged
 
     evaluate(Global(), str(output), name="g", preprocess=PRE, **QUIET)
     before = _files(output)
@@ -161,7 +161,7 @@ def test_an_output_without_a_probe_record_keeps_working(output, gain):
 
 
 def test_a_damaged_probe_record_is_named(output):
-    from pipeline.models.probe import AnswersChanged
+    from pipeline.stages.probe import AnswersChanged
 
     evaluate(Global(), str(output), name="g", preprocess=PRE, **QUIET)
     rel = _marker(output)["probes"]["g"]["file"]
@@ -171,7 +171,7 @@ def test_a_damaged_probe_record_is_named(output):
 
 
 def test_the_tolerance_passes_numerics_and_refuses_another_model():
-    from pipeline.models.probe import differences
+    from pipeline.stages.probe import differences
 
     rng = np.random.default_rng(0)
     ref = rng.normal(size=(8, 1000)) * 5
@@ -183,3 +183,23 @@ def test_the_tolerance_passes_numerics_and_refuses_another_model():
     assert [i for i, _, _ in differences(ref, worse)] == [3]
     assert [i for i, _, _ in differences(ref, np.flip(ref, 1).copy())] == list(range(1, 8))
     assert [i for i, _, _ in differences(ref, np.where(np.isnan(ref), 0, ref) * np.nan)] == list(range(8))
+
+
+def test_the_probe_is_recorded_and_checked_on_object_storage(demo_world, gain):
+    """Written and read through the store: an output on S3 (a test server on 127.0.0.1)."""
+    pytest.importorskip("s3fs")
+    import fsspec
+    from s3server import s3_environment
+
+    import cnsbench
+    from pipeline.stages.probe import AnswersChanged
+
+    with s3_environment("probe-test"):
+        out = "s3://probe-test/ev"
+        cnsbench.evaluate(Global(), demo_world, output=out, name="g", preprocess=PRE, **QUIET)
+        fs = fsspec.filesystem("s3")
+        marker = json.loads(fs.cat(f"{out}/config.json"))
+        assert len(json.loads(fs.cat(f"{out}/{marker['probes']['g']['file']}"))["samples"]) == 8
+        gain(2.0)
+        with pytest.raises(AnswersChanged, match=r"s3://probe-test/ev: classifier 'g' answers differently"):
+            cnsbench.evaluate(Global(), demo_world, output=out, name="g", preprocess=PRE, **QUIET)

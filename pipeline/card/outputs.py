@@ -46,10 +46,10 @@ WEIGHTS_HINT = "pass --name to add the model under another name (its predictions
 def check_model_weights(uri: str, marker: dict[str, Any] | None, model: ClassifierSpec) -> None:
     """Refuse (:class:`pipeline.assets.weights.WeightsChanged`) a model whose weights differ from
     those that made its predictions in ``uri``, or (a model held in memory) that answers the
-    output's probe images otherwise (:mod:`pipeline.models.probe`): its old numbers are never
+    output's probe images otherwise (:mod:`pipeline.stages.probe`): its old numbers are never
     put on a card."""
     from pipeline.assets.weights import check_weights, weights_digest
-    from pipeline.models.probe import check_output
+    from pipeline.stages.probe import check_output
 
     digest = weights_digest(model)
     check_weights(uri, marker, {model.name: digest}, WEIGHTS_HINT)

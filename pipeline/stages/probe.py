@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -82,14 +82,16 @@ def probe_samples(store: OutputStore, n: int = PROBE_IMAGES) -> list[dict[str, A
 
 def logits(spec: Any, store: OutputStore, rows: list[dict[str, Any]], labels: Any) -> np.ndarray:
     """``spec``'s logits [N, K] on the images of ``rows``, as its classifier computes them (CPU, float32)."""
-    import pandas as pd
-
-    from pipeline.aggregate.images import ImageReader
     from pipeline.registry import CLASSIFIERS
     from pipeline.stages.base import decode_image
+    from pipeline.stages.reclassify import referenced_images
 
-    data = ImageReader(store, pd.DataFrame(rows)).many([r["sample_id"] for r in rows])
-    images = [decode_image(data[r["sample_id"]]) for r in rows]
+    data = referenced_images(store, rows)  # by member key, from the tars the rows name (the benchmark's too)
+    missing = [r["sample_id"] for r in rows if r["key"] not in data]
+    if missing:
+        raise AnswersChanged(f"{store.uri}: the probe image of {missing[0]!r} is no longer in the output "
+                             "(its shard was removed or quarantined): the model cannot be compared; pass another name")
+    images = [decode_image(data[r["key"]]) for r in rows]
     clf = CLASSIFIERS.get(spec.kind)(spec, "cpu", labels)
     return clf.predict(images, [r["scale"] > 0 for r in rows]).numpy().astype(np.float32)
 
@@ -98,9 +100,9 @@ def _rel(name: str) -> str:
     return f"{PROBE_DIR}/{hashlib.sha256(name.encode()).hexdigest()[:16]}.json"
 
 
-def record(store: OutputStore, spec: Any, labels: Any, digest: str | None) -> dict[str, str] | None:
-    """Run ``spec`` on the probe batch and write its record; the marker's entry for it (None
-    when the output has no committed image yet)."""
+def measure(store: OutputStore, spec: Any, labels: Any, digest: str | None) -> tuple[str, bytes] | None:
+    """Run ``spec`` on the probe batch: its record's path and content (None when the output has
+    no committed image yet)."""
     rows = probe_samples(store)
     if not rows:
         return None
@@ -108,9 +110,18 @@ def record(store: OutputStore, spec: Any, labels: Any, digest: str | None) -> di
     doc = {"classifier": spec.name, "model": spec.model, "digest": digest, "device": "cpu", "dtype": "float32",
            "tolerance": {"rtol": RTOL, "atol": ATOL}, "samples": rows,
            "logits": [[float(f"{v:.7g}") for v in row] for row in out.tolist()]}
-    rel = _rel(spec.name)
-    info = store.write_text(rel, json.dumps(doc))
-    return {"file": rel, "sha256": info["sha256"]}
+    return _rel(spec.name), json.dumps(doc).encode()
+
+
+def write(store: OutputStore, rel: str, data: bytes) -> dict[str, str]:
+    """Write a record (:func:`measure`); the marker's entry for it."""
+    return {"file": rel, "sha256": store.write_bytes(rel, data)["sha256"]}
+
+
+def record(store: OutputStore, spec: Any, labels: Any, digest: str | None) -> dict[str, str] | None:
+    """:func:`measure` and :func:`write`: the marker's entry (None without committed images)."""
+    found = measure(store, spec, labels, digest)
+    return write(store, *found) if found else None
 
 
 def _read(store: OutputStore, name: str, ref: dict[str, str]) -> dict[str, Any]:
@@ -171,6 +182,66 @@ def check_output(uri: str, marker: dict[str, Any] | None, spec: Any, digest: str
     store = OutputStore(uri)
     labels = parse_config(marker["config"], source=store.url("config.json")).benchmark.label_space
     check(store, marker, spec, labels, digest, hint)
+
+
+def check_run(store: OutputStore, cfg: Any, digests: dict[str, str | None],
+              hint: str) -> tuple[dict[str, tuple[str, bytes]], list]:
+    """A run's models held in memory, before it writes: each against its record (refused with
+    ``hint``); those that run (``digests``) without one are probed on the committed images
+    now, or (none committed yet) once the run has committed its first shard (:class:`Pending`).
+    Returns the records to write (path and content, by name) and the entries still to probe."""
+    from pipeline.assets.weights import weights_digest
+    from pipeline.io.ownership import read_marker
+
+    marker, labels = read_marker(store), cfg.benchmark.label_space
+    found, pending = {}, []
+    for spec in (c for c in cfg.classifiers if probed(c)):
+        digest = digests[spec.name] if spec.name in digests else weights_digest(spec)
+        check(store, marker, spec, labels, digest, hint)
+        if spec.name in digests and spec.name not in recorded(marker):
+            measured = measure(store, spec, labels, digest)
+            found.update({spec.name: measured} if measured else {})
+            pending += [] if measured else [spec]
+    return found, pending
+
+
+class Pending:
+    """Held models of a run on a new output, probed once it has committed images: on its first
+    shard (no prediction of theirs stays without a record), and again at the end over all its
+    shards' images (the run's object made all their predictions)."""
+
+    def __init__(self, store: OutputStore, cfg: Any, specs: list, digests: dict[str, str | None],
+                 ensure_held: Callable[[], None]) -> None:
+        self.store, self.labels, self.digests, self.ensure_held = store, cfg.benchmark.label_space, digests, ensure_held
+        self.specs, self.done = list(specs), False
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.specs) and not self.done
+
+    def _record(self) -> None:
+        refs = {}
+        for spec in self.specs:
+            ref = record(self.store, spec, self.labels, self.digests.get(spec.name))
+            if ref is None:
+                return  # nothing committed yet
+            refs[spec.name] = ref
+        self.done = True
+        self.ensure_held()
+        add_to_marker(self.store, refs)
+
+    def after(self, handler: Callable[[dict], None] | None) -> Callable[[dict], None]:
+        """``handler`` for each committed shard's row, then the first probe."""
+        def shard_done(row: dict) -> None:
+            if handler is not None:
+                handler(row)
+            if not self.done:
+                self._record()
+        return shard_done
+
+    def at_end(self) -> None:
+        if self.specs:
+            self._record()
 
 
 def add_to_marker(store: OutputStore, refs: dict[str, dict[str, str]]) -> None:
