@@ -121,6 +121,34 @@ def test_an_opaque_object_answering_otherwise_is_refused_into_another_output(dem
     assert cnsbench.evaluate(Scaled(1.0), demo_world, output=out, name="s", preprocess=PRE, **QUIET) is not None
 
 
+class Stopping(Global):
+    """Global, interrupted (as by Ctrl-C) on the ``STOP_AT``-th forward of any of its copies."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CALLS.append(1)
+        if len(CALLS) == STOP_AT:
+            raise KeyboardInterrupt
+        return super().forward(x)
+
+
+CALLS: list[int] = []
+STOP_AT = 20  # past the first committed shard (18 images in batches of 4), before the last
+
+
+def test_a_new_output_interrupted_after_its_first_shard_has_its_record(demo_world, tmp_path, gain):
+    import cnsbench
+    from pipeline.stages.probe import AnswersChanged
+
+    out = tmp_path / "ev"
+    CALLS.clear()
+    with pytest.raises(KeyboardInterrupt):
+        cnsbench.evaluate(Stopping(), demo_world, output=out, name="g", preprocess=PRE, batch_size=4, **QUIET)
+    assert list((out / "manifest").glob("*.json")) and _record(out, "g")["samples"]  # predictions, and their record
+    gain(2.0)
+    with pytest.raises(AnswersChanged, match=r"classifier 'g' answers differently"):  # the resume is checked
+        cnsbench.evaluate(Stopping(), demo_world, output=out, name="g", preprocess=PRE, batch_size=4, **QUIET)
+
+
 def test_the_card_refuses_a_model_answering_otherwise(output, gain, tmp_path):
     import cnsbench
     from pipeline.stages.probe import AnswersChanged
