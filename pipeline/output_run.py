@@ -259,22 +259,27 @@ def clean_uncommitted(store: OutputStore, echo: Echo) -> None:
 
 
 def write_config(
-    store: OutputStore, cfg: BuildConfig, weights: dict[str, str | None] | None = None, forget: Iterable[str] = ()
+    store: OutputStore, cfg: BuildConfig, weights: dict[str, str | None] | None = None, forget: Iterable[str] = (),
+    probes: dict[str, dict[str, str]] | None = None,
 ) -> str:
     """Write the marker ``config.json`` (with each classifier's weights digest, ``weights``:
     those recorded before, updated with the given ones, less ``forget``'s: classifiers no
-    shard holds), then ``config.yaml`` (never before the marker: a ``config.yaml`` alone is a
-    user's, :mod:`pipeline.io.ownership`).  A classifier dropped from the config keeps its
-    record: its predictions stay in the shards."""
+    shard holds; and so the probe records of models held in memory, ``probes``:
+    :mod:`pipeline.stages.probe`), then ``config.yaml`` (never before the marker: a
+    ``config.yaml`` alone is a user's, :mod:`pipeline.io.ownership`).  A classifier dropped
+    from the config keeps its records: its predictions stay in the shards."""
     from pipeline.assets.weights import merged
+    from pipeline.stages import probe
 
     digest = config_hash(cfg)
     forget = set(forget)
-    recorded = {k: v for k, v in merged(read_marker(store), weights or {}).items() if k not in forget}
+    marker = read_marker(store)
+    recorded = {k: v for k, v in merged(marker, weights or {}).items() if k not in forget}
+    probed = {k: v for k, v in {**probe.recorded(marker), **(probes or {})}.items() if k not in forget}
     store.write_text(
         "config.json",
         strict_dumps({"config_hash": digest, "config": resolved_dict(cfg), "cnsbench": __version__,
-                      "weights": recorded}, indent=1),
+                      "weights": recorded, **({probe.KEY: probed} if probed else {})}, indent=1),
     )
     store.write_text("config.yaml", dump_yaml(cfg))
     write_dataset_card(store, cfg, digest)
@@ -405,17 +410,20 @@ class OutputRun(HeldStore):
         """Digest the weights of the classifiers this run makes predictions with (all of them
         when it makes new trajectories, else those committed shards lack) and refuse one whose
         weights differ from those that made its earlier predictions: shards of one name never
-        mix two models.  Classifiers that do not run keep their record.  Returns the digests
-        and the committed shards lacking classifiers (the rows of :meth:`Running.add_classifiers`)."""
+        mix two models.  A model held in memory is checked whether it runs or not: its name
+        must not get another model's numbers.  Classifiers that do not run keep their record.
+        Returns the digests of those that run and the committed shards lacking classifiers
+        (the rows of :meth:`Running.add_classifiers`)."""
         from pipeline.assets import weights
         from pipeline.stages.reclassify import missing_classifiers
 
         names = [c.name for c in self.cfg.classifiers]
         missing = missing_classifiers(self.store, names, self.built_with)
         running = set(names) if new_work else {n for r in missing for n in r["classifiers"]}
-        digests = weights.digests(self.cfg, running)
+        held = {c.name for c in self.cfg.classifiers if c.held is not None}
+        digests = weights.digests(self.cfg, running | held)
         weights.check_weights(self.uri, read_marker(self.store), digests, self.weights_hint)
-        return digests, missing
+        return {k: v for k, v in digests.items() if k in running}, missing
 
     # 3. begin writing
     def start(self, total: int, done_before: int, what: str | None = None) -> "Running":
@@ -425,15 +433,19 @@ class OutputRun(HeldStore):
         if self.cfg is None:
             raise RuntimeError("OutputRun.start() before prepare(): nothing is known of the output yet")
         from pipeline.io import rollback
+        from pipeline.stages import probe
 
         weights, missing = self._check_weights(new_work=total > done_before)
+        records, pending = probe.check_run(self.store, self.cfg, weights, self.weights_hint)
         clean_uncommitted(self.store, self.echo)
         self.ensure_held()
-        if missing:  # the config and these manifests as they are, until every shard holds the additions
+        if missing:  # the config, these manifests and records as they are, until every shard holds the additions
             rollback.begin(self.store, sorted({n for r in missing for n in r["classifiers"]}),
-                           [r["shard"] for r in missing])
-        digest = write_config(self.store, self.cfg, weights)
-        return Running(self, digest, missing, ShardTally(total, done_before, self.echo, what=what or self.command))
+                           [r["shard"] for r in missing], [rel for rel, _ in records.values()])
+        probes = {name: probe.write(self.store, *found) for name, found in records.items()}
+        digest = write_config(self.store, self.cfg, weights, probes=probes)
+        return Running(self, digest, missing, ShardTally(total, done_before, self.echo, what=what or self.command),
+                       probe.Pending(self.store, self.cfg, pending, weights, self.ensure_held))
 
     def start_on_committed(self, what: str | None = None) -> "Running":
         """:meth:`start` for a run that makes no new trajectories (a card adding its classifier,
@@ -451,12 +463,14 @@ class Running(StoreRun):
     """An output's run after :meth:`OutputRun.start`: runs chains (4), adds classifiers to the
     committed shards (4) and finishes (5)."""
 
-    def __init__(self, run: OutputRun, digest: str, missing: list[dict], tally: ShardTally) -> None:
+    def __init__(self, run: OutputRun, digest: str, missing: list[dict], tally: ShardTally,
+                 probing: Any = None) -> None:
         super().__init__(run.store, run._lease, run.command, run.echo, run.runner, run.address)
         self.cfg: BuildConfig = run.cfg
         self.done, self.built_with = run.done, run.built_with
         self.digest, self.tally, self.start_time = digest, tally, run.start_time
         self._missing = missing  # committed shards lacking classifiers
+        self._probing = probing  # held models to probe once images are committed (pipeline.stages.probe.Pending)
 
     def commit_kwargs(self) -> dict[str, str]:
         """Constructor kwargs of a stage that commits: the token it checks before each commit."""
@@ -467,9 +481,13 @@ class Running(StoreRun):
                   count: bool = True, on_shard: Callable[[dict], None] | None = None,
                   notice: Echo | None = None) -> None:
         """:meth:`StoreRun.run_chain`, each row the chain returns counted by the tally unless
-        ``on_shard`` is given or ``count`` is False."""
+        ``on_shard`` is given or ``count`` is False; the first committed shard lets the held
+        models this run makes predictions with be probed."""
+        handler = on_shard or (self.tally if count else None)
+        if self._probing is not None and self._probing.waiting:
+            handler = self._probing.after(handler)
         super().run_chain(rows, chain, num_blocks=num_blocks, first_schema=first_schema,
-                          on_shard=on_shard or (self.tally if count else None), notice=notice)
+                          on_shard=handler, notice=notice)
 
     def add_classifiers(self) -> None:
         """Run the config's classifiers that committed shards lack on their images (the
@@ -515,6 +533,8 @@ class Running(StoreRun):
 
         tally = self.tally
         tally.progress.close()
+        if self._probing is not None:
+            self._probing.at_end()
         self.ensure_held()
         self.store.remove_tree("attempts")  # crash bookkeeping is per run
         rollback.end(self.store)  # a run that did not add what its config names says so in status

@@ -4,9 +4,11 @@ The model becomes a classifier entry of kind ``module`` (:mod:`pipeline.models.m
 goes the way a configured classifier goes: :meth:`pipeline.output_run.OutputRun.add_classifiers`
 adds its predictions to the committed shards (as ``cnsbench evaluate`` / ``card`` do), so the
 report, ``refine``, ``compare`` and cards see it.  Everything is checked before anything is
-written: the ``preprocess`` and ``label_map``, the model's output on a probe batch, and its
-weights against those that made the output's earlier predictions under the same name.  Bad
-input raises :class:`pipeline.errors.CnsbenchError` naming the classifier.
+written: the ``preprocess`` and ``label_map``, the model's output on a probe batch, its
+weights against those that made the output's earlier predictions under the same name, and
+(when the run starts, :mod:`pipeline.stages.probe`) its logits on the output's recorded probe
+images against those of the model that made them.  Bad input raises
+:class:`pipeline.errors.CnsbenchError` naming the classifier.
 """
 
 from __future__ import annotations

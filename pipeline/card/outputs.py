@@ -52,10 +52,15 @@ WEIGHTS_HINT = "pass --name to add the model under another name (its predictions
 
 def check_model_weights(uri: str, marker: dict[str, Any] | None, model: ClassifierSpec) -> None:
     """Refuse (:class:`pipeline.assets.weights.WeightsChanged`) a model whose weights differ from
-    those that made its predictions in ``uri``: its old numbers are never put on a card."""
+    those that made its predictions in ``uri``, or (a model held in memory) that answers the
+    output's probe images otherwise (:mod:`pipeline.stages.probe`): its old numbers are never
+    put on a card."""
     from pipeline.assets.weights import check_weights, weights_digest
+    from pipeline.stages.probe import check_output
 
-    check_weights(uri, marker, {model.name: weights_digest(model)}, WEIGHTS_HINT)
+    digest = weights_digest(model)
+    check_weights(uri, marker, {model.name: digest}, WEIGHTS_HINT)
+    check_output(uri, marker, model, digest, WEIGHTS_HINT)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ and its predictions in some shards: an entry no later run can finish without the
 (a model held in memory is gone with its Python session) and that blocks every other one.
 
 So before the config is rewritten, :func:`begin` records in ``adding.json`` the output's
-config files and the manifests of the shards the addition rewrites, as they are.
+config files, the manifests of the shards the addition rewrites and the probe records it
+writes, as they are.
 :func:`roll_back` puts them back and removes the predictions files no manifest lists any
 more; :func:`end` drops the record once every shard holds the new classifiers.  The run
 rolls back itself when it fails or is interrupted (:meth:`pipeline.output_run.Running.add_classifiers`),
@@ -18,7 +19,7 @@ and a record left by a killed process is rolled back by the next run that claims
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pipeline.io.dataset_card import CARD
 from pipeline.io.manifest import MANIFEST_DIR
@@ -32,11 +33,12 @@ def _text(store: OutputStore, rel: str) -> str | None:
     return store.read_text(rel) if store.exists(rel) else None
 
 
-def begin(store: OutputStore, classifiers: list[str], shards: list[str]) -> None:
-    """Record the config files and the manifests of ``shards`` before ``classifiers`` are added."""
+def begin(store: OutputStore, classifiers: list[str], shards: list[str], files: Iterable[str] = ()) -> None:
+    """Record the config files, the manifests of ``shards`` and ``files`` (others the addition
+    writes: its probe records, :mod:`pipeline.stages.probe`) before ``classifiers`` are added."""
     manifests = {f"{MANIFEST_DIR}/{s}.json": _text(store, f"{MANIFEST_DIR}/{s}.json") for s in shards}
     store.write_text(JOURNAL, json.dumps({"classifiers": classifiers,
-                                          "config": {rel: _text(store, rel) for rel in CONFIG_FILES},
+                                          "config": {rel: _text(store, rel) for rel in (*CONFIG_FILES, *files)},
                                           "manifests": manifests}))
 
 

@@ -7,8 +7,9 @@ to Ray's actors by ``ray.put``, :func:`pipeline.executors.ray_data.held_by_refer
 ``model`` is the object's class's qualified name; its ``preprocess`` is ``cns`` or an explicit
 transform (a module states no transform of its own).  Its identity on outputs and cards is
 that name, a SHA-256 over the object (its weights, plain attributes, modules held outside
-``_modules``, hooks and held functions: :func:`state_digest`), and the transform as numbers:
-the same name with another model is refused by an output's weights check, naming both digests.  What it returns is checked on
+``_modules``, hooks and held functions: :func:`state_digest`), the transform as numbers, and
+its logits on a probe batch of the output's images (:mod:`pipeline.stages.probe`): the same
+name with another model is refused by an output's weights and probe checks, naming both.  What it returns is checked on
 every batch: a tensor of ``[N, K]`` finite logits, ``K`` the same on every batch.
 """
 
