@@ -70,3 +70,14 @@ def test_a_card_uses_the_built_demo_instead_of_building_it(demo_world, tmp_path,
     quick = json.loads((tmp_path / "quick" / "card.json").read_text())
     assert quick["benchmarks"][0]["value"] == entry["value"] and quick["benchmarks"][0]["output"] == str(demo_world)
     assert _mtimes(demo_world) == before
+
+    # a model the reused output lacks: scored into the card's own output, the output only read
+    import cnsbench
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    pre = {"resize": 32, "crop": 32, "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.5] * 3}
+    mine = cnsbench.card(net, suite, output=tmp_path / "mine", name="mine", preprocess=pre, echo=lambda m: None)
+    assert mine["benchmarks"][0]["output"] == str(tmp_path / "mine" / "outputs" / "cns")
+    assert not (tmp_path / "outputs").exists() and _mtimes(demo_world) == before

@@ -149,16 +149,23 @@ def test_a_new_output_interrupted_after_its_first_shard_has_its_record(demo_worl
         cnsbench.evaluate(Stopping(), demo_world, output=out, name="g", preprocess=PRE, batch_size=4, **QUIET)
 
 
-def test_the_card_refuses_a_model_answering_otherwise(output, gain, tmp_path):
+def test_the_card_rescores_a_model_answering_otherwise(output, gain, tmp_path):
+    """A card only reads the output it is given: a model answering otherwise than the one whose
+    predictions it holds under the name is scored again into the card's own output, never given
+    the old numbers."""
     import cnsbench
-    from pipeline.stages.probe import AnswersChanged
 
     evaluate(Global(), str(output), name="g", preprocess=PRE, **QUIET)
+    same = cnsbench.card(Global(), str(output), name="g", output=str(tmp_path / "same"), preprocess=PRE, **QUIET)
+    assert same["benchmarks"][0]["output"] == str(output)  # the same answers: read as they are
     before = _files(output)
     gain(-1.0)
-    with pytest.raises(AnswersChanged, match=r"classifier 'g' answers differently"):
-        cnsbench.card(Global(), str(output), name="g", output=str(tmp_path / "card"), preprocess=PRE, **QUIET)
-    assert _files(output) == before and not (tmp_path / "card" / "card.json").exists()
+    card = cnsbench.card(Global(), str(output), name="g", output=str(tmp_path / "card"), preprocess=PRE, **QUIET)
+    own = tmp_path / "card" / "outputs" / "cns"
+    assert _files(output) == before and card["benchmarks"][0]["output"] == str(own)
+    old, new = (cnsbench.open_output(o).predictions() for o in (output, own))
+    old, new = (p[p["classifier"] == "g"].set_index("sample_id")["top1"].sort_index() for p in (old, new))
+    assert len(new) == len(old) and (new != old).any()  # its own answers, not the old numbers
 
 
 def test_refine_refuses_a_model_answering_otherwise(output, gain):
