@@ -264,7 +264,7 @@ def synthetic_demo(tmp_path_factory) -> Path:
     from pipeline.runtime.checkout import REPO_ROOT
 
     out = tmp_path_factory.mktemp("synthetic-demo") / "out"
-    synthetic_output(out, REPO_ROOT / "configs" / "demo.yaml", per_shard=20)
+    synthetic_output(out, REPO_ROOT / "configs" / "demo.yaml", per_shard=4)  # the config's trajectories_per_shard
     return out
 
 

@@ -15,11 +15,13 @@ def _overhead():
     return load_script("bench/overhead.py", "bench_overhead")
 
 
+@pytest.mark.unit  # the bench's file read and its functions called: no run
 def test_recorded_reference_is_a_commit():
     ref = json.loads((ROOT / "bench" / "overhead_reference.json").read_text())
     assert len(ref["commit"]) == 40 and int(ref["commit"], 16) >= 0 and ref["reason"]
 
 
+@pytest.mark.unit  # the bench's file read and its functions called: no run
 def test_figures_and_ratios():
     bench = _overhead()
     cal = {"images": 2000, "cpu_s_per_image": 0.003,
@@ -38,6 +40,7 @@ def test_figures_and_ratios():
     assert out["workers_cpu_s_per_1000_images"]["ratio"] == 0.5
 
 
+@pytest.mark.unit  # the bench's file read and its functions called: no run
 def test_a_reference_tree_without_the_bench_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no bench/scale.py there"):
         _overhead().main(["--reference-tree", str(tmp_path), "--runs", "1", "--smallest"])
