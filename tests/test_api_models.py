@@ -2,7 +2,8 @@
 
 On a copy of the session's demo build (``demo_world``): the model's predictions join every
 committed image, its weights are its identity (other weights under the same name are refused,
-naming both digests), bad input is refused naming the classifier before anything is written,
+naming both digests), bad input is refused naming the classifier before anything is written
+(on a copy of ``synthetic_demo``, the demo's plan with made-up pixels: no build needed),
 and its card equals the card that ``cnsbench card`` makes of the same module exported to a
 ``.pt2`` archive.
 """
