@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not (WORLD / "world.json").is_file(), reason="assets/world not trained"),
 ]
 
-QUICK = ["aggregate.plots=false", "aggregate.strips.count=0", "benchmark.seeds=[1, 2]", "generator.steps=5"]
+QUICK = ["aggregate.plots=false", "aggregate.strips.count=0", "benchmark.seeds=[1, 2]", "generator.steps=10"]
 SMALL = {
     "corruptions": ("world_corruptions.yaml", QUICK + [
         "benchmark.classes=[two, seven]", "families[0].shifts=[gaussian_noise, fog, contrast]",
