@@ -252,6 +252,23 @@ def demo_world(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def synthetic_demo(tmp_path_factory) -> Path:
+    """A committed output of configs/demo.yaml's whole plan (360 images of 8x8 made-up pixels,
+    made-up scores and predictions) written by the real write stage in a fraction of a second
+    (``hostile.synthetic_output``): for the tests of a function that needs an output to point
+    at (the API's and commands' argument checks, refusals before any write) but none of the
+    demo world's pixels or models, so they are unit tests.  Read-only: a test that changes it
+    copies it first.  What needs the real world's images or numbers uses the session's demo build."""
+    from hostile import synthetic_output
+
+    from pipeline.runtime.checkout import REPO_ROOT
+
+    out = tmp_path_factory.mktemp("synthetic-demo") / "out"
+    synthetic_output(out, REPO_ROOT / "configs" / "demo.yaml", per_shard=4)  # the config's trajectories_per_shard
+    return out
+
+
+@pytest.fixture(scope="module")
 def tiny_assets_one_thread(one_torch_thread):
     """The tiny config's assets built (once per checkout), and one torch thread for the module."""
     from pipeline.demo.assets import ensure_tiny_assets

@@ -81,6 +81,12 @@ def bench(demo_world):
     return cnsbench.open_output(demo_world)
 
 
+@pytest.fixture()
+def synthetic_bench(synthetic_demo):
+    """The demo's plan with made-up pixels and scores: for the argument checks, which need no real build."""
+    return cnsbench.open_output(synthetic_demo)
+
+
 def test_samples_predictions_and_report_numbers(bench, demo_world):
     samples = bench.samples()
     stored = pd.read_parquet(demo_world / "samples")  # plain pandas and pyarrow read the tables
@@ -155,10 +161,10 @@ def test_evaluate_says_which_trajectories_its_metrics_count(demo_world):
     assert "without --filter a built benchmark's own keep decisions" in line
 
 
-def test_hf_dataset_without_datasets_names_the_extra(bench, monkeypatch):
+def test_hf_dataset_without_datasets_names_the_extra(synthetic_bench, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
     with pytest.raises(CnsbenchError, match=r"cnsbench\[datasets\]"):
-        bench.hf_dataset()
+        synthetic_bench.hf_dataset()
 
 
 def test_load_dataset_reads_the_outputs_dataset_card(demo_world, tmp_path):
@@ -189,8 +195,8 @@ def test_bad_paths_get_the_command_lines_message(tmp_path, capsys):
         cnsbench.open_output("")
 
 
-def test_unknown_sample_and_classifier_are_named(bench):
+def test_unknown_sample_and_classifier_are_named(synthetic_bench):
     with pytest.raises(CnsbenchError, match="no sample 'nope'"):
-        bench.image("nope")
+        synthetic_bench.image("nope")
     with pytest.raises(CnsbenchError, match="no classifier 'nope'.*linear"):
-        bench.failure_points("nope")
+        synthetic_bench.failure_points("nope")

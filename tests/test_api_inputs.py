@@ -3,7 +3,9 @@
 Unknown runners, a configured classifier passed as a held model to ``refine``, a preprocess
 that fits none of its documented forms, ``card``'s ``refine=``, messages that name the API's
 arguments (the command keeps its flags), and no model library's progress bar without ``-v``.
-Nothing here writes to the session's demo build (its bytes are compared).
+Each check runs against a synthetic output of the demo's plan (``synthetic_demo``: its config
+and made-up images, written by the write stage), since every refusal comes before a model
+runs; nothing here writes to it (its bytes are compared).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ class Tiny:
 
 
 @pytest.fixture()
-def bench(demo_world):
-    before = tree_digest(demo_world)
-    yield Path(demo_world)
-    assert tree_digest(demo_world) == before
+def bench(synthetic_demo):
+    before = tree_digest(synthetic_demo)
+    yield Path(synthetic_demo)
+    assert tree_digest(synthetic_demo) == before
 
 
 def test_an_unknown_runner_names_the_api_argument(bench, tmp_path):

@@ -2,7 +2,8 @@
 
 On a copy of the session's demo build (``demo_world``): the model's predictions join every
 committed image, its weights are its identity (other weights under the same name are refused,
-naming both digests), bad input is refused naming the classifier before anything is written,
+naming both digests), bad input is refused naming the classifier before anything is written
+(on a copy of ``synthetic_demo``, the demo's plan with made-up pixels: no build needed),
 and its card equals the card that ``cnsbench card`` makes of the same module exported to a
 ``.pt2`` archive.
 """
@@ -113,7 +114,10 @@ class _Raises(SmallCNN):
     (SmallCNN(), {"preprocess": "model"}, r"classifier 'bad': preprocess 'model'"),
     (SmallCNN(), {"label_map": {0: 10}}, r"classifiers\[bad\]\.label_map: class ids \[10\] are outside"),
 ])
-def test_bad_input_is_refused_naming_the_classifier_before_any_write(output, model, kwargs, message):
+def test_bad_input_is_refused_naming_the_classifier_before_any_write(synthetic_demo, tmp_path, model, kwargs, message):
+    """On a synthetic output of the demo's plan: the checks read its config and images, no model of the world runs."""
+    output = str(tmp_path / "out")
+    shutil.copytree(synthetic_demo, output)
     before = _marker(output)
     with pytest.raises(CnsbenchError, match=message):
         evaluate(model, output, name="bad", **{"preprocess": PRE, **kwargs}, echo=lambda m: None)

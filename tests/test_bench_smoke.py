@@ -101,7 +101,7 @@ def test_scale_calibration(capsys, ray_session):
     # The compression's calibration: the idle actors' base, then the CPU per image of a small build.
     out = _load("scale").main(
         ["--cluster", "none", "--gpus", "1", "--classes", "1", "--seeds", "2", "--shifts", "2", "--classifiers", "3",
-         "--writers", "1", "--calibrate-units", "2", "--calibrate-only", "--calibrate-hold-s", "3"]
+         "--writers", "1", "--calibrate-units", "2", "--calibrate-only", "--calibrate-hold-s", "1"]
     )
     assert out["images"] == 24 and 0 <= out["idle_cpu_utilisation"] <= 1 and out["cpu_s_per_image"] > 0
     assert out["chosen"] >= 1 and out["target"] == 0.5

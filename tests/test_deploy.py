@@ -596,9 +596,10 @@ web.run_app(app, sock=sock, print=None)
 '''
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def _jobs_server_process(tmp_path_factory):
-    """Start the stand-in server when the module starts, so it boots while the YAML tests run."""
+    """The stand-in server, started once for the module's tests that talk to it (not autouse:
+    the YAML, packaging and argument tests above need no server and stay in the unit tier)."""
     root = tmp_path_factory.mktemp("jobs_server")
     (root / "record").mkdir()
     (root / "home").mkdir()

@@ -239,8 +239,10 @@ def test_a_name_the_card_would_refuse_is_refused_before_anything_is_written(outp
 
 
 # --------------------------------------------------------------------------- low points
-def test_a_module_with_parameters_on_meta_is_refused_naming_them(output):
-
+def test_a_module_with_parameters_on_meta_is_refused_naming_them(synthetic_demo, tmp_path):
+    """Refused before any image is read: a copy of the synthetic demo output does (unit tier)."""
+    output = tmp_path / "out"
+    shutil.copytree(synthetic_demo, output)
     with torch.device("meta"):
         model = _net()
     before = _files(output)

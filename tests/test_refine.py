@@ -197,12 +197,21 @@ def test_one_round_on_the_tiny_build(world):
 
 
 # --------------------------------------------------------------------------- bad input
-def test_bad_input_exits_2_naming_it(world, tmp_path, capsys):
-    out = world["out"]
+@pytest.mark.unit  # refine_cli runs the command, which refuses before its claim (the unit tier's guard checks it)
+def test_bad_input_exits_2_naming_it(tmp_path, capsys):
+    """Every refusal comes before the output's claim: on a synthetic output of the tiny config
+    (``hostile.synthetic_output``: the write stage, made-up pixels, every classifier right at
+    the first two scales and wrong from the third, so every trajectory has a pair to bisect)."""
+    from hostile import synthetic_output
+
+    out = tmp_path / "out"
+    cfg = tiny_config(tmp_path, mutate=custom)
+    synthetic_output(out, cfg)
+    first = json.loads((out / "config.json").read_text())["config"]["classifiers"][0]["name"]
     assert refine_cli(str(out), "--classifier", "nope", "--runner", "local") == 2
     assert "unknown classifier 'nope'" in capsys.readouterr().err
     for rounds in ("0", "9"):
-        assert refine_cli(str(out), "--classifier", "bright", "--rounds", rounds, "--runner", "local") == 2
+        assert refine_cli(str(out), "--classifier", first, "--rounds", rounds, "--runner", "local") == 2
         assert "--rounds" in capsys.readouterr().err
 
     # A classifier the config names but no shard has predictions of.
@@ -221,16 +230,22 @@ def test_bad_input_exits_2_naming_it(world, tmp_path, capsys):
     marker = json.loads((gone / "config.json").read_text())
     marker["config"]["generator"]["model"] = str(tmp_path / "no-such-model")
     (gone / "config.json").write_text(json.dumps(marker))
-    assert refine_cli(str(gone), "--classifier", "bright", "--runner", "local") == 2
+    assert refine_cli(str(gone), "--classifier", first, "--runner", "local") == 2
     err = capsys.readouterr().err
     assert "cannot regenerate its images" in err and "no-such-model" in err
 
 
-def test_an_output_being_built_is_refused_by_the_lease(world, capsys):
+@pytest.mark.unit  # the claim refuses (its own check): nothing runs after it (the unit tier's guard checks it)
+def test_an_output_being_built_is_refused_by_the_lease(tmp_path, capsys):
+    from hostile import synthetic_output
+
     from pipeline.io.lease import hold_lease
 
-    with hold_lease(str(world["out"]), "build"):
-        assert refine_cli(str(world["out"]), "--classifier", "bright", "--runner", "local") == 2
+    out = tmp_path / "out"
+    synthetic_output(out, tiny_config(tmp_path, mutate=custom))
+    first = json.loads((out / "config.json").read_text())["config"]["classifiers"][0]["name"]
+    with hold_lease(str(out), "build"):
+        assert refine_cli(str(out), "--classifier", first, "--runner", "local") == 2
     assert "one writer per output" in capsys.readouterr().err
 
 

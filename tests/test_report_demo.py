@@ -1,7 +1,10 @@
 """The report of the demo build: strips per shift, marks = failure points, intervals, compare,
 and the page in headless Chromium.
 
-The session's one demo build (``demo_world`` in conftest) serves every test of the module.
+The session's one demo build (``demo_world`` in conftest) serves the tests of what the build
+wrote; the marks and the intervals, functions of the samples and predictions tables, are
+checked on a synthetic output of the demo's plan aggregated here (``synthetic``: made-up
+pixels and predictions, failure points at every scale, some images filtered).
 """
 
 from __future__ import annotations
@@ -24,6 +27,22 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def demo(demo_world) -> Path:
     return demo_world  # read-only here: tests that change an output copy it first
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> Path:
+    """configs/demo.yaml's plan written by the write stage with made-up pixels
+    (``hostile.synthetic_output``), then aggregated: each trajectory fails at a scale of its
+    own (or never); in a quarter of the trajectories the image at the fourth scale is filtered
+    (those are incomplete: the metrics leave them out, the strips show them)."""
+    from hostile import synthetic_output
+
+    out = tmp_path_factory.mktemp("report-synthetic") / "out"
+    synthetic_output(out, Path(__file__).resolve().parents[1] / "configs" / "demo.yaml", per_shard=4,
+                     correct=lambda c, seed, shift, i: i < 1 + (c + seed + len(shift)) % 6,
+                     kept=lambda c, seed, shift, i: not ((c + seed) % 4 == 0 and i == 3))
+    assert main(["aggregate", str(out)]) == 0
+    return out
 
 
 class Page(HTMLParser):
@@ -75,7 +94,7 @@ def test_every_shift_has_a_strip_image_under_report(demo):
         assert href[1:] in page.ids if href.startswith("#") else (report / href).is_file(), href
 
 
-def test_marks_match_the_failure_points(demo):
+def test_marks_match_the_failure_points(synthetic):
     from pipeline.aggregate.images import ImageReader
     from pipeline.aggregate.metrics import failure_points
     from pipeline.aggregate.run import load_output_config
@@ -83,9 +102,9 @@ def test_marks_match_the_failure_points(demo):
     from pipeline.aggregate.analysis import AnalysisContext
     from pipeline.io.store import OutputStore
 
-    report = demo / "report"
-    samples, preds = read_tables(demo, "samples"), read_tables(demo, "predictions")
-    cfg = load_output_config(OutputStore(str(demo)))
+    report = synthetic / "report"
+    samples, preds = read_tables(synthetic, "samples"), read_tables(synthetic, "predictions")
+    cfg = load_output_config(OutputStore(str(synthetic)))
     fps = failure_points(samples, preds, cfg.benchmark.scales)
     fp_of = {(t, c): f for t, c, f in zip(fps["trajectory_id"], fps["classifier"], fps["failure_point"])}
 
@@ -113,7 +132,7 @@ def test_marks_match_the_failure_points(demo):
 
     # With every trajectory on the sheets the marks add up to failure_points.csv.
     cfg_all = cfg.model_copy(update={"aggregate": cfg.aggregate.model_copy(update={"strips": cfg.aggregate.strips.model_copy(update={"count": 200})})})
-    store = OutputStore(str(demo))
+    store = OutputStore(str(synthetic))
     result = strips.run(AnalysisContext(cfg_all, samples, preds, read_image=ImageReader(store, samples)))
     full = Page(result.html)
     counts: dict[tuple[str, str, float], int] = {}
@@ -128,8 +147,8 @@ def test_marks_match_the_failure_points(demo):
         assert counts.get((c, s, float(sc)), 0) == n, (c, s, sc)
 
 
-def test_csvs_carry_bootstrap_intervals(demo):
-    report = demo / "report"
+def test_csvs_carry_bootstrap_intervals(synthetic):
+    report = synthetic / "report"
     summary = pd.read_csv(report / "summary.csv")
     fpt = pd.read_csv(report / "failure_points.csv")
     acc = pd.read_csv(report / "accuracy.csv")

@@ -5,7 +5,8 @@ root ignores file modes), from the shell and from Python: two ``cnsbench evaluat
 different classifiers at once into two outputs, a model held in memory evaluated, refined and
 carded, a configured classifier the same way.  The benchmark's bytes are the same afterwards;
 each evaluation output holds no image of its own and gives its classifier the benchmark
-report's own rows.  The same on object storage (moto), and the bad input of ``evaluate``.
+report's own rows.  The same on object storage (moto); the bad input of ``evaluate`` on a
+synthetic output of the demo's plan (``synthetic_demo``), since it is refused before a model runs.
 """
 
 from __future__ import annotations
@@ -220,8 +221,9 @@ class Tiny:
         return torch.zeros(x.shape[0], 10)
 
 
-def test_bad_input_is_refused_naming_it_and_nothing_is_written(demo_world, tmp_path):
-    bench = Path(demo_world)
+def test_bad_input_is_refused_naming_it_and_nothing_is_written(synthetic_demo, tmp_path):
+    """On a synthetic output of the demo's plan: every refusal comes before a model runs."""
+    bench = Path(synthetic_demo)
     before = tree_digest(bench)
     ev = tmp_path / "ev"
     cases = [
@@ -245,10 +247,10 @@ def test_bad_input_is_refused_naming_it_and_nothing_is_written(demo_world, tmp_p
     assert tree_digest(bench) == before
 
 
-def test_the_shell_says_the_same_with_exit_2(demo_world, tmp_path, capsys):
+def test_the_shell_says_the_same_with_exit_2(synthetic_demo, tmp_path, capsys):
     from pipeline.cli import main
 
-    assert main(["evaluate", str(demo_world), "--output", str(demo_world), "--classifiers", "cnn"]) == 2
+    assert main(["evaluate", str(synthetic_demo), "--output", str(synthetic_demo), "--classifiers", "cnn"]) == 2
     assert "--in-place" in capsys.readouterr().err
 
 

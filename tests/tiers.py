@@ -60,7 +60,6 @@ _BUILD = re.compile(r"\"build\"|\bbuild_here\(|\bbuild\(cfg\b")
 MODULE_FLOOR: dict[str, str] = {
     "test_card_world": "cluster",  # the four worlds' builds under the cards: configs from a table
     "test_chaos": "integration",  # bench/chaos.py's campaign forks and resumes builds in process
-    "test_cli_errors": "integration",  # builds refused after their output's claim (a variable argv)
 }
 
 
