@@ -15,7 +15,7 @@ SHARDS = ("shard-0000000000000001", "shard-0000000000000002")
 
 
 class FakeStore:
-    """The two calls the readers make of an OutputStore: its manifests and a file's bytes."""
+    """The calls the readers make of an OutputStore: its manifests, a file's bytes, whether a file exists."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
@@ -43,6 +43,9 @@ class FakeStore:
 
     def url(self, rel: str) -> str:
         return rel
+
+    def exists(self, rel: str) -> bool:
+        return rel in self.files
 
 
 def test_predictions_filtered_as_read_equal_the_whole_table_filtered():

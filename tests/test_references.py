@@ -49,6 +49,8 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 RENAMED = {
     "Fault campaign: 30 randomised faulted builds, 0 outputs differing":
         "Fault campaigns: 30 randomised faulted builds each, 0 outputs differing",
+    "Superseded: the first measurement (before the changes of the section above it)":
+        "Superseded: the first measurement (before the changes above)",
 }
 
 
