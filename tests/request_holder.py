@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
             print("held", flush=True)
             threading.Event().wait()
     coordinator = ray_private.autoscaling_coordinator()
-    want, deadline, held = float(argv[2]), time.monotonic() + 300, {}
+    want, deadline, held = float(argv[2]), time.monotonic() + 400, {}  # within the tests' GROWTH_TIMEOUT
     while time.monotonic() < deadline:
         held = ray.get(coordinator.__ray_call__.remote(lambda self: {
             rid: sum(float(b.get("GPU", 0)) for b in req.requested_resources)

@@ -277,6 +277,8 @@ def test_two_builds_add_their_budgets_and_a_killed_driver_stops_holding_the_node
             shown = subprocess.run([sys.executable, str(HOLDER), "show", fake_cluster.gcs_address, "2.5"],
                                    env=_env(fake_cluster), capture_output=True, text=True, timeout=GROWTH_TIMEOUT)
             held = json.loads(shown.stdout.strip().splitlines()[-1])
+            if build.poll() is not None:  # the build ended before asking: say why
+                raise AssertionError(f"{shown}: the build exited {build.returncode}: {build.stdout.read()[-3000:]}")
             assert held == {requester_id(str(tmp_path / "out")): 1.5, requester_id(str(tmp_path / "other")): 1.0}, shown
             _wait_gpu_nodes(fake_cluster, 1, build, holder)
         finally:
