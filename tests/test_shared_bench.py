@@ -128,6 +128,16 @@ cnsbench.card(model, work / "ev", output=work / "card", name="mine", preprocess=
 cnsbench.card(model, bench, output=work / "card-bench", name="mine", preprocess=PRE, echo=quiet)
 cnsbench.evaluate("linear", str(bench), output=str(work / "ev-linear"), echo=quiet)
 cnsbench.card("linear", str(work / "ev-linear"), output=str(work / "card-linear"), echo=quiet)
+# the same model as a new one from the shell: exported, carded against the benchmark itself
+import subprocess
+from pipeline.models.exported import export_classifier
+
+export_classifier(model, str(work / "mine.pt2"), {{"input_size": [3, 32, 32], "mean": PRE["mean"], "std": PRE["std"],
+                                                   "interpolation": "bilinear"}})
+shell = subprocess.run([sys.executable, "-m", "pipeline.cli", "card", "--model-kind", "exported", "--model", "mine",
+                        "--checkpoint", str(work / "mine.pt2"), "--name", "mine-pt2", "--suite", str(bench),
+                        "--output", str(work / "card-pt2"), "--runner", "local"], capture_output=True, text=True)
+assert shell.returncode == 0, shell.stderr[-3000:]
 print("done")
 '''
 
@@ -152,6 +162,9 @@ def test_a_model_in_memory_and_a_configured_one_from_python_against_a_read_only_
     on_ev, on_bench = (json.loads((tmp_path / c / "card.json").read_text())["benchmarks"][0] for c in ("card", "card-bench"))
     assert on_bench["output"] == str(tmp_path / "card-bench" / "outputs" / "cns")
     assert on_bench["value"] == on_ev["value"]
+    pt2 = json.loads((tmp_path / "card-pt2" / "card.json").read_text())["benchmarks"][0]  # the shell's new model
+    assert pt2["output"] == str(tmp_path / "card-pt2" / "outputs" / "cns")
+    assert pt2["value"] == pytest.approx(on_bench["value"], abs=1e-6)
     assert not list((tmp_path / "card-bench" / "outputs").rglob("*.tar"))
     pd.testing.assert_frame_equal(report_rows(tmp_path / "ev-linear", "accuracy.csv", "linear"),
                                   report_rows(bench, "accuracy.csv", "linear"))
