@@ -429,6 +429,33 @@ benchmarks:
         want = ce.at[(model, "mean"), "ce_baseline"]
         assert (entry["value"] is None) if pd.isna(want) else entry["value"] == pytest.approx(want, abs=1e-12), (model, want, entry["value"])
 
+    # The release's output as an output entry is only read: a new model (tiny-vit's entry under
+    # another name) is scored into the card's own output with the release's protocol inputs and
+    # the suite's baseline, so its mCE is tiny-vit's.
+    import yaml
+
+    vit = next(c for c in yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())["classifiers"] if c["name"] == "tiny-vit")
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump({**vit, "name": "tiny-vit-again",
+                                     "checkpoint": str(REPO / "assets" / "tiny" / "classifiers" / "tiny_vit_2.pth")}))
+    reader = _write(tmp_path / "reader.yaml", f"""
+suite: reader
+baseline: tiny-resnet
+benchmarks:
+  - {{name: c, family: corruptions, output: {out}, protocol: imagenet_c}}
+""")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(["card", str(again), "--suite", str(reader), "--output", str(tmp_path / "again"), "--runner", "local"]) == 0
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    own = tmp_path / "again" / "outputs" / "c"
+    mine = json.loads((own / "config.json").read_text())["config"]
+    assert [c["name"] for c in mine["classifiers"]] == ["tiny-resnet", "tiny-vit-again"]
+    assert mine["classifiers"][1]["preprocess"] == crop_only
+    entry = json.loads((tmp_path / "again" / "card.json").read_text())["benchmarks"][0]
+    assert entry["output"] == str(own) and entry["protocol"] == "imagenet_c"
+    vit_entry = json.loads((tmp_path / "tiny-vit" / "card.json").read_text())["benchmarks"][0]
+    assert entry["value"] is not None and entry["value"] == pytest.approx(vit_entry["value"], abs=1e-12)
+
 
 @pytest.mark.parametrize("x,y,rho,p_rho,tau,p_tau", [
     ([1, 2, 3], [1, 2, 3], 1.0, 2 / 6, 1.0, 2 / 6),  # identity and reversal of 3! orderings reach |1|

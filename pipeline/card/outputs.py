@@ -299,13 +299,17 @@ def _first_evaluation(b: Benchmark, uri: str, model: ClassifierSpec, baseline: s
 
     base, source, use_filter = _images_of(b, ready)
     raw = resolved_dict(base)
-    # Each entry with only the keys it sets, as in a config file: a release's protocol fills
-    # the rest (an entry that sets its own transform keeps it, with evaluate's warning).
-    raw["classifiers"] = _baseline_entries(base, b, baseline) + [model.model_dump(mode="json", exclude_unset=True)]
+    where = b.config if b.kind == "release" else f"{b.output}/config.json"
+    raw["classifiers"] = _baseline_entries(base, b, baseline)
+    if b.kind == "release":
+        # Each entry with only the keys it sets, as in a config file: the release's protocol fills
+        # the rest (an entry that sets its own transform keeps it, with evaluate's warning).
+        raw["classifiers"].append(model.model_dump(mode="json", exclude_unset=True))
+    else:  # a benchmark's entries are resolved; the model's gets the protocol of the release it was made from
+        raw, _ = with_model(raw, model, release_kind(OutputStore(b.output)), f"{b.where} {b.output}")
     if raw["classifiers"][:-1]:  # the report's corruption errors normalised by the suite's baseline, as the card's
         others = [a for a in raw["aggregate"]["analyses"] if (a if isinstance(a, str) else a.get("name")) != "corruption_error"]
         raw["aggregate"]["analyses"] = [*others, {"name": "corruption_error", "baseline": baseline}]
-    where = b.config if b.kind == "release" else f"{b.output}/config.json"
     cfg = holding(parse_config(raw, source=f"{where} with the card's model {model.name}"), model)
     eff = holding(effective_config(cfg, source, use_filter=use_filter), model)
     echo(f"[cnsbench] card: {b.name}: evaluating {source.location} into {uri} with {model.name}")
@@ -394,7 +398,7 @@ def _prepare_existing(
     if forget_stale(uri, echo) != marker:
         stored = load_output_config(store)
     check_model_weights(uri, read_marker(store), model)
-    kind = release_kind(store)
+    kind = release_kind(store if b.kind == "release" else OutputStore(b.output))  # the images' release, if any
     raw, new = with_model(resolved_dict(stored), model, kind, f"{b.where} {uri}")
     cfg = parse_config(raw, source=f"{uri}/config.json with the card's model {model.name}") if new else stored
     cfg = holding(cfg, model)
