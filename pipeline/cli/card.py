@@ -57,9 +57,11 @@ def _num(v: float | None) -> str:
 def register(sub) -> None:
     s = sub.add_parser(
         "card", help="a model's robustness card over a suite of benchmarks (card.json, card.html)",
-        description="Add a model to every benchmark of a suite (building or evaluating a benchmark's output when it "
-        "is missing, else running only the model on the committed images) and write its headline metrics with "
-        "bootstrap intervals. Running it again resumes, and does nothing when the card is complete.",
+        description="Score a model on every benchmark of a suite (building a build entry's output or evaluating a "
+        "release when missing, else running only the model on the committed images) and write its headline metrics "
+        "with bootstrap intervals. An existing output the suite names is only read: a model it lacks is scored into "
+        "OUTPUT/outputs/<benchmark>, which refers to its images. Running it again resumes, and does nothing when "
+        "the card is complete.",
     )
     s.add_argument("model_arg", nargs="?", metavar="MODEL",
                    help="a YAML file with one classifier entry, a model with --model-kind, or a classifier name of the suite's configs")
@@ -68,7 +70,7 @@ def register(sub) -> None:
     s.add_argument("--checkpoint", help="inline model: its weights / program file")
     s.add_argument("--model-config-file", help="inline open_clip model: its architecture JSON")
     s.add_argument("--name", help="the model's name on the card and in the outputs (default: the entry's)")
-    s.add_argument("--suite", required=True, help="suite file (configs/suite_world.yaml)")
+    s.add_argument("--suite", required=True, help="suite file (configs/suite_world.yaml), or one output (folder or URI)")
     s.add_argument("--output", required=True,
                    help="folder of the card: a new or empty one, or one of an earlier card of this model")
     s.add_argument("--outputs", help="folder of the benchmarks' outputs (default: the suite's `outputs`)")
@@ -76,8 +78,9 @@ def register(sub) -> None:
     s.add_argument("--force", action="store_true",
                    help="replace the card of another model in --output (without it, such a folder is refused)")
     s.add_argument("--refine", type=int, metavar="R",
-                   help="refine the model's failure points for R rounds (1..8) on each CNS build entry "
-                        "(`cnsbench refine`): its entry carries them beside the grid's")
+                   help="refine the model's failure points for R rounds (1..8) on each CNS benchmark "
+                        "(`cnsbench refine`; an output the suite names: in the card's own output): its entry "
+                        "carries them beside the grid's")
     s.add_argument("--no-report", action="store_true",
                    help="leave an output's report as it was after adding the model (`cnsbench aggregate` updates it)")
     s.set_defaults(func=run)
