@@ -281,12 +281,13 @@ def _prepared(b: Benchmark, uri: str, cfg: BuildConfig, model: ClassifierSpec, k
 
 
 def _baseline_entries(cfg: BuildConfig, b: Benchmark, baseline: str | None) -> list[dict[str, Any]]:
-    """The corruption baseline's entry of a release's config, with only the keys it sets."""
+    """The corruption baseline's entry of a release's (or a benchmark's) config, with only the keys it sets."""
     if b.family != "corruptions" or baseline in (None, ALEXNET):
         return []
     found = [c.model_dump(mode="json", exclude_unset=True) for c in cfg.classifiers if c.name == baseline]
     if not found:
-        raise ConfigError(f"{b.where}: the suite's baseline {baseline!r} is not a classifier of {b.config}")
+        raise ConfigError(f"{b.where}: the suite's baseline {baseline!r} is not a classifier of "
+                          f"{b.config if b.kind == 'release' else b.output + '/config.json'}")
     return found
 
 
