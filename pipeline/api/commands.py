@@ -152,20 +152,15 @@ def config_loaders(suite: Any) -> list[Callable[[], Any]]:
     existing output's, and the benchmark's an evaluation output refers to), where a model
     named by a classifier name is looked up."""
     from pipeline.aggregate.run import load_output_config
+    from pipeline.api.evaluate import with_referenced
     from pipeline.io.store import OutputStore
-
-    from pipeline.io.image_refs import referenced
 
     loaders: list[Callable[[], Any]] = []
     for b in suite.benchmarks:
         if b.kind in ("build", "release"):
             loaders.append(b.load_config)
-        elif b.kind == "output":
-            store = OutputStore(b.output)
-            loaders.append(lambda store=store: load_output_config(store))
-            bench = referenced(store) if store.exists("config.json") else None
-            if bench is not None:  # an evaluation output: the classifiers of its benchmark's config too
-                loaders.append(lambda bench=bench: load_output_config(bench))
+        elif b.kind == "output":  # an evaluation output: the classifiers of its benchmark's config too
+            loaders.append(lambda uri=b.output: with_referenced(uri, load_output_config(OutputStore(uri))))
     return loaders
 
 

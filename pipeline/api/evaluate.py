@@ -76,7 +76,7 @@ def evaluate(
             raise CnsbenchError(f"--output {dest} lies inside the source {where}: the source is only read; "
                                 "give an output outside it")
         base = _base_config(where, config, sets, filter_thresholds)
-        named = base if config is not None else _with_referenced(where, base)
+        named = base if config is not None else with_referenced(where, base)
         chosen, held = _classifiers(classifiers, named, name=name, preprocess=preprocess, label_map=label_map)
         if in_place:  # the entries chosen (from config= too) join the benchmark's own config
             own = source_config(where) if config is not None else base
@@ -132,7 +132,7 @@ def _base_config(source: str, config: Any, sets: Sequence[str], filter_threshold
     return cfg
 
 
-def _with_referenced(location: str, cfg: "BuildConfig") -> "BuildConfig":
+def with_referenced(location: str, cfg: "BuildConfig") -> "BuildConfig":
     """``cfg`` (an evaluation output's) with the classifiers of the benchmark whose images it
     refers to that it lacks, so a name of that benchmark's config can be chosen; else ``cfg``."""
     from pipeline.aggregate.run import load_output_config

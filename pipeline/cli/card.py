@@ -54,14 +54,19 @@ def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
 
+DESCRIPTION = " ".join((
+    "Score a model on every benchmark of a suite (building a build entry's output or evaluating a release when",
+    "missing, else running only the model on the committed images) and write its headline metrics with bootstrap",
+    "intervals. An existing output the suite names is only read: a model it lacks is scored into",
+    "OUTPUT/outputs/<benchmark>, which refers to its images. Running it again resumes, and does nothing when the",
+    "card is complete.",
+))
+
+
 def register(sub) -> None:
     s = sub.add_parser(
         "card", help="a model's robustness card over a suite of benchmarks (card.json, card.html)",
-        description="Score a model on every benchmark of a suite (building a build entry's output or evaluating a "
-        "release when missing, else running only the model on the committed images) and write its headline metrics "
-        "with bootstrap intervals. An existing output the suite names is only read: a model it lacks is scored into "
-        "OUTPUT/outputs/<benchmark>, which refers to its images. Running it again resumes, and does nothing when "
-        "the card is complete.",
+        description=DESCRIPTION,
     )
     s.add_argument("model_arg", nargs="?", metavar="MODEL",
                    help="a YAML file with one classifier entry, a model with --model-kind, or a classifier name of the suite's configs")

@@ -102,19 +102,11 @@ def _images(store: OutputStore):
 
 
 def _referred_images(store: OutputStore):
-    """The images an evaluation output's sample rows name, shard by shard from the store that
-    holds each (its own, or the benchmark's), under the member names the benchmark gave them."""
-    from pipeline.io.image_refs import ShardStores
+    """The images an evaluation output's sample rows name, under the member names the
+    benchmark gave them (:func:`pipeline.io.image_refs.referred_members`)."""
+    from pipeline.io.image_refs import referred_members
     from pipeline.io.tables import load_samples
-    from pipeline.io.webdataset import iter_tar
 
-    stores = ShardStores(store)
-    samples = load_samples(store)
-    wanted: dict[str, set[str]] = {}
-    for shard, key in samples[["shard", "key"]].astype(str).itertuples(index=False):
-        wanted.setdefault(shard, set()).add(key)
-    for shard, keys in sorted(wanted.items()):
-        holder = stores(shard)
-        for key, members in iter_tar(holder.read_bytes(shard), holder.url(shard)):
-            if key in keys:
-                yield from ((f"{key}.{ext}", data) for ext, data in members.items() if ext != "json")
+    rows = load_samples(store)[["shard", "key"]].to_dict("records")
+    for key, members in referred_members(store, rows):
+        yield from ((f"{key}.{ext}", data) for ext, data in members.items() if ext != "json")

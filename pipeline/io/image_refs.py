@@ -10,6 +10,7 @@ before, or images EV wrote itself); any other is read from the benchmark.  Reade
 from __future__ import annotations
 
 import json
+from typing import Any, Iterable, Iterator
 
 from pipeline.errors import CnsbenchError
 from pipeline.io.store import OutputStore
@@ -66,3 +67,20 @@ def benchmark_locations(benchmark: str) -> dict[str, tuple[str, str]]:
 
     samples = load_samples(OutputStore(benchmark))
     return {str(s): (str(sh), str(k)) for s, sh, k in samples[["sample_id", "shard", "key"]].itertuples(index=False)}
+
+
+def referred_members(store: OutputStore, rows: Iterable[Any]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``(key, {extension: bytes})`` of each image that sample ``rows`` (with ``shard`` and
+    ``key``) name, shard by shard from the store holding each (the output's own, or its
+    benchmark's), one shard in memory at a time."""
+    from pipeline.io.webdataset import iter_tar
+
+    stores = ShardStores(store)
+    wanted: dict[str, set[str]] = {}
+    for row in rows:
+        wanted.setdefault(str(row["shard"]), set()).add(str(row["key"]))
+    for shard, keys in sorted(wanted.items()):
+        holder = stores(shard)
+        for key, members in iter_tar(holder.read_bytes(shard), holder.url(shard)):
+            if key in keys:
+                yield key, members

@@ -216,16 +216,7 @@ class ReclassifyStage(Stage):
 
 def referenced_images(store: OutputStore, samples: list[dict[str, Any]]) -> dict[str, bytes]:
     """Image bytes by member key of a shard whose sample rows name another output's shards."""
-    from pipeline.io.image_refs import ShardStores
+    from pipeline.io.image_refs import referred_members
 
-    stores = ShardStores(store)
-    wanted: dict[str, set[str]] = {}
-    for s in samples:
-        wanted.setdefault(str(s["shard"]), set()).add(str(s["key"]))
-    images: dict[str, bytes] = {}
-    for shard, keys in sorted(wanted.items()):
-        holder = stores(shard)
-        for key, members in iter_tar(holder.read_bytes(shard), holder.url(shard)):
-            if key in keys:
-                images[key] = next(v for k, v in members.items() if k != "json")
-    return images
+    return {key: next(v for k, v in members.items() if k != "json")
+            for key, members in referred_members(store, samples)}
